@@ -1,0 +1,60 @@
+"""The `eagle` command line: the EAGLE-3 drafter pipeline.
+
+Each verb's click command is the `command` object of the module named below; modules are
+imported only when their verb runs, so `eagle --help` is instant.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import click
+
+# verb -> (module holding `command`, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "toy-target": ("eagle.toy", "Make a tiny trained Llama target (or its successor) locally."),
+    "prepare": ("eagle.data", "Conversations -> token ids + assistant-only loss mask."),
+    "extract": ("eagle.extract", "Target hidden states in speculators' offline format."),
+    "vocab": ("eagle.vocab", "Draft vocabulary: d2t / t2d from token frequencies."),
+    "train": ("eagle.train", "Train (or fine-tune) the EAGLE-3 drafter."),
+    "evaluate": ("eagle.evaluate", "Greedy speculative decoding: acceptance length, exactness."),
+    "bench": ("eagle.bench", "tok/s of plain vs speculative decoding, Leviathan bound."),
+    "probe": ("eagle.probe", "How alike two targets are; does a drafter carry over?"),
+    "serve-bench": ("eagle.serve", "Serve the drafter in vLLM; acceptance and tok/s from vLLM."),
+    "check-checkpoint": ("eagle.check", "Static checks of a drafter checkpoint against its target."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name in COMMANDS if importlib.util.find_spec(COMMANDS[name][0]) is not None]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.list_commands(ctx):
+            return None
+        return importlib.import_module(COMMANDS[name][0]).command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="runbook-eagle")
+def cli() -> None:
+    """EAGLE-3 drafter pipeline: toy-target -> prepare -> extract -> vocab -> train -> evaluate.
+
+    Every command prints a short table and, when $RUNBOOK_METRICS names a file, merges its summary
+    metrics into it as a flat JSON object (that is how `runbook next` judges a phase).
+    """
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""Typed plan, phase, step, criterion and run-record models.
+
+Everything that crosses a file or process boundary is a pydantic model defined here. Parsed parts
+carry the `Span` they came from so that write-back can edit the plan in place and error messages
+can name `file:line:col`.
+
+Conventions:
+- lines are 1-based and inclusive; columns are 1-based;
+- `start` / `end` are offsets into the decoded text of the file (Python `str` indices, `end`
+  exclusive). The parser decodes UTF-8 without newline translation, so `\\r\\n` and a BOM survive
+  and `text[span.start:span.end]` is exactly the source of the part.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FORMAT_VERSION = 1
+RUN_SCHEMA_VERSION = 1
+
+Verdict = Literal["pass", "fail", "inconclusive", "error", "timeout", "interrupted"]
+VERDICTS: tuple[str, ...] = ("pass", "fail", "inconclusive", "error", "timeout", "interrupted")
+# Verdicts that hand over to On pass / On fail; the others leave the phase to be resumed.
+JUDGED: frozenset[str] = frozenset({"pass", "fail"})
+# Exit codes of `runbook next` (DESIGN.md section 4).
+EXIT_CODES: dict[str, int] = {
+    "pass": 0,
+    "fail": 1,
+    "usage": 2,
+    "inconclusive": 3,
+    "error": 4,
+    "timeout": 4,
+    "interrupted": 4,
+    "locked": 5,
+}
+
+
+class Span(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    start_line: int
+    end_line: int
+    start: int
+    end: int
+
+
+class Problem(BaseModel):
+    """One thing wrong with an input file, printed as `file:line:col: message`."""
+
+    file: str
+    line: int
+    col: int = 1
+    message: str
+    severity: Literal["error", "warning"] = "error"
+
+    def __str__(self) -> str:
+        prefix = "warning: " if self.severity == "warning" else ""
+        return f"{self.file}:{self.line}:{self.col}: {prefix}{self.message}"
+
+
+# ---- the Pass: expression tree -------------------------------------------------------------
+
+CompareOp = Literal["<", "<=", ">", ">=", "==", "!="]
+
+
+class MetricRef(BaseModel):
+    kind: Literal["metric"] = "metric"
+    name: str
+
+
+class Number(BaseModel):
+    kind: Literal["number"] = "number"
+    value: float
+    text: str | None = None  # the literal as written ("4.0"), for messages; None when built in code
+
+
+class Compare(BaseModel):
+    kind: Literal["compare"] = "compare"
+    left: Annotated[MetricRef | Number, Field(discriminator="kind")]
+    op: CompareOp
+    right: Annotated[MetricRef | Number, Field(discriminator="kind")]
+
+
+class BoolOp(BaseModel):
+    kind: Literal["and", "or"]
+    items: list[Expr]
+
+
+class Not(BaseModel):
+    kind: Literal["not"] = "not"
+    item: Expr
+
+
+Expr = Annotated[Compare | BoolOp | Not, Field(discriminator="kind")]
+BoolOp.model_rebuild()
+Not.model_rebuild()
+
+
+class Criterion(BaseModel):
+    """A parsed `Pass:` line: its text as written and its expression tree."""
+
+    text: str
+    expr: Expr
+    span: Span
+
+
+# ---- plan structure --------------------------------------------------------------------------
+
+
+class Block(BaseModel):
+    """A tool-owned region `<!-- runbook:NAME -->` ... `<!-- /runbook:NAME -->`."""
+
+    name: str
+    span: Span  # from the first byte of the opening marker to the end of the closing marker's line
+    inner: str  # the text between the markers
+    attrs: dict[str, str] = {}  # `key=value` pairs written in the opening marker
+
+
+class Step(BaseModel):
+    id: str  # "step-1", "step-2", ... in document order within the phase
+    text: str  # the task-list item's text as written (without "- [ ] ")
+    command: str  # the command as written, `{vars}` unresolved; several lines run as one script
+    done: bool
+    span: Span  # the whole list item, nested fenced block included
+    checkbox: int  # offset of the character between `[` and `]` (" " or "x"/"X")
+
+
+class PhaseStatus(BaseModel):
+    """What the status block of a phase says (parsed back from the plan)."""
+
+    verdict: Verdict
+    run_id: str | None = None
+    when: str | None = None
+    summary: str | None = None
+
+
+class Phase(BaseModel):
+    id: str  # explicit `{#id}` if given, else "phase-<label>"
+    label: str  # "0", "1", "2b" ...
+    explicit_id: str | None = None
+    title: str
+    heading: str  # the heading line's text without "## "
+    estimate: str | None = None  # "~30 min" as written, without parentheses
+    goal: str = ""  # prose between the heading and `Steps:`
+    steps: list[Step] = []
+    criterion: Criterion | None = None
+    on_pass: str | None = None  # a phase reference as written, or "stop"; None -> default
+    on_fail: str | None = None  # None -> "stop"
+    needs: list[str] = []
+    timeout_s: float | None = None
+    status: PhaseStatus | None = None
+    blocks: dict[str, Block] = {}
+    span: Span  # heading line to the byte before the next phase heading (or end of file)
+    heading_span: Span
+    field_lines: dict[str, int] = {}  # "pass", "on_pass", "on_fail", "needs", "timeout" -> line
+
+    @property
+    def display_name(self) -> str:
+        return f"Phase {self.label}"
+
+
+class Plan(BaseModel):
+    path: str  # as given to the parser (used in messages)
+    format_version: int
+    title: str | None = None
+    notes: str | None = None  # relative to the plan file
+    vars: dict[str, str] = {}
+    front_matter_span: Span
+    phases: list[Phase] = []
+    text: str = Field(default="", repr=False)  # the whole decoded source
+
+    def find_phase(self, ref: str) -> Phase | None:
+        """Resolve a phase reference: label ("Phase 1", "1"), id ("phase-1") or explicit id."""
+        wanted = ref.strip()
+        lowered = wanted.lower()
+        for phase in self.phases:
+            if wanted in (phase.id, phase.explicit_id) or lowered == phase.id.lower():
+                return phase
+            if lowered in (f"phase {phase.label}".lower(), phase.label.lower()):
+                return phase
+        return None
+
+
+# ---- the run ledger (state/runs/<run-id>.json) -----------------------------------------------
+
+
+class StepResult(BaseModel):
+    step_id: str
+    command: str  # as run, vars resolved
+    exit_code: int | None = None  # None: not started / killed before exit
+    started: str | None = None  # ISO 8601 UTC
+    finished: str | None = None
+    duration_s: float | None = None
+    metrics: dict[str, float] = {}
+    log_path: str | None = None  # repo-relative
+    log_tail: list[str] = []
+    skipped: bool = False  # already done in an earlier run of this phase (resume)
+
+
+class EnvFingerprint(BaseModel):
+    python: str
+    platform: str
+    host: str
+    torch: str | None = None
+    cuda: str | None = None
+    gpus: list[str] = []
+    env: dict[str, str] = {}  # selected variables; secret-looking names never recorded
+
+
+class RunRecord(BaseModel):
+    schema_version: int = RUN_SCHEMA_VERSION
+    run_id: str  # "20261129-143012-7f3a": UTC time + random suffix
+    plan: str  # repo-relative path of the plan
+    plan_blob: str  # git blob hash of the plan text that ran
+    phase: str  # phase id
+    phase_label: str
+    phase_text_hash: str  # sha256 of the phase's source text when it ran (for "changed since")
+    started: str
+    finished: str | None = None
+    duration_s: float | None = None
+    steps: list[StepResult] = []
+    metrics: dict[str, float] = {}  # merged, plus "<step-id>.<name>" entries
+    criterion: str | None = None
+    verdict: Verdict
+    reason: str = ""  # one line: why this verdict ("accept_len 2.41 >= 1.5", "step-2 exited 3")
+    commit_before: str | None = None
+    commit: str | None = None  # the commit that recorded this run, when known
+    env: EnvFingerprint | None = None

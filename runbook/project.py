@@ -1,0 +1,132 @@
+"""Where things are: the repository root, `runbook.toml` / `[tool.runbook]`, plans, `state/`.
+
+- The root is the git top level of a path, found by walking up to the first directory holding
+  `.git` (a directory, or a file in worktrees and submodules). Outside git, the nearest directory
+  holding `runbook.toml`, else the starting directory itself.
+- Config comes from `<root>/runbook.toml`, else `[tool.runbook]` in `<root>/pyproject.toml`, else
+  defaults: `plans = ["plans/*.md"]`, `state = "state"`. Paths are relative to the root.
+- Discovered plans are the files the `plans` globs match that start with front matter holding
+  `runbook:` (a notes document beside the plan is not a plan).
+
+No `git` import here: `runbook status` must start fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = ["Config", "ConfigError", "discover_plans", "find_repo_root", "load_config", "state_dir"]
+
+CONFIG_FILE = "runbook.toml"
+DEFAULT_PLANS = ["plans/*.md"]
+DEFAULT_STATE = "state"
+
+
+class ConfigError(Exception):
+    """`runbook.toml` or `[tool.runbook]` cannot be used; the message names the file and the fix."""
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    plans: list[str] = list(DEFAULT_PLANS)  # globs, relative to the root
+    state: str = DEFAULT_STATE  # relative to the root
+    source: str | None = None  # the file the config came from; None for defaults
+
+
+def find_repo_root(path: str | os.PathLike[str] | None = None) -> Path:
+    """The git top level containing `path` (default: the current directory)."""
+    start = Path(path if path is not None else os.getcwd()).resolve()
+    if start.is_file() or not start.exists():
+        start = start.parent
+    for directory in (start, *start.parents):
+        if (directory / ".git").exists():
+            return directory
+    for directory in (start, *start.parents):
+        if (directory / CONFIG_FILE).is_file():
+            return directory
+    return start
+
+
+def load_config(root: str | os.PathLike[str]) -> Config:
+    """Read `runbook.toml` or `[tool.runbook]`; raise `ConfigError` on a broken file."""
+    root = Path(root)
+    own = root / CONFIG_FILE
+    if own.is_file():
+        return _config_from(own, _read_toml(own))
+    pyproject = root / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            data = _read_toml(pyproject)
+        except ConfigError:
+            return Config()  # a broken pyproject.toml is not ours to judge
+        section = data.get("tool", {}).get("runbook")
+        if isinstance(section, dict):
+            return _config_from(pyproject, section, prefix="[tool.runbook] ")
+    return Config()
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _config_from(path: Path, data: dict, prefix: str = "") -> Config:
+    plans = data.get("plans", DEFAULT_PLANS)
+    if isinstance(plans, str):
+        data = {**data, "plans": [plans]}
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise ConfigError(
+            f"{path}: {prefix}{where}: {first['msg']} (expected plans = [\"plans/*.md\"], state = \"state\")"
+        ) from None
+    config.source = str(path)
+    return config
+
+
+def discover_plans(root: str | os.PathLike[str]) -> list[Path]:
+    """Plan files under `root` matched by the config's globs and carrying `runbook:` front matter."""
+    from runbook.parse import is_plan_text
+
+    root = Path(root)
+    config = load_config(root)
+    found: list[Path] = []
+    seen: set[Path] = set()
+    for pattern in config.plans:
+        for path in sorted(root.glob(pattern)):
+            if path in seen or not path.is_file():
+                continue
+            seen.add(path)
+            if is_plan_text(_head(path)):
+                found.append(path)
+    return found
+
+
+def _head(path: Path, size: int = 8192) -> str:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(size).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def state_dir(root: str | os.PathLike[str]) -> Path:
+    """The ledger directory (`state/` unless the config says otherwise)."""
+    return Path(root) / load_config(root).state

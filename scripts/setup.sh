@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Build .venv from nothing, or do nothing when it is already up to date.
+# Every package is pinned in requirements/lock-*.txt and installed with --no-deps, so the
+# environment is the same on every machine and never pulls torchvision/torchaudio (they
+# break transformers here) or a CUDA torch (several GB).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=.venv
+PY=${PYTHON:-python3}
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    LOCK=requirements/lock-gpu.txt; [ -f "$LOCK" ] || LOCK=requirements/lock-cpu.txt
+else
+    LOCK=requirements/lock-cpu.txt
+fi
+STAMP=$VENV/.runbook-setup
+want=$(cat "$LOCK" requirements/lock-dev.txt pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/runbook" ]; then
+    echo "setup: .venv is up to date"
+    exit 0
+fi
+echo "setup: building $VENV from $LOCK (a few minutes the first time)"
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+# torch first, from the local CPU wheel where the host has one
+"${PIP[@]}" install "torch==2.13.0"
+"${PIP[@]}" install --no-deps -r "$LOCK" -r requirements/lock-dev.txt
+"${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+"${PIP[@]}" install --no-deps --no-build-isolation -e .
+"$VENV/bin/python" -c "import runbook, eagle, click, pydantic, markdown_it, git" 
+echo "$want" > "$STAMP"
+echo "setup: done"
