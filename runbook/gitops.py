@@ -1,0 +1,170 @@
+"""Git, the only module that imports gitpython (and only when it talks to a repository).
+
+`commit_paths` commits exactly the files runbook wrote, through a temporary index built from HEAD
+(GIT_INDEX_FILE), so the user's other staged and unstaged changes stay exactly as they were. The
+real index is then updated for those paths only, so `git status` shows them clean. Commits are made
+with plumbing (`write-tree`, `commit-tree`, `update-ref`): hooks do not run, a detached HEAD stays
+detached (and moves), a repository with no commits gets its first one. In the middle of a merge,
+rebase, cherry-pick, revert or bisect it refuses with `GitStateError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from pathlib import Path
+
+_IN_PROGRESS = (
+    ("MERGE_HEAD", "a merge", "git merge --continue / git merge --abort"),
+    ("rebase-merge", "a rebase", "git rebase --continue / git rebase --abort"),
+    ("rebase-apply", "a rebase or `git am`", "git rebase --continue / git rebase --abort"),
+    ("CHERRY_PICK_HEAD", "a cherry-pick", "git cherry-pick --continue / git cherry-pick --abort"),
+    ("REVERT_HEAD", "a revert", "git revert --continue / git revert --abort"),
+    ("BISECT_LOG", "a bisect", "git bisect reset"),
+)
+
+
+class GitStateError(Exception):
+    """The repository is in a state where runbook will not commit; the message says what to do."""
+
+
+def blob_hash(data: bytes) -> str:
+    """The git blob id (SHA-1) of `data`, as `git hash-object` prints it."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def git_dir(root: str | os.PathLike[str]) -> Path | None:
+    """The git directory of a work tree root (follows a `.git` file of a linked worktree)."""
+    dot = Path(root) / ".git"
+    if dot.is_dir():
+        return dot
+    if dot.is_file():
+        text = dot.read_text(encoding="utf-8", errors="replace").strip()
+        if text.startswith("gitdir:"):
+            target = Path(text[len("gitdir:") :].strip())
+            return target if target.is_absolute() else (Path(root) / target).resolve()
+    return None
+
+
+def _repo(root: str | os.PathLike[str]):  # -> git.Repo
+    import git  # imported only when runbook talks to git
+
+    try:
+        return git.Repo(str(root))
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:
+        raise GitStateError(f"{root} is not a git repository") from exc
+
+
+def _git_error():
+    import git
+
+    return git.GitCommandError
+
+
+def head_commit(root: str | os.PathLike[str]) -> str | None:
+    """The commit HEAD points at; None in a repository with no commits yet."""
+    repo = _repo(root)
+    try:
+        return repo.git.rev_parse("--verify", "-q", "HEAD")
+    except _git_error():
+        return None
+
+
+def in_progress(root: str | os.PathLike[str]) -> str | None:
+    """A sentence naming the operation in progress (merge, rebase, ...) and the way out, or None."""
+    gdir = git_dir(root)
+    if gdir is None:
+        return None
+    for name, what, way_out in _IN_PROGRESS:
+        if (gdir / name).exists():
+            return f"{what} is in progress in {root}; finish it or abort it ({way_out}), or pass --no-commit"
+    return None
+
+
+def check_can_commit(root: str | os.PathLike[str]) -> None:
+    """Raise GitStateError when a commit would fail: operation in progress, no identity."""
+    busy = in_progress(root)
+    if busy:
+        raise GitStateError(busy)
+    repo = _repo(root)
+    try:
+        repo.git.var("GIT_COMMITTER_IDENT")
+        repo.git.var("GIT_AUTHOR_IDENT")
+    except _git_error() as exc:
+        raise GitStateError(
+            "git does not know who you are: set it with `git config user.name NAME` and "
+            "`git config user.email EMAIL`, or pass --no-commit"
+        ) from exc
+
+
+def is_dirty(root: str | os.PathLike[str], path: str) -> bool:
+    """True when `path` (repo-relative) differs from HEAD in the index or work tree, or is untracked."""
+    repo = _repo(root)
+    out = repo.git.status("--porcelain", "--untracked-files=all", "--", path)
+    return bool(out.strip())
+
+
+def show_blob(root: str | os.PathLike[str], blob: str) -> str | None:
+    """The text of a blob by id, None if the repository does not have it."""
+    try:
+        repo = _repo(root)
+        return repo.git.cat_file("-p", blob, strip_newline_in_stdout=False)
+    except (GitStateError, _git_error()):
+        return None
+
+
+def short(commit: str | None) -> str:
+    return commit[:7] if commit else ""
+
+
+def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -> str | None:
+    """Commit exactly `paths` (repo-relative) as they are in the work tree; returns the new commit.
+
+    Returns None when they are unchanged since HEAD. Raises GitStateError during a merge, rebase,
+    cherry-pick, revert or bisect, or when git refuses.
+    """
+    busy = in_progress(root)
+    if busy:
+        raise GitStateError(busy)
+    repo = _repo(root)
+    error = _git_error()
+    head = head_commit(root)
+    gdir = Path(repo.git_dir)
+    tmp_index = gdir / f"index.runbook.{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        tmp_index.unlink()
+    env = {"GIT_INDEX_FILE": str(tmp_index)}
+    try:
+        try:
+            if head:
+                repo.git.read_tree(head, env=env)
+            else:
+                repo.git.read_tree("--empty", env=env)
+            tracked = set(repo.git.ls_files("--", *paths, env=env).splitlines()) if paths else set()
+            present = [p for p in paths if (Path(root) / p).exists() or p in tracked]
+            if present:
+                repo.git.update_index("--add", "--remove", "--", *present, env=env)
+            tree = repo.git.write_tree(env=env)
+            if head and tree == repo.git.rev_parse(f"{head}^{{tree}}"):
+                return None
+            parents = ["-p", head] if head else []
+            commit = repo.git.commit_tree(tree, *parents, "-m", message)
+            repo.git.update_ref("-m", message, "HEAD", commit, head or "")
+        except error as exc:
+            detail = (exc.stderr or str(exc)).strip().splitlines()
+            raise GitStateError(f"git refused the commit: {detail[-1] if detail else exc}") from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_index.unlink()
+    # keep `git status` clean for our paths; the user's other index entries are untouched
+    if present:
+        try:
+            repo.git.update_index("--add", "--remove", "--", *present)
+        except error as exc:
+            detail = (exc.stderr or str(exc)).strip().splitlines()
+            raise GitStateError(
+                f"committed {short(commit)}, but could not refresh the index for {', '.join(present)}: "
+                f"{detail[-1] if detail else exc}; `git reset -q -- {' '.join(present)}` fixes it"
+            ) from exc
+    return commit

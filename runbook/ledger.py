@@ -1,0 +1,127 @@
+"""The run ledger: one JSON file per run at `state/runs/<run-id>.json` (a `RunRecord`).
+
+Logs and metrics files of a run live in `state/runs/<run-id>/` (gitignored); the JSON keeps the
+last lines of each log. Run ids are `YYYYMMDD-HHMMSS-xxxx`: UTC time plus random hex, so they sort
+by time and do not collide across machines. Runs are ordered by their start time (to the
+microsecond), then by id.
+
+A ledger file that cannot be read does not hide the others: `load_runs` skips it and reports it
+through `problems`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import secrets
+from collections import deque
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from runbook.atomic import atomic_write_text
+from runbook.model import RunRecord
+
+RUNS_DIR = "runs"
+LOG_TAIL_LINES = 20
+
+
+def utc_now() -> _dt.datetime:
+    return _dt.datetime.now(_dt.timezone.utc)
+
+
+def iso(moment: _dt.datetime) -> str:
+    """ISO 8601 UTC with microseconds and a `Z`: sortable as text."""
+    return moment.astimezone(_dt.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def parse_iso(text: str) -> _dt.datetime:
+    return _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def new_run_id(now: _dt.datetime | None = None) -> str:
+    moment = (now or utc_now()).astimezone(_dt.timezone.utc)
+    return f"{moment:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def runs_dir(state_dir: str | os.PathLike[str]) -> Path:
+    return Path(state_dir) / RUNS_DIR
+
+
+def run_path(state_dir: str | os.PathLike[str], run_id: str) -> Path:
+    return runs_dir(state_dir) / f"{run_id}.json"
+
+
+def run_dir(state_dir: str | os.PathLike[str], run_id: str) -> Path:
+    """Where a run's logs, metrics files and artifacts go (gitignored)."""
+    return runs_dir(state_dir) / run_id
+
+
+def save_run(state_dir: str | os.PathLike[str], record: RunRecord) -> Path:
+    """Write (or rewrite) the run's JSON atomically; returns its path."""
+    path = run_path(state_dir, record.run_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, record.model_dump_json(indent=2) + "\n")
+    return path
+
+
+def load_run(path: str | os.PathLike[str]) -> RunRecord:
+    return RunRecord.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def _order(record: RunRecord) -> tuple[str, str]:
+    return (record.started, record.run_id)
+
+
+def load_runs(
+    state_dir: str | os.PathLike[str],
+    plan: str | None = None,
+    phase: str | None = None,
+    problems: list[str] | None = None,
+) -> list[RunRecord]:
+    """All runs, oldest first, optionally only those of `plan` (repo-relative) and `phase` (id).
+
+    Unreadable files are skipped; a line naming each goes to `problems` when given.
+    """
+    folder = runs_dir(state_dir)
+    if not folder.is_dir():
+        return []
+    records: list[RunRecord] = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            record = load_run(path)
+        except (OSError, json.JSONDecodeError, ValidationError) as exc:
+            if problems is not None:
+                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                problems.append(f"{path}: skipped, not a readable run record ({first})")
+            continue
+        if plan is not None and record.plan != plan:
+            continue
+        if phase is not None and record.phase != phase:
+            continue
+        records.append(record)
+    records.sort(key=_order)
+    return records
+
+
+def find_run(state_dir: str | os.PathLike[str], ref: str) -> RunRecord | None:
+    """A run by id, id prefix, or `last`."""
+    runs = load_runs(state_dir)
+    if ref == "last":
+        return runs[-1] if runs else None
+    exact = [r for r in runs if r.run_id == ref]
+    if exact:
+        return exact[0]
+    matches = [r for r in runs if r.run_id.startswith(ref)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def tail_lines(path: str | os.PathLike[str], n: int = LOG_TAIL_LINES) -> list[str]:
+    """The last `n` lines of a text log (decoded leniently, without line ends)."""
+    try:
+        with open(path, "rb") as handle:
+            lines = deque(handle, maxlen=n)
+    except FileNotFoundError:
+        return []
+    return [line.decode("utf-8", "replace").rstrip("\r\n") for line in lines]

@@ -1,0 +1,330 @@
+"""`runbook next` end to end: select a phase, show it, run it, judge it, record it, write it back, commit.
+
+The click command (`runbook/commands/next.py`) parses options and prints; the work is here:
+
+- `Workspace`: where the plan, the repository root and `state/` are, and whether git is there;
+- `prepare`: re-read and validate the plan, select the phase (`runbook.select`), render what will run;
+- `run_selected`: one run of the selected phase under the run lock, returning its `RunRecord`.
+
+Order inside a run: run id -> the plan's own uncommitted edits committed ("plan edits before run
+<id>") -> environment fingerprint -> steps (`runbook.execute`) -> verdict -> under the write lock:
+ledger JSON, plan write-back, one commit of exactly those two files.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from runbook import gitops, ledger, writeback
+from runbook.atomic import atomic_write_text
+from runbook.execute import Interrupts, StepSpec, judge, merge_metrics, run_steps
+from runbook.lock import RunLock, write_lock
+from runbook.model import Phase, Plan, Problem, RunRecord
+from runbook.select import Selection, select_phase
+
+Say = Callable[[str], None]
+
+
+class NextError(Exception):
+    """A refusal before anything ran; `code` is the exit code (2 unless said otherwise)."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Workspace:
+    root: Path
+    plan_path: Path  # absolute
+    plan_rel: str  # repo-relative, "/" separated
+    state: Path
+    git: bool  # the root is a git work tree
+
+    @property
+    def git_dir(self) -> Path | None:
+        return gitops.git_dir(self.root) if self.git else None
+
+    def rel(self, path: Path) -> str:
+        return Path(os.path.relpath(path, self.root)).as_posix()
+
+
+def workspace(plan_path: str | os.PathLike[str]) -> Workspace:
+    from runbook.project import ConfigError, find_repo_root, state_dir
+
+    path = Path(plan_path).resolve()
+    root = Path(find_repo_root(path)).resolve()
+    try:
+        state = Path(state_dir(root))
+    except ConfigError as exc:
+        raise NextError(str(exc)) from None
+    return Workspace(
+        root=root,
+        plan_path=path,
+        plan_rel=Path(os.path.relpath(path, root)).as_posix(),
+        state=state,
+        git=gitops.git_dir(root) is not None,
+    )
+
+
+# ---- before running -----------------------------------------------------------------------
+
+
+def load_valid(ws: Workspace) -> tuple[Plan, list[Problem]]:
+    """Read the plan from disk; NextError (exit 2) listing every error when it does not validate."""
+    from runbook.parse import read_plan
+
+    plan, problems = read_plan(ws.plan_path)
+    errors = [p for p in problems if p.severity == "error"]
+    if plan is None or errors:
+        listing = "\n".join(str(p) for p in (errors or problems))
+        raise NextError(f"{listing}\n{ws.plan_rel}: fix the problems above; nothing ran")
+    return plan, [p for p in problems if p.severity != "error"]
+
+
+def old_phase_source(ws: Workspace, run: RunRecord, phase: Phase) -> str | None:
+    """The phase's text as it was when `run` ran (from the plan blob in git), or None."""
+    if not ws.git:
+        return None
+    from runbook.parse import parse_plan
+
+    old_text = gitops.show_blob(ws.root, run.plan_blob)
+    if old_text is None:
+        return None
+    old_plan, _ = parse_plan(old_text, ws.plan_rel)
+    old_phase = old_plan.find_phase(run.phase) if old_plan else None
+    if old_phase is None:
+        return None
+    return writeback.phase_source(old_text, old_phase)
+
+
+def select(ws: Workspace, plan: Plan, *, phase_ref: str | None, restart: bool) -> Selection:
+    runs = ledger.load_runs(ws.state, plan=ws.plan_rel)
+
+    def diff(run: RunRecord, phase: Phase) -> str | None:
+        old = old_phase_source(ws, run, phase)
+        if old is None:
+            return None
+        return writeback.phase_diff(old, writeback.phase_source(plan.text, phase), phase.display_name)
+
+    return select_phase(
+        plan,
+        runs,
+        phase_ref=phase_ref,
+        restart=restart,
+        current_hash=lambda phase: writeback.phase_text_hash(plan.text, phase),
+        old_diff=diff,
+    )
+
+
+def resolved(plan: Plan, phase: Phase) -> list[str]:
+    from runbook.resolve import resolve_command
+
+    return [resolve_command(step.command, plan.vars) for step in phase.steps]
+
+
+def render_preview(ws: Workspace, plan: Plan, sel: Selection) -> str:
+    """The phase exactly as written, then what will run (resolved), with changes marked."""
+    phase = sel.phase
+    assert phase is not None
+    lines = [f"{ws.plan_rel}:{phase.span.start_line}: {sel.message}", ""]
+    source = plan.text[phase.span.start : phase.span.end].replace("\r\n", "\n").rstrip("\n")
+    lines += ["    " + line if line else "" for line in source.split("\n")]
+    lines.append("")
+    if sel.mode == "changed":
+        lines.append(f"The text of {phase.display_name} changed since run {sel.last.run_id if sel.last else '?'}:")
+        lines += ["    " + line for line in (sel.diff or "(the old text is not in git: no diff to show)\n").splitlines()]
+        lines.append("")
+    before = {s.step_id: s.command for s in sel.last.steps} if sel.last else {}
+    lines.append("Will run (cwd = repository root, vars resolved):")
+    commands = resolved(plan, phase)
+    if not phase.steps:
+        lines.append("    (no steps: the verdict comes from the criterion alone)")
+    for i, (step, cmd) in enumerate(zip(phase.steps, commands, strict=True)):
+        if i < sel.start:
+            mark = "done, skipped"
+        elif step.id in before and before[step.id] != cmd:
+            mark = f"CHANGED since run {sel.last.run_id}" if sel.last else ""
+        elif sel.last is not None and step.id not in before and sel.last.verdict in ("pass", "fail", "inconclusive"):
+            mark = f"NEW since run {sel.last.run_id}"
+        else:
+            mark = ""
+        head = f"  {step.id}" + (f"  ({mark})" if mark else "")
+        lines.append(head)
+        lines += ["      " + line for line in cmd.split("\n")]
+    crit = phase.criterion
+    lines.append(f"Pass: {crit.text.strip('`') if crit else '(none: passes when every step exits 0)'}")
+    if phase.timeout_s:
+        lines.append(f"Timeout: {phase.timeout_s:g}s")
+    return "\n".join(lines)
+
+
+# ---- running --------------------------------------------------------------------------------
+
+
+@dataclass
+class RunOptions:
+    commit: bool = True
+    echo: BinaryIO | None = None  # where step output streams (None: logs only)
+    say: Say = print
+    warn: Say = print
+    grace_s: float = 5.0
+    probe_env: bool | None = None  # None: RUNBOOK_ENV_PROBE decides
+    interrupts: Interrupts | None = None
+
+
+@dataclass
+class RunResult:
+    record: RunRecord
+    plan_written: bool = True
+    problems: list[str] = field(default_factory=list)  # write-back / commit trouble, already warned
+
+
+def _carried(sel: Selection, step_id: str) -> dict[str, float]:
+    if sel.last is None:
+        return {}
+    for result in sel.last.steps:
+        if result.step_id == step_id and (result.skipped or result.exit_code == 0):
+            return dict(result.metrics)
+    return {}
+
+
+def commit_message(record: RunRecord, metric_names: list[str]) -> str:
+    from runbook.criteria import format_value
+
+    shown = [f"{n}={format_value(record.metrics[n])}" for n in metric_names if n in record.metrics]
+    detail = ", ".join(shown) if shown else " ".join(record.reason.split())[:80]
+    return f"runbook: {record.phase} {record.verdict}" + (f" ({detail})" if detail else "")
+
+
+def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts: RunOptions) -> RunResult:
+    """Run the selected phase once and record it everywhere. Call with the run lock held."""
+    from runbook.criteria import metric_names as names_in
+    from runbook.envprint import fingerprint
+
+    phase = sel.phase
+    assert phase is not None
+    run_id = ledger.new_run_id()
+    lock.set_run(run_id)
+    text_hash = writeback.phase_text_hash(plan.text, phase)
+    metric_names = names_in(phase.criterion.expr) if phase.criterion else []
+
+    commit_before = None
+    if ws.git:
+        if opts.commit and gitops.is_dirty(ws.root, ws.plan_rel):
+            try:
+                with write_lock(ws.state):
+                    gitops.commit_paths(ws.root, [ws.plan_rel], f"runbook: plan edits before run {run_id}")
+            except gitops.GitStateError as exc:
+                raise NextError(f"refusing to run: could not commit the plan's own edits first: {exc}") from None
+            opts.say(f"committed the plan's uncommitted edits first (runbook: plan edits before run {run_id})")
+        commit_before = gitops.head_commit(ws.root)
+    plan_blob = gitops.blob_hash(plan.text.encode("utf-8"))
+    env = fingerprint(probe=opts.probe_env)
+
+    specs = [
+        StepSpec(step.id, cmd, skip=i < sel.start, carried_metrics=_carried(sel, step.id) if i < sel.start else {})
+        for i, (step, cmd) in enumerate(zip(phase.steps, resolved(plan, phase), strict=True))
+    ]
+
+    def announce(spec: StepSpec) -> None:
+        opts.say(f"\n── {phase.display_name} · {spec.step_id} ──\n$ {spec.command}")
+
+    started = ledger.utc_now()
+    t0 = time.monotonic()
+    outcome = run_steps(
+        specs,
+        run_id=run_id,
+        phase_id=phase.id,
+        repo_root=ws.root,
+        state_dir=ws.state,
+        timeout_s=phase.timeout_s,
+        echo=opts.echo,
+        announce=announce,
+        on_pgid=lock.set_step,
+        interrupts=opts.interrupts,
+        grace_s=opts.grace_s,
+    )
+    metrics = merge_metrics(outcome.results)
+    if outcome.stopped:
+        verdict, reason = outcome.stopped, outcome.reason
+    else:
+        verdict, reason = judge(phase.criterion.expr if phase.criterion else None, metrics)
+    record = RunRecord(
+        run_id=run_id,
+        plan=ws.plan_rel,
+        plan_blob=plan_blob,
+        phase=phase.id,
+        phase_label=phase.label,
+        phase_text_hash=text_hash,
+        started=ledger.iso(started),
+        finished=ledger.iso(ledger.utc_now()),
+        duration_s=round(time.monotonic() - t0, 3),
+        steps=outcome.results,
+        metrics=metrics,
+        criterion=phase.criterion.text.strip("`") if phase.criterion else None,
+        verdict=verdict,  # type: ignore[arg-type]
+        reason=reason,
+        commit_before=commit_before,
+        env=env,
+    )
+    return record_run(ws, record, metric_names, opts)
+
+
+def record_run(ws: Workspace, record: RunRecord, metric_names: list[str], opts: RunOptions) -> RunResult:
+    """Ledger, plan write-back and commit, under the write lock."""
+    from runbook.parse import parse_plan, read_text
+
+    result = RunResult(record)
+    with write_lock(ws.state):
+        ledger_path = ledger.save_run(ws.state, record)
+        text, problem = read_text(str(ws.plan_path))
+        current, problems = (None, [problem]) if problem else parse_plan(text, ws.plan_rel)
+        errors = [p for p in problems if p and p.severity == "error"]
+        if current is None or errors or current.find_phase(record.phase) is None:
+            result.plan_written = False
+            why = "; ".join(str(p) for p in errors[:3]) or f"{record.phase} is no longer in it"
+            result.problems.append(
+                f"{ws.plan_rel} was not updated: it no longer parses ({why}); the run is recorded in "
+                f"{ws.rel(ledger_path)}"
+            )
+        else:
+            history = ledger.load_runs(ws.state, plan=ws.plan_rel, phase=record.phase)
+            try:
+                new_text = writeback.apply_run(
+                    text, current, record.phase, record, history, metric_names, file=ws.plan_rel
+                )
+            except writeback.HandEdited as exc:
+                result.plan_written = False
+                result.problems.append(f"{exc} The run is recorded in {ws.rel(ledger_path)}.")
+            else:
+                if new_text != text:
+                    atomic_write_text(ws.plan_path, new_text)
+        for msg in result.problems:
+            opts.warn(msg)
+        if ws.git and opts.commit:
+            paths = [ws.rel(ledger_path)] + ([ws.plan_rel] if result.plan_written else [])
+            try:
+                sha = gitops.commit_paths(ws.root, paths, commit_message(record, metric_names))
+            except gitops.GitStateError as exc:
+                msg = f"not committed: {exc}. Commit by hand: git add {' '.join(map(shlex.quote, paths))} && git commit"
+                opts.warn(msg)
+                result.problems.append(msg)
+            else:
+                record.commit = sha
+    return result
+
+
+def record_command(ws: Workspace, phase: Phase, record: RunRecord, plan_arg: str | None) -> str:
+    """The `runbook record` line to run after a judged phase."""
+    title = f"{phase.title}: {record.verdict}"
+    parts = ["runbook", "record", shlex.quote(title), "--run", record.run_id]
+    if plan_arg:
+        parts += ["--plan", shlex.quote(plan_arg)]
+    return " ".join(parts) + ' --lesson "..." --next "..."'

@@ -1,0 +1,236 @@
+"""Write a run's outcome back into the plan: pure text -> text.
+
+Three things change, nothing else:
+
+- the phase's status block, `<!-- runbook:status sha=... -->`, inserted right after the heading
+  line on first use;
+- the `[ ]` / `[x]` character of each step (ticked when the step finished with exit 0 in this run
+  or was already done in an earlier run of the phase);
+- the phase's results table, `<!-- runbook:results sha=... -->`, one row per run of the phase
+  (newest last; columns run, finished, commit, each metric named in `Pass:`, took, verdict), placed
+  at the end of the phase section (before its trailing blank lines) on first use.
+
+Blocks are written in the file's own newline style. The opening marker carries `sha=`: the first 8
+hex digits of the SHA-256 of what runbook wrote between the markers. If the content no longer
+matches (someone edited the table by hand), `apply_run` refuses with `HandEdited` instead of
+erasing the edit. A block without `sha=` (written by hand or by a template) is simply replaced.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+
+from runbook.ledger import parse_iso
+from runbook.markers import detect_newline, render_block
+from runbook.model import Phase, Plan, RunRecord
+
+STATUS = "status"
+RESULTS = "results"
+
+
+class HandEdited(Exception):
+    """A tool-owned block was edited by hand since runbook wrote it."""
+
+
+# ---- hashing the phase text (for "changed since its last run") ---------------------------------
+
+
+def phase_source(text: str, phase: Phase) -> str:
+    """The phase's source without tool-owned blocks and with every checkbox unticked (LF newlines)."""
+    base = phase.span.start
+    chars = list(text[base : phase.span.end])
+    for step in phase.steps:
+        offset = step.checkbox - base
+        if 0 <= offset < len(chars) and chars[offset] in "xX":
+            chars[offset] = " "
+    cuts = sorted(
+        ((b.span.start - base, b.span.end - base) for b in phase.blocks.values()), reverse=True
+    )
+    for start, end in cuts:
+        if 0 <= start <= end <= len(chars):
+            del chars[start:end]
+    return "".join(chars).replace("\r\n", "\n").replace("\r", "\n")
+
+
+def phase_text_hash(text: str, phase: Phase) -> str:
+    """sha256 of the phase's own text; blank lines and trailing spaces do not count."""
+    lines = [line.rstrip() for line in phase_source(text, phase).split("\n")]
+    canonical = "\n".join(line for line in lines if line)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def phase_diff(old: str, new: str, label: str) -> str:
+    """A unified diff of two `phase_source` texts."""
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True),
+            new.splitlines(keepends=True),
+            fromfile=f"{label} (last run)",
+            tofile=f"{label} (now)",
+        )
+    )
+
+
+# ---- rendering --------------------------------------------------------------------------------
+
+
+def block_sha(inner: str) -> str:
+    normal = inner.replace("\r\n", "\n").replace("\r", "\n")
+    return hashlib.sha256(normal.encode("utf-8")).hexdigest()[:8]
+
+
+def format_took(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    total = int(round(seconds))
+    if total < 60:
+        return f"{total}s"
+    if total < 3600:
+        return f"{total // 60}m{total % 60:02d}s"
+    return f"{total // 3600}h{(total % 3600) // 60:02d}m"
+
+
+def _minute(iso_text: str | None) -> str:
+    if not iso_text:
+        return "-"
+    try:
+        return parse_iso(iso_text).strftime("%Y-%m-%d %H:%M")
+    except ValueError:
+        return iso_text[:16].replace("T", " ")
+
+
+def _value(value: float | None) -> str:
+    if value is None:
+        return "-"
+    from runbook.criteria import format_value
+
+    return format_value(value)
+
+
+def status_line(record: RunRecord) -> str:
+    """`**Status:** pass · 2026-11-29 14:30 UTC · run 20261129-143012-7f3a · accept_len 2.41 >= 1.5`"""
+    parts = [record.verdict, f"{_minute(record.finished or record.started)} UTC", f"run {record.run_id}"]
+    reason = " ".join(record.reason.replace("·", "-").split())
+    if reason:
+        parts.append(reason)
+    return "**Status:** " + " · ".join(parts)
+
+
+def results_table(records: list[RunRecord], metric_names: list[str]) -> list[str]:
+    """The results table's lines, one row per run in the order given."""
+    header = ["run", "finished", "commit", *metric_names, "took", "verdict"]
+    rows = [
+        [
+            r.run_id,
+            _minute(r.finished),
+            (r.commit_before or "")[:7] or "-",
+            *(_value(r.metrics.get(name)) for name in metric_names),
+            format_took(r.duration_s),
+            r.verdict,
+        ]
+        for r in records
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return lines
+
+
+def _block(name: str, lines: list[str], newline: str) -> str:
+    inner = "".join(line + newline for line in lines)
+    return render_block(name, inner, newline, {"sha": block_sha(inner)})
+
+
+# ---- applying ---------------------------------------------------------------------------------
+
+
+def _line_end(text: str, pos: int) -> int:
+    """Offset just past the end of the line containing `pos` (len(text) at a last line without newline)."""
+    n = len(text)
+    while pos < n and text[pos] not in "\r\n":
+        pos += 1
+    if pos < n and text[pos] == "\r":
+        pos += 1
+        if pos < n and text[pos] == "\n":
+            pos += 1
+    elif pos < n and text[pos] == "\n":
+        pos += 1
+    return pos
+
+
+def check_blocks(text: str, phase: Phase, file: str = "") -> None:
+    """Raise HandEdited if a status or results block of `phase` was edited since runbook wrote it."""
+    for name in (STATUS, RESULTS):
+        block = phase.blocks.get(name)
+        if block is None:
+            continue
+        want = block.attrs.get("sha")
+        if want and want != block_sha(block.inner):
+            where = f"{file}:{block.span.start_line}" if file else f"line {block.span.start_line}"
+            what = "results table" if name == RESULTS else "status block"
+            raise HandEdited(
+                f"{where}: the {what} of {phase.display_name} was edited by hand since runbook wrote it "
+                f"(its marker says sha={want}, the content now hashes to {block_sha(block.inner)}). "
+                f"runbook will not erase the edit: move your text outside the "
+                f"<!-- runbook:{name} --> markers, or delete the whole block to let runbook rebuild it."
+            )
+
+
+def apply_run(
+    text: str,
+    plan: Plan,
+    phase_id: str,
+    record: RunRecord,
+    history: list[RunRecord],
+    metric_names: list[str],
+    file: str = "",
+) -> str:
+    """The plan text with `record` written into phase `phase_id`.
+
+    `plan` must be the parse of `text`. `history` is every run of the phase to list in the results
+    table, oldest first (it should end with `record`). Raises HandEdited (nothing changes) or
+    KeyError when the phase is not in the plan.
+    """
+    phase = plan.find_phase(phase_id)
+    if phase is None:
+        raise KeyError(phase_id)
+    check_blocks(text, phase, file)
+    newline = detect_newline(text)
+    edits: list[tuple[int, int, str]] = []  # (start, end, replacement), non-overlapping
+
+    # status block
+    status = _block(STATUS, [status_line(record)], newline)
+    if STATUS in phase.blocks:
+        span = phase.blocks[STATUS].span
+        edits.append((span.start, span.end, status))
+    else:
+        at = _line_end(text, phase.heading_span.start)
+        prefix = newline if at == len(text) and not text.endswith(("\n", "\r")) else ""
+        edits.append((at, at, prefix + status))
+
+    # checkboxes
+    done = {r.step_id for r in record.steps if r.skipped or r.exit_code == 0}
+    for step in phase.steps:
+        current = text[step.checkbox]
+        ticked = current in "xX"
+        if step.id in done and not ticked:
+            edits.append((step.checkbox, step.checkbox + 1, "x"))
+        elif step.id not in done and ticked:
+            edits.append((step.checkbox, step.checkbox + 1, " "))
+
+    # results table
+    results = _block(RESULTS, results_table(history, metric_names), newline)
+    if RESULTS in phase.blocks:
+        span = phase.blocks[RESULTS].span
+        edits.append((span.start, span.end, results))
+    else:
+        body_end = phase.span.start + len(text[phase.span.start : phase.span.end].rstrip())
+        at = _line_end(text, body_end)
+        lead = newline if at == len(text) and not text.endswith(("\n", "\r")) else ""
+        edits.append((at, at, lead + newline + results))
+
+    out = text
+    ordered = sorted(((s, e, i, new) for i, (s, e, new) in enumerate(edits)), reverse=True)
+    for start, end, _i, new in ordered:  # back to front, so earlier offsets stay valid
+        out = out[:start] + new + out[end:]
+    return out

@@ -1,0 +1,111 @@
+"""Committing only runbook's files through a temporary index, on real repositories."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from runbook import gitops
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def repo(tmp_path):
+    git(tmp_path, "init", "-q", "-b", "main")
+    git(tmp_path, "config", "user.name", "Tester")
+    git(tmp_path, "config", "user.email", "t@example.com")
+    return tmp_path
+
+
+def test_first_commit_in_empty_repo_keeps_user_staging(repo):
+    (repo / "plan.md").write_text("plan\n")
+    (repo / "state" / "runs").mkdir(parents=True)
+    (repo / "state" / "runs" / "r.json").write_text("{}\n")
+    (repo / "mine.txt").write_text("staged by the user\n")
+    git(repo, "add", "mine.txt")
+    (repo / "wip.txt").write_text("unstaged\n")
+    assert gitops.head_commit(repo) is None
+    sha = gitops.commit_paths(repo, ["plan.md", "state/runs/r.json"], "runbook: phase-0 pass (x=1)")
+    assert sha == gitops.head_commit(repo)
+    assert git(repo, "show", "--name-only", "--format=%s", "HEAD").split() == [
+        "runbook:", "phase-0", "pass", "(x=1)", "plan.md", "state/runs/r.json"]
+    status = git(repo, "status", "--porcelain")
+    assert "A  mine.txt" in status and "?? wip.txt" in status
+    assert "plan.md" not in status and "state/" not in status
+    assert git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
+
+
+def test_partial_user_staging_of_other_file_survives(repo):
+    (repo / "code.py").write_text("v1\n")
+    (repo / "plan.md").write_text("p1\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "init")
+    (repo / "code.py").write_text("v2\n")
+    git(repo, "add", "code.py")
+    (repo / "code.py").write_text("v3\n")  # staged v2, work tree v3
+    (repo / "plan.md").write_text("p2\n")
+    sha = gitops.commit_paths(repo, ["plan.md"], "runbook: x")
+    assert git(repo, "show", "--name-only", "--format=", sha).split() == ["plan.md"]
+    assert git(repo, "show", ":code.py") == "v2\n"  # the user's staged version is still staged
+    assert (repo / "code.py").read_text() == "v3\n"
+    assert git(repo, "status", "--porcelain").splitlines() == ["MM code.py"]
+    assert gitops.commit_paths(repo, ["plan.md"], "again") is None  # nothing changed
+
+
+def test_detached_head(repo):
+    (repo / "plan.md").write_text("p1\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "init")
+    git(repo, "checkout", "-q", "--detach")
+    (repo / "plan.md").write_text("p2\n")
+    sha = gitops.commit_paths(repo, ["plan.md"], "runbook: detached")
+    assert git(repo, "rev-parse", "HEAD").strip() == sha
+    assert git(repo, "rev-parse", "main").strip() != sha  # the branch did not move
+
+
+def test_refuses_during_merge(repo):
+    (repo / "f").write_text("base\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "base")
+    git(repo, "checkout", "-qb", "other")
+    (repo / "f").write_text("other\n")
+    git(repo, "commit", "-qam", "other")
+    git(repo, "checkout", "-q", "main")
+    (repo / "f").write_text("main\n")
+    git(repo, "commit", "-qam", "main")
+    subprocess.run(["git", "merge", "other"], cwd=repo, capture_output=True)
+    assert (repo / ".git" / "MERGE_HEAD").exists()
+    (repo / "plan.md").write_text("p\n")
+    with pytest.raises(gitops.GitStateError, match="merge is in progress.*--abort"):
+        gitops.commit_paths(repo, ["plan.md"], "runbook: x")
+    with pytest.raises(gitops.GitStateError, match="merge"):
+        gitops.check_can_commit(repo)
+
+
+def test_dirty_blob_and_show(repo):
+    (repo / "plan.md").write_text("p1\n")
+    assert gitops.is_dirty(repo, "plan.md")  # untracked
+    gitops.commit_paths(repo, ["plan.md"], "c")
+    assert not gitops.is_dirty(repo, "plan.md")
+    blob = gitops.blob_hash(b"p1\n")
+    assert blob == git(repo, "hash-object", "plan.md").strip()
+    assert gitops.show_blob(repo, blob) == "p1\n"
+    assert gitops.show_blob(repo, "0" * 40) is None
+    (repo / "plan.md").write_text("p2\n")
+    assert gitops.is_dirty(repo, "plan.md")
+
+
+def test_missing_identity_is_named(tmp_path, monkeypatch):
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "config", "user.useConfigOnly", "true")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for var in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "EMAIL"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(gitops.GitStateError, match="git config user.name"):
+        gitops.check_can_commit(tmp_path)
