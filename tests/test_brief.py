@@ -1,0 +1,163 @@
+"""`runbook brief` on plans in the middle of their lives."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from runbook.brief import Brief, LastRun, NextAction, PhaseRow, StepLine
+from runbook.cli import cli
+from runbook.ledger import save_run
+from runbook.model import StepResult
+from runbook.notes import Milestone, apply_record
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_record_cli import PLAN, a_run, make_repo  # noqa: E402
+
+LESSONS = ["Use --prepared-data, not --data-path.", "batch 4, not 2000, or extraction OOMs"]
+
+
+def mid_life_repo(tmp_path: Path, plan: str = PLAN, milestones: int = 1) -> Path:
+    """Phase 0 passed, Phase 1 failed on accept_len, Phase 2 pending (Phase 1's On fail)."""
+    notes = "# Notes: toy drafter\n\nThe anchor does 340 tok/s, we do 82.5.\n"
+    for i in range(milestones):
+        entry = Milestone(title=f"Milestone number {i}", when=f"2026-11-{(i % 28) + 1:02d} 10:00 UTC", body="Words. " * 40)
+        notes, _ = apply_record(notes, entry, LESSONS if i == 0 else [], ["Look at the data mix"] if i == 0 else None)
+    repo = make_repo(tmp_path, notes)
+    if plan != PLAN:
+        (repo / "plans" / "plan.md").write_text(plan)
+    state = repo / "state"
+    save_run(state, a_run("20261129-100000-aaaa", "phase-0", "0", "pass", {"accept_len": 2.41},
+                          criterion="`accept_len >= 1.5`", reason="accept_len 2.41 >= 1.5", commit="c0ffee1234567890"))
+    save_run(state, a_run("20261129-110000-bbbb", "phase-1", "1", "fail", {"accept_len": 1.31, "train_loss": 1.93},
+                          criterion="`accept_len >= 1.5 and train_loss < 4.0`", reason="accept_len 1.31 >= 1.5 is false"))
+    return repo
+
+
+def brief(repo: Path, monkeypatch: pytest.MonkeyPatch, *args: str):
+    monkeypatch.chdir(repo)
+    return CliRunner().invoke(cli, ["brief", *args], catch_exceptions=False)
+
+
+def test_mid_life_brief_names_failure_lessons_and_next_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = mid_life_repo(tmp_path)
+    result = brief(repo, monkeypatch)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    # fixed order of the sections
+    order = ["## Goal", "## Framing", "## Phases", "## Last run", "## Milestones", "## Lessons learned",
+             "## Next steps", "## Next: Phase 2 (`phase-2`): More data", "## Continue"]
+    positions = [out.index(s) for s in order]
+    assert positions == sorted(positions)
+    assert "Train a drafter; beat acceptance 1.5." in out and "we do 82.5" in out
+    assert "| Phase 0 | `phase-0` | Probe (~5 min) | pass | accept_len 2.41 |" in out
+    assert "| Phase 1 | `phase-1` | Fine-tune (~2 h) | fail | accept_len 1.31, train_loss 1.93 |" in out
+    assert "| Phase 2 | `phase-2` | More data (~2 days) | pending |" in out
+    assert "- accept_len 1.31 >= 1.5 is false\n" in out  # the failing criterion with the measured value
+    assert "train_loss 1.93 < 4" not in out.split("## Last run")[1].split("## Milestones")[0].split("Why it failed:")[1]
+    for lesson in LESSONS:
+        assert f"- {lesson}\n" in out
+    assert "- [ ] step-1: `eagle extract --out work/out`" in out  # resolved vars
+    assert "Pass: `accept_len >= 2`" in out
+    assert out.rstrip().endswith("```sh\nrunbook next --yes\n```")
+
+
+def test_json_validates_against_the_schema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = mid_life_repo(tmp_path)
+    result = brief(repo, monkeypatch, "--json")
+    assert result.exit_code == 0, result.output
+    model = Brief.model_validate_json(result.output)
+    assert model.next.label == "Phase 2" and model.next.phase == "phase-2" and model.next.command == "runbook next --yes"
+    assert model.last_run is not None and model.last_run.failures == ["accept_len 1.31 >= 1.5 is false"]
+    assert [row.verdict for row in model.phases] == ["pass", "fail", "pending"]
+    assert model.lessons == LESSONS
+    # unknown or missing fields are rejected: the schema is the contract
+    data = json.loads(result.output)
+    with pytest.raises(ValueError):
+        Brief.model_validate({**data, "surprise": 1})
+    del data["next"]
+    with pytest.raises(ValueError):
+        Brief.model_validate(data)
+
+
+def test_schema_is_documented() -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "brief.md").read_text()
+    for model in (Brief, PhaseRow, LastRun, NextAction, StepLine):
+        assert f"`{model.__name__}`" in doc
+        for field in model.model_fields:
+            assert re.search(rf"`{field}`", doc), f"docs/brief.md does not describe {model.__name__}.{field}"
+
+
+def test_max_chars_drops_oldest_milestones_first_never_the_next_action(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = mid_life_repo(tmp_path, milestones=12)
+    full = brief(repo, monkeypatch, "--max-chars", "100000").output
+    assert "Milestone number 0" in full and "omitted" not in full
+    cut = brief(repo, monkeypatch, "--max-chars", "3500").output
+    assert len(cut) <= 3500
+    kept = [int(n) for n in re.findall(r"Milestone number (\d+)", cut)]
+    assert kept and kept == list(range(12 - len(kept), 12))  # the newest survive, oldest go first
+    assert f"({12 - len(kept)} older milestones omitted to fit; see `plans/notes.md`)" in cut
+    tail = full[full.index("## Next: Phase 2"):]
+    assert cut.endswith(tail)  # the next action is whole
+    for lesson in LESSONS:
+        assert lesson in cut  # lessons outlive milestones
+    tiny = brief(repo, monkeypatch, "--max-chars", "200").output
+    assert tiny.endswith(tail) and "Milestone number" not in tiny
+    as_json = Brief.model_validate_json(brief(repo, monkeypatch, "--json", "--max-chars", "3500").output)
+    assert as_json.milestones_omitted == 12 - len(kept) and as_json.milestones[-1].heading.endswith("Milestone number 11")
+
+
+def test_fail_with_on_fail_stop_offers_the_retry_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = mid_life_repo(tmp_path, plan=PLAN.replace("On fail: Phase 2\n", ""))
+    out = brief(repo, monkeypatch).output
+    assert "## Next: Phase 1 (`phase-1`): Fine-tune" in out and "the plan stops there" in out
+    assert out.rstrip().endswith("runbook next --phase phase-1 --restart --yes\n```")
+    assert "- [ ] step-1: `echo train work/out`" in out
+
+
+def test_error_run_shows_the_failing_step_and_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = mid_life_repo(tmp_path)
+    plan_text = (repo / "plans" / "plan.md").read_text()
+    from runbook.parse import parse_plan
+    from runbook.writeback import phase_text_hash
+
+    plan, _ = parse_plan(plan_text, "plans/plan.md")
+    assert plan is not None
+    record = a_run(
+        "20261129-120000-cccc", "phase-2", "2", "error", {}, reason="step-1 exited 3",
+        steps=[StepResult(step_id="step-1", command="eagle extract --out work/out", exit_code=3,
+                          log_tail=["loading", "CUDA out of memory"])],
+    )
+    save_run(repo / "state", record.model_copy(update={"phase_text_hash": phase_text_hash(plan_text, plan.phases[2])}))
+    out = brief(repo, monkeypatch).output
+    assert "- step-1 exited 3: `eagle extract --out work/out`\n    loading\n    CUDA out of memory\n" in out
+    assert "## Next: Phase 2 (`phase-2`)" in out and "resuming its last run" in out
+    assert out.rstrip().endswith("runbook next --yes\n```")
+
+
+def test_several_plans_put_plan_in_the_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = mid_life_repo(tmp_path)
+    (repo / "plans" / "other.md").write_text(PLAN.replace("notes: notes.md", "notes: other-notes.md"))
+    monkeypatch.chdir(repo)
+    refused = CliRunner().invoke(cli, ["brief"])
+    assert refused.exit_code == 2 and "--plan" in refused.output
+    out = brief(repo, monkeypatch, "--plan", "plans/plan.md").output
+    assert out.rstrip().endswith("runbook next --plan plans/plan.md --yes\n```")
+
+
+def test_brief_subprocess_does_not_import_git_or_torch(tmp_path: Path) -> None:
+    repo = mid_life_repo(tmp_path)
+    code = (
+        "import sys\nfrom runbook.cli import main\nsys.argv = ['runbook', 'brief']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "bad = [m for m in ('git', 'torch', 'transformers', 'eagle') if m in sys.modules]\n"
+        "print('IMPORTED', bad, file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=60)
+    assert "IMPORTED []" in done.stderr and "## Continue" in done.stdout
