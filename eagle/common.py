@@ -1,0 +1,125 @@
+"""Small helpers every `eagle` command shares: failing clearly, tables, progress, device/dtype.
+
+Kept free of torch at import time; `pick_device` / `pick_dtype` import it when called.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+
+if TYPE_CHECKING:
+    import torch
+
+
+class EagleError(Exception):
+    """A problem with the user's input or environment, reported as `error: ...` and exit 1."""
+
+
+def fail(msg: str, code: int = 1) -> NoReturn:
+    """Print `error: msg` to stderr and exit with `code` (never a traceback)."""
+    click.echo(f"error: {msg}", err=True)
+    sys.exit(code)
+
+
+def warn(msg: str) -> None:
+    click.echo(f"warning: {msg}", err=True)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
+            return f"{value:.3g}"
+        return f"{value:,.3f}".rstrip("0").rstrip(".") if abs(value) < 1000 else f"{value:,.1f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def format_table(rows: Sequence[Sequence[Any]], headers: Sequence[str] | None = None) -> str:
+    """Render rows as a plain aligned text table (left column left-aligned, others right)."""
+    text_rows = [[_fmt(c) for c in row] for row in rows]
+    all_rows = ([list(headers)] if headers else []) + text_rows
+    if not all_rows:
+        return ""
+    widths = [max(len(r[i]) for r in all_rows if i < len(r)) for i in range(max(map(len, all_rows)))]
+
+    def line(r: list[str]) -> str:
+        cells = [c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)]
+        return "  ".join(cells).rstrip()
+
+    out = []
+    if headers:
+        out.append(line(all_rows[0]))
+        out.append("  ".join("-" * w for w in widths))
+    out.extend(line(r) for r in text_rows)
+    return "\n".join(out)
+
+
+def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str] | None = None) -> None:
+    click.echo(format_table(rows, headers))
+
+
+def print_kv(pairs: dict[str, Any]) -> None:
+    """A two-column `name  value` table."""
+    print_table([(k, v) for k, v in pairs.items()])
+
+
+def progress(iterable: Iterable[Any] | None = None, total: int | None = None, desc: str = "",
+             unit: str = "it", disable: bool | None = None) -> Any:
+    """A tqdm progress bar on stderr; silent when stderr is not a terminal unless forced."""
+    from tqdm.auto import tqdm
+
+    if disable is None:
+        disable = not sys.stderr.isatty()
+    return tqdm(iterable, total=total, desc=desc, unit=unit, disable=disable, file=sys.stderr,
+                dynamic_ncols=True, leave=False)
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """`auto` -> cuda when available else cpu; `cuda` without a GPU is an EagleError."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise EagleError(f"--device {name} asked for, but torch sees no CUDA device; use --device cpu")
+    if name not in ("cpu",) and not name.startswith("cuda"):
+        raise EagleError(f"unknown device {name!r}; use auto, cpu or cuda[:N]")
+    return torch.device(name)
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto` -> bfloat16 on GPU, float32 on CPU (bf16 matmuls are slow on most CPUs)."""
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in table:
+        raise EagleError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}")
+    return table[name]
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def quiet_hf() -> None:
+    """Silence transformers' and datasets' own progress bars ("Loading weights", "Saving the dataset")."""
+    import datasets
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    datasets.disable_progress_bars()

@@ -1,0 +1,363 @@
+"""`eagle extract`: the target's hidden states for every prepared sample (speculators' offline format).
+
+For each dataset row i, DATA/hidden_states/hs_{i}.safetensors gets hidden_states [T, L+1, H]
+(bf16): the inputs of decoder layers `layer_ids` (= HF output_hidden_states[k]), then the last
+layer's output BEFORE the final norm (captured with a forward pre-hook on the decoder's `norm`;
+in transformers 5 output_hidden_states[N] is post-norm). See eagle/hidden_io.py for the format.
+
+hf backend: samples sorted by length and batched by a token budget (right padding, so the few
+pad tokens never change the real tokens' states), hooks instead of output_hidden_states (only the
+L+1 wanted layers are kept), no lm_head. Before starting it checks free disk space against the
+bytes it will write; it skips samples whose file is already there and valid (resume); it writes
+each file atomically and validates it (shape, dtype, NaN/Inf, token ids).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import BaseModel
+
+from eagle import hidden_io
+from eagle.common import EagleError, fail, human_bytes, print_kv, progress, quiet_hf, warn
+from eagle.metrics import write_metrics
+
+HEADER_BYTES = 256  # safetensors header, per file (rough)
+
+
+class ExtractResult(BaseModel):
+    out: str
+    layer_ids: list[int]
+    samples: int
+    extracted: int
+    skipped: int
+    tokens: int  # tokens with valid hidden states on disk after the run
+    new_tokens: int
+    seconds: float
+    tok_s: float
+    bytes_written: int
+    total_bytes: int
+
+
+# ---------------------------------------------------------------- pure helpers
+
+
+def default_layer_ids(num_layers: int) -> list[int]:
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def parse_layer_ids(spec: str | Sequence[int] | None, num_layers: int) -> list[int]:
+    """Validate aux layer ids: distinct, in [0, N), ascending. None -> [2, N//2, N-3]."""
+    if spec is None or spec == "":
+        ids = default_layer_ids(num_layers)
+        if len(set(ids)) != len(ids) or min(ids) < 0:
+            raise EagleError(
+                f"the default layer ids {ids} for a {num_layers}-layer target collide; "
+                "pass --layer-ids explicitly (3 distinct ascending ids)"
+            )
+        return ids
+    if isinstance(spec, str):
+        try:
+            ids = [int(x) for x in spec.split(",") if x.strip()]
+        except ValueError:
+            raise EagleError(f"--layer-ids {spec!r}: expected comma-separated integers like 2,4,5") from None
+    else:
+        ids = [int(x) for x in spec]
+    if not ids:
+        raise EagleError("--layer-ids is empty")
+    if len(set(ids)) != len(ids):
+        raise EagleError(f"--layer-ids {ids}: ids must be distinct")
+    bad = [k for k in ids if not 0 <= k < num_layers]
+    if bad:
+        raise EagleError(f"--layer-ids {ids}: {bad} out of range; the target has {num_layers} layers (use 0..{num_layers - 1})")
+    if ids != sorted(ids):
+        raise EagleError(f"--layer-ids {ids}: give them in ascending order ({','.join(map(str, sorted(ids)))})")
+    return ids
+
+
+def plan_batches(lengths: Sequence[int], todo: Sequence[int], batch_tokens: int) -> list[list[int]]:
+    """Group sample indices into batches of similar length whose padded size fits `batch_tokens`.
+
+    Sorted by length (then index) so padding is minimal; a sample longer than the budget runs alone.
+    """
+    order = sorted(todo, key=lambda i: (lengths[i], i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        if cur and lengths[i] * (len(cur) + 1) > batch_tokens:  # sorted: lengths[i] is the batch max
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def bytes_per_sample(seq_len: int, num_aux: int, hidden: int) -> int:
+    return seq_len * (num_aux + 1) * hidden * 2 + seq_len * 8 + HEADER_BYTES
+
+
+def check_disk(path: Path, needed: int, keep_free: int) -> None:
+    """Raise EagleError when `needed` bytes plus `keep_free` do not fit at `path`."""
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if needed + keep_free > free:
+        raise EagleError(
+            f"extraction needs {needed / 1e9:.2f} GB (plus {keep_free / 1e9:.2f} GB kept free, --keep-free), "
+            f"{free / 1e9:.2f} GB free at {probe}; free space, point --out elsewhere, or lower --keep-free"
+        )
+
+
+# ---------------------------------------------------------------- capturing hidden states
+
+
+class Capture:
+    """Forward pre-hooks on decoder layers `layer_ids` and on the final norm of a CausalLM."""
+
+    def __init__(self, model: Any, layer_ids: Sequence[int]):
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        if not hasattr(decoder, "layers") or not hasattr(decoder, "norm"):
+            raise EagleError(f"{type(model).__name__}: expected a decoder with .layers and .norm (Llama-like)")
+        self.decoder = decoder
+        self.layer_ids = list(layer_ids)
+        self.store: dict[int | str, Any] = {}
+        self.handles = []
+        for k in self.layer_ids:
+            self.handles.append(decoder.layers[k].register_forward_pre_hook(self._hook(k), with_kwargs=True))
+        self.handles.append(decoder.norm.register_forward_pre_hook(self._hook("last"), with_kwargs=True))
+
+    def _hook(self, key: int | str) -> Any:
+        def fn(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            self.store[key] = args[0] if args else kwargs["hidden_states"]
+
+        return fn
+
+    def run(self, input_ids: Any, attention_mask: Any) -> Any:
+        """[B, T, L+1, H] in the model's dtype."""
+        import torch
+
+        self.store.clear()
+        self.decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return torch.stack([self.store[k] for k in self.layer_ids] + [self.store["last"]], dim=2)
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def hf_batches(model: Any, rows: list[list[int]], batches: list[list[int]], layer_ids: Sequence[int]) -> Any:
+    """Yield (index, hidden_states [T, L+1, H] on cpu) for every sample of `batches`."""
+    import torch
+
+    dev = next(model.parameters()).device
+    cap = Capture(model, layer_ids)
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                width = max(len(rows[i]) for i in batch)
+                x = torch.zeros((len(batch), width), dtype=torch.long)
+                att = torch.zeros_like(x)
+                for r, i in enumerate(batch):
+                    x[r, : len(rows[i])] = torch.tensor(rows[i])
+                    att[r, : len(rows[i])] = 1
+                hs = cap.run(x.to(dev), att.to(dev)).to("cpu", torch.bfloat16)
+                for r, i in enumerate(batch):
+                    yield i, hs[r, : len(rows[i])]
+    finally:
+        cap.close()
+
+
+def vllm_samples(model: Path, rows: list[list[int]], todo: list[int], layer_ids: Sequence[int],
+                 tensor_parallel_size: int) -> Any:
+    try:
+        from eagle.serve import extract_vllm
+    except ImportError as e:
+        raise EagleError(f"--backend vllm is not available here: {e}; use --backend hf") from None
+    yield from zip(todo, extract_vllm(str(model), [rows[i] for i in todo], list(layer_ids),
+                                        tensor_parallel_size=tensor_parallel_size), strict=True)
+
+
+# ---------------------------------------------------------------- the command's work
+
+
+def _target_config(model: Path) -> Any:
+    from transformers import AutoConfig
+
+    if not Path(model).is_dir():
+        raise EagleError(f"--model {model}: no such directory")
+    try:
+        cfg = AutoConfig.from_pretrained(str(model))
+    except (OSError, ValueError) as e:
+        raise EagleError(f"cannot read the target config at {model}: {e}") from None
+    return getattr(cfg, "text_config", cfg)
+
+
+def _copy_dataset(src: Path, dst: Path) -> None:
+    """Make `dst` a complete data dir: the dataset files of `src` next to the hidden states."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and (f.suffix in (".arrow", ".json")) and f.name != hidden_io.META_FILE:
+            if not (dst / f.name).exists() or (dst / f.name).read_bytes() != f.read_bytes():
+                shutil.copy2(f, dst / f.name)
+
+
+def extract(model: Path, data: Path, out: Path | None = None, layer_ids: str | Sequence[int] | None = None,
+            batch_tokens: int = 8192, backend: str = "hf", device: str = "auto", dtype: str = "auto",
+            keep_free_gb: float = 1.0, tensor_parallel_size: int = 1, echo: bool = True) -> ExtractResult:
+    """The work of `eagle extract` (importable); raises EagleError on bad input."""
+    import torch
+
+    data, out = Path(data), Path(out) if out is not None else Path(data)
+    ds = hidden_io.open_prepared(data)
+    cfg = _target_config(model)
+    num_layers, hidden, vocab = int(cfg.num_hidden_layers), int(cfg.hidden_size), int(cfg.vocab_size)
+    ids = parse_layer_ids(layer_ids, num_layers)
+    if batch_tokens < 1:
+        raise EagleError("--batch-tokens must be positive")
+    plain = ds.with_format(None)
+    rows: list[list[int]] = list(plain["input_ids"])
+    lengths = [len(r) for r in rows]
+    too_big = [i for i, r in enumerate(rows) if r and max(r) >= vocab]
+    if too_big:
+        raise EagleError(f"row {too_big[0]} of {data} has token ids >= the target's vocab size {vocab}: "
+                         "was it prepared with another model?")
+
+    # resume: keep valid files made with the same target layout
+    fingerprint = hidden_io.model_fingerprint(model)
+    stale = False
+    try:
+        old = hidden_io.read_data_meta(out)
+        if (old.layer_ids, old.hidden_size, old.num_layers) != (ids, hidden, num_layers):
+            stale = True
+            warn(f"{out} holds hidden states for layers {old.layer_ids} of a {old.num_layers}-layer target; "
+                 f"re-extracting all samples for layers {ids}")
+        elif old.target_fingerprint != fingerprint:
+            stale = True
+            warn(f"{out} holds hidden states of another target ({old.target}); re-extracting all samples for {model}")
+    except EagleError:
+        pass
+    done: list[int] = []
+    if not stale:
+        for i in range(len(rows)):
+            p = hidden_io.hs_path(out, i)
+            if p.is_file() and not hidden_io.validate_file(p, rows[i], len(ids) + 1, hidden):
+                done.append(i)
+    done_set = set(done)
+    todo = [i for i in range(len(rows)) if i not in done_set]
+    per = [bytes_per_sample(n, len(ids), hidden) for n in lengths]
+    needed = sum(per[i] for i in todo)
+    check_disk(out, needed, int(keep_free_gb * 1e9))
+    if out.resolve() != data.resolve():
+        _copy_dataset(data, out)
+    if stale:  # never leave files of the old layout that a resumed run could take as valid
+        for f in hidden_io.hs_dir(out).glob("hs_*.safetensors"):
+            f.unlink()
+    hidden_io.write_data_meta(out, hidden_io.DataMeta(
+        target=str(model), layer_ids=ids, hidden_size=hidden, vocab_size=vocab, num_layers=num_layers,
+        num_samples=len(rows), backend=backend, target_fingerprint=fingerprint))
+
+    written = 0
+    new_tokens = 0
+    t0 = time.time()
+    if todo:
+        if backend == "hf":
+            from eagle.data import load_model
+
+            target = load_model(model, device, dtype)
+            stream = hf_batches(target, rows, plan_batches(lengths, todo, batch_tokens), ids)
+        elif backend == "vllm":
+            stream = vllm_samples(model, rows, todo, ids, tensor_parallel_size)
+        else:
+            raise EagleError(f"unknown --backend {backend!r}; use hf or vllm")
+        bar = progress(total=sum(lengths[i] for i in todo), desc="extract", unit="tok",
+                       disable=None if echo else True)
+        for i, hs in stream:
+            tid = torch.tensor(rows[i], dtype=torch.int64)
+            problems = hidden_io.check_sample({"hidden_states": hs.to(torch.bfloat16), "token_ids": tid},
+                                              rows[i], len(ids) + 1, hidden)
+            if problems:
+                raise EagleError(f"sample {i}: " + "; ".join(problems) +
+                                 " (nothing written for it; a target in float16 may overflow: try --dtype bfloat16)")
+            path = hidden_io.write_sample(out, i, hs, tid)
+            problems = hidden_io.validate_file(path, rows[i], len(ids) + 1, hidden)
+            if problems:
+                path.unlink(missing_ok=True)
+                raise EagleError(f"{path} failed validation after writing: " + "; ".join(problems))
+            written += path.stat().st_size
+            new_tokens += lengths[i]
+            bar.update(lengths[i])
+            bar.set_postfix_str(f"{new_tokens / max(1e-9, time.time() - t0):,.0f} tok/s")
+        bar.close()
+    seconds = time.time() - t0
+    total_bytes = sum(hidden_io.hs_path(out, i).stat().st_size for i in range(len(rows))
+                      if hidden_io.hs_path(out, i).is_file())
+    return ExtractResult(
+        out=str(out), layer_ids=ids, samples=len(rows), extracted=len(todo), skipped=len(done),
+        tokens=sum(lengths), new_tokens=new_tokens, seconds=round(seconds, 3),
+        tok_s=round(new_tokens / seconds, 1) if new_tokens and seconds > 0 else 0.0,
+        bytes_written=written, total_bytes=total_bytes,
+    )
+
+
+# ---------------------------------------------------------------- CLI
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model", type=click.Path(path_type=Path), required=True, help="Target model dir.")
+@click.option("--data", type=click.Path(path_type=Path), required=True, help="Prepared data dir (`eagle prepare`).")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Write here instead of into --data (the dataset is copied along).")
+@click.option("--layer-ids", default=None, help="Aux layers, ascending and distinct, e.g. 2,4,5 [default: 2,N//2,N-3].")
+@click.option("--batch-tokens", default=8192, show_default=True, help="Padded tokens per forward pass (lower it if memory runs out).")
+@click.option("--backend", type=click.Choice(["hf", "vllm"]), default="hf", show_default=True,
+              help="hf: transformers on CPU/GPU; vllm: vLLM (tensor parallel for large targets).")
+@click.option("--tensor-parallel-size", default=1, show_default=True, help="With --backend vllm.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N] (hf backend).")
+@click.option("--dtype", default="auto", show_default=True, help="Compute dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16.")
+@click.option("--keep-free", "keep_free_gb", default=1.0, show_default=True, help="GB that must stay free on disk after writing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def command(model: Path, data: Path, out: Path | None, layer_ids: str | None, batch_tokens: int, backend: str,
+            tensor_parallel_size: int, device: str, dtype: str, keep_free_gb: float, as_json: bool) -> None:
+    """Extract the target's hidden states for every prepared sample.
+
+    \b
+    eagle extract --model work/target --data work/data
+    eagle extract --model work/target --data work/data --layer-ids 2,4,5 --batch-tokens 4096
+
+    Writes DATA/hidden_states/hs_{i}.safetensors (hidden_states [T, L+1, H] bf16: aux layers
+    ascending, then the pre-norm last layer; token_ids [T]) and DATA/eagle_data.json. Re-running
+    skips samples whose file is already valid, so an interrupted run resumes. Refuses to start
+    when the disk cannot hold what it will write.
+    Metrics: extract_tokens (tokens with hidden states on disk), extract_tok_s (this run),
+    extract_bytes (bytes of hidden-state files on disk).
+    """
+    quiet_hf()
+    try:
+        res = extract(model, data, out, layer_ids=layer_ids, batch_tokens=batch_tokens, backend=backend,
+                      device=device, dtype=dtype, keep_free_gb=keep_free_gb,
+                      tensor_parallel_size=tensor_parallel_size)
+    except EagleError as e:
+        fail(str(e))
+    metrics = {"extract_tokens": res.tokens, "extract_bytes": res.total_bytes}
+    if res.new_tokens:
+        metrics["extract_tok_s"] = res.tok_s
+    write_metrics(metrics)
+    if as_json:
+        click.echo(res.model_dump_json(indent=1))
+        return
+    print_kv({
+        "out": res.out,
+        "layer ids": ",".join(map(str, res.layer_ids)) + " + last (pre-norm)",
+        "samples": res.samples,
+        "extracted / skipped": f"{res.extracted} / {res.skipped}",
+        "tokens": res.tokens,
+        "tok/s": res.tok_s,
+        "written": human_bytes(res.bytes_written),
+        "on disk": human_bytes(res.total_bytes),
+    })

@@ -1,0 +1,499 @@
+"""Tiny trained Llama targets made locally: `eagle toy-target`.
+
+The toy language is a first-order Markov chain over pronounceable made-up words ("bako",
+"tizu", ...): about 400 *active* words, each followed by one of three successors with
+probability 0.75 / 0.15 / 0.10. A chat sample is a user turn (a short walk of the chain) and an
+assistant turn that continues the walk from the user's last word, wrapped in the chat template
+
+    <|user|> w w w <|end|>
+    <|assistant|> w w w ... <|end|>
+
+A small LlamaForCausalLM trained on such samples for a few hundred steps gives peaked greedy
+outputs (top-1 probability near 0.75, far above the runner-up), which is what makes acceptance
+lengths of a drafter meaningful. The vocabulary (and so the tokenizer) depends only on
+`--vocab`; the chain depends on `--seed`.
+
+`--base DIR` makes a *successor*: same architecture and tokenizer, initialised from DIR's weights
+and trained further on a shifted chain (a fraction of the words get new successors), the way a
+model family's next release relates to the previous one.
+
+Weights are saved in float32 (simplest on CPU; extraction casts hidden states to bf16).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import BaseModel
+
+from eagle.common import EagleError, fail, print_kv, quiet_hf
+
+SPECIALS = ["<pad>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+ROLES = ("system", "user", "assistant")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role: ' + m['role']) }}{% endif %}"
+    "<|{{ m['role'] }}|> {{ m['content'] }} <|end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SUCCESSOR_PROBS = (0.75, 0.15, 0.10)
+META_FILE = "toy_meta.json"
+TOY_VERSION = 1  # bump when the corpus or training changes meaningfully (cache keys use it)
+
+
+class ToyConfig(BaseModel):
+    """Everything that determines a toy target (a cache key hashes this)."""
+
+    num_layers: int = 8
+    hidden: int = 128
+    intermediate: int = 256
+    heads: int = 4
+    kv_heads: int = 2
+    vocab: int = 2048
+    active: int = 400
+    max_positions: int = 512
+    steps: int = 300
+    batch: int = 16
+    lr: float = 3e-3
+    seed: int = 0
+    # successor only
+    shift: float = 0.25
+
+
+class ToyMeta(BaseModel):
+    """Written to DIR/toy_meta.json."""
+
+    toy_version: int = TOY_VERSION
+    config: ToyConfig
+    base: str | None = None  # the target this one was trained from (successor), else None
+    dtype: str = "float32"
+    final_loss: float
+    build_seconds: float
+    chain_seed: int
+    shifted_words: int = 0
+
+
+# ---------------------------------------------------------------- the language (pure)
+
+
+def make_words(n: int) -> list[str]:
+    """`n` distinct pronounceable words, the same for every seed (the tokenizer depends on n only)."""
+    cons, vows = "bdfgklmnprstvz", "aeiou"
+    syll = [c + v for c in cons for v in vows]
+    words: list[str] = [a + b for a in syll for b in syll]
+    if n > len(words):
+        words += [a + b + c for a in syll for b in syll for c in syll]
+    if n > len(words):
+        raise EagleError(f"vocab too large for the toy word list ({n} words asked)")
+    rng = random.Random(1234)
+    head = words[: max(n, 4900)]
+    rng.shuffle(head)
+    return head[:n]
+
+
+def vocab_tokens(vocab_size: int) -> list[str]:
+    if vocab_size < len(SPECIALS) + 16:
+        raise EagleError(f"--vocab {vocab_size} is too small; use at least {len(SPECIALS) + 16}")
+    return SPECIALS + make_words(vocab_size - len(SPECIALS))
+
+
+class Chain(BaseModel):
+    """The Markov chain: word -> [(successor, prob), ...] over the active words."""
+
+    active: list[str]
+    succ: dict[str, list[str]]
+
+    def step(self, word: str, rng: random.Random) -> str:
+        return rng.choices(self.succ[word], weights=SUCCESSOR_PROBS)[0]
+
+    def walk(self, start: str, n: int, rng: random.Random) -> list[str]:
+        out, w = [], start
+        for _ in range(n):
+            w = self.step(w, rng)
+            out.append(w)
+        return out
+
+
+def make_chain(vocab_size: int, active: int, seed: int) -> Chain:
+    words = vocab_tokens(vocab_size)[len(SPECIALS):]
+    if active > len(words) or active < 8:
+        raise EagleError(f"--active {active} must be between 8 and the number of words ({len(words)})")
+    rng = random.Random(seed)
+    act = rng.sample(words, active)
+    succ = {w: rng.sample([x for x in act if x != w], len(SUCCESSOR_PROBS)) for w in act}
+    return Chain(active=act, succ=succ)
+
+
+def shift_chain(chain: Chain, fraction: float, seed: int) -> tuple[Chain, int]:
+    """A successor language: `fraction` of the words get new successor lists."""
+    rng = random.Random(seed + 7919)
+    n = round(fraction * len(chain.active))
+    changed = rng.sample(chain.active, n)
+    succ = dict(chain.succ)
+    for w in changed:
+        succ[w] = rng.sample([x for x in chain.active if x != w], len(SUCCESSOR_PROBS))
+    return Chain(active=chain.active, succ=succ), n
+
+
+def sample_conversation(chain: Chain, rng: random.Random, with_response: bool = True) -> list[dict[str, str]]:
+    """One chat sample: optional system turn, 1-2 user turns each answered by a continuation."""
+    msgs: list[dict[str, str]] = []
+    if rng.random() < 0.1:
+        msgs.append({"role": "system", "content": " ".join(chain.walk(rng.choice(chain.active), rng.randint(2, 5), rng))})
+    turns = 2 if with_response and rng.random() < 0.25 else 1
+    for _ in range(turns):
+        user = chain.walk(rng.choice(chain.active), rng.randint(3, 12), rng)
+        msgs.append({"role": "user", "content": " ".join(user)})
+        if with_response:
+            reply = chain.walk(user[-1], rng.randint(16, 36), rng)
+            msgs.append({"role": "assistant", "content": " ".join(reply)})
+    return msgs
+
+
+def make_prompts(n: int, seed: int = 0, cfg: ToyConfig | None = None, salt: int = 0) -> list[dict[str, Any]]:
+    """Prompt-only records (OpenAI `messages`) in the toy language of `cfg` (default config)."""
+    cfg = cfg or ToyConfig()
+    chain = make_chain(cfg.vocab, cfg.active, cfg.seed)
+    rng = random.Random(1_000_003 * (salt + 1) + seed)
+    return [{"messages": sample_conversation(chain, rng, with_response=False)} for _ in range(n)]
+
+
+def prompt_sets(n_train: int = 200, n_heldout: int = 24) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The shipped prompt sets (plans/data/prompts.jsonl, prompts-heldout.jsonl): disjoint."""
+    train = make_prompts(n_train, salt=0)
+    seen = {json.dumps(r, sort_keys=True) for r in train}
+    heldout = [r for r in make_prompts(n_heldout * 2, salt=1) if json.dumps(r, sort_keys=True) not in seen]
+    return train, heldout[:n_heldout]
+
+
+def write_prompt_files(out_dir: str | Path) -> None:
+    """Regenerate the shipped prompt files:
+    .venv/bin/python -c "from eagle.toy import write_prompt_files; write_prompt_files('plans/data')"
+    """
+    out = Path(out_dir)
+    train, heldout = prompt_sets()
+    for name, recs in (("prompts.jsonl", train), ("prompts-heldout.jsonl", heldout)):
+        (out / name).write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+# ---------------------------------------------------------------- model and tokenizer
+
+
+def build_tokenizer(vocab_size: int) -> Any:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(vocab_tokens(vocab_size))}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        unk_token="<unk>",
+        pad_token="<pad>",
+        eos_token="<|end|>",
+        additional_special_tokens=["<|system|>", "<|user|>", "<|assistant|>"],
+        model_max_length=512,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_model(cfg: ToyConfig, tokenizer: Any) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if cfg.num_layers < 8:
+        raise EagleError(
+            f"--num-layers {cfg.num_layers}: use at least 8 so the default layer ids [2, N//2, N-3] are distinct"
+        )
+    if cfg.hidden % cfg.heads or cfg.heads % cfg.kv_heads:
+        raise EagleError("--hidden must be divisible by --heads, and --heads by --kv-heads")
+    config = LlamaConfig(
+        vocab_size=cfg.vocab,
+        hidden_size=cfg.hidden,
+        intermediate_size=cfg.intermediate,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.heads,
+        num_key_value_heads=cfg.kv_heads,
+        max_position_embeddings=cfg.max_positions,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    return LlamaForCausalLM(config)
+
+
+def _encode_samples(tokenizer: Any, convs: list[list[dict[str, str]]]) -> list[list[int]]:
+    texts = [tokenizer.apply_chat_template(c, tokenize=False) for c in convs]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def train(model: Any, tokenizer: Any, chain: Chain, cfg: ToyConfig, seed: int, steps: int,
+          echo: bool = True) -> float:
+    """Train `model` on fresh samples of `chain`; returns the mean loss of the last 20 steps.
+
+    Runs on one CPU thread: bit-identical results for a seed on any machine, and on a shared
+    2-core host one thread is faster than two fighting for the cores.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train_loop(model, tokenizer, chain, cfg, seed, steps, echo)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_loop(model: Any, tokenizer: Any, chain: Chain, cfg: ToyConfig, seed: int, steps: int,
+                echo: bool) -> float:
+    import torch
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    warm = max(1, min(30, steps // 10))
+
+    def lr_at(s: int) -> float:
+        if s < warm:
+            return (s + 1) / warm
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    pad = tokenizer.pad_token_id
+    model.train()
+    recent: list[float] = []
+    t0 = time.time()
+    for s in range(steps):
+        ids = _encode_samples(tokenizer, [sample_conversation(chain, rng) for _ in range(cfg.batch)])
+        width = min(max(map(len, ids)), cfg.max_positions)
+        x = torch.full((len(ids), width), pad, dtype=torch.long)
+        att = torch.zeros_like(x)
+        for i, row in enumerate(ids):
+            row = row[:width]
+            x[i, : len(row)] = torch.tensor(row)
+            att[i, : len(row)] = 1
+        labels = x.masked_fill(att == 0, -100)
+        loss = model(input_ids=x, attention_mask=att, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        recent = (recent + [loss.item()])[-20:]
+        if echo and (s % 25 == 0 or s == steps - 1):
+            click.echo(f"  step {s + 1:>4}/{steps}  loss {loss.item():.3f}  ({time.time() - t0:.0f}s)", err=True)
+    model.eval()
+    return sum(recent) / max(1, len(recent))
+
+
+def build_toy_target(out: Path, cfg: ToyConfig, echo: bool = True) -> ToyMeta:
+    """Make, train and save a toy target at `out` (which must not exist or be empty)."""
+    import torch
+
+    t0 = time.time()
+    torch.manual_seed(cfg.seed)
+    tok = build_tokenizer(cfg.vocab)
+    model = build_model(cfg, tok)
+    chain = make_chain(cfg.vocab, cfg.active, cfg.seed)
+    loss = train(model, tok, chain, cfg, seed=cfg.seed, steps=cfg.steps, echo=echo)
+    meta = ToyMeta(config=cfg, final_loss=loss, build_seconds=0.0, chain_seed=cfg.seed)
+    return _save(out, model, tok, meta, t0)
+
+
+def build_successor(base: Path, out: Path, steps: int | None = None, shift: float | None = None,
+                    seed: int | None = None, echo: bool = True) -> ToyMeta:
+    """Train a copy of the toy target at `base` further on a shifted chain; save it at `out`."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    t0 = time.time()
+    base_meta = read_toy_meta(base)
+    cfg = base_meta.config.model_copy()
+    if steps is not None:
+        cfg.steps = steps
+    else:
+        cfg.steps = max(50, cfg.steps * 2 // 3)
+    if shift is not None:
+        cfg.shift = shift
+    train_seed = (seed if seed is not None else base_meta.config.seed) + 1
+    torch.manual_seed(train_seed)
+    tok = AutoTokenizer.from_pretrained(str(base))
+    model = LlamaForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    chain, n_changed = shift_chain(make_chain(cfg.vocab, cfg.active, base_meta.chain_seed), cfg.shift, train_seed)
+    cfg.lr = cfg.lr / 3  # a gentler continuation of training, as a new release would be
+    loss = train(model, tok, chain, cfg, seed=train_seed, steps=cfg.steps, echo=echo)
+    meta = ToyMeta(config=cfg, base=str(base), final_loss=loss, build_seconds=0.0,
+                   chain_seed=base_meta.chain_seed, shifted_words=n_changed)
+    return _save(out, model, tok, meta, t0)
+
+
+def _save(out: Path, model: Any, tok: Any, meta: ToyMeta, t0: float) -> ToyMeta:
+    from transformers import GenerationConfig
+
+    out.mkdir(parents=True, exist_ok=True)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, do_sample=False
+    )
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    meta.build_seconds = round(time.time() - t0, 2)
+    (out / META_FILE).write_text(meta.model_dump_json(indent=1) + "\n")
+    return meta
+
+
+def read_toy_meta(path: Path) -> ToyMeta:
+    f = Path(path) / META_FILE
+    if not f.is_file():
+        raise EagleError(f"{path} is not a toy target (no {META_FILE}); make one with `eagle toy-target --out {path}`")
+    return ToyMeta.model_validate_json(f.read_text())
+
+
+def greedy_peakedness(model_dir: Path, prompts: list[dict[str, Any]], max_new_tokens: int = 32) -> dict[str, float]:
+    """Mean top-1 probability and top-1 minus top-2 margin along greedy continuations."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    top1, margin = [], []
+    with torch.no_grad():
+        for rec in prompts:
+            text = tok.apply_chat_template(rec["messages"], tokenize=False, add_generation_prompt=True)
+            ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+            out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
+                                 output_scores=True, return_dict_in_generate=True)
+            for sc in out.scores:
+                p = torch.softmax(sc[0].float(), -1)
+                v = torch.topk(p, 2).values
+                top1.append(v[0].item())
+                margin.append((v[0] - v[1]).item())
+    return {"top1": sum(top1) / len(top1), "margin": sum(margin) / len(margin), "tokens": float(len(top1))}
+
+
+# ---------------------------------------------------------------- cache (tests, demo)
+
+
+def cache_root() -> Path:
+    """$EAGLE_CACHE, else ~/.cache/runbook-eagle."""
+    import os
+
+    return Path(os.environ.get("EAGLE_CACHE") or Path.home() / ".cache" / "runbook-eagle")
+
+
+def cache_key(cfg: ToyConfig, successor: bool) -> str:
+    """Hash of the config, TOY_VERSION and the transformers version (bump TOY_VERSION on changes)."""
+    import hashlib
+
+    import transformers
+
+    blob = json.dumps([TOY_VERSION, transformers.__version__, successor, cfg.model_dump()], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def cached_target(cfg: ToyConfig | None = None, successor: bool = False, root: Path | None = None,
+                  echo: bool = False) -> Path:
+    """A toy target (or the successor of the cached base) built once and reused.
+
+    Safe when several processes race: an flock serialises the builders, each builds into a temp
+    dir and renames it into place, and a finished dir (with toy_meta.json) is never rebuilt.
+    """
+    import fcntl
+    import os
+    import shutil
+
+    cfg = cfg or ToyConfig()
+    root = root or cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    base = cached_target(cfg, False, root, echo) if successor else None
+    name = ("successor-" if successor else "target-") + cache_key(cfg, successor)
+    final = root / name
+    if (final / META_FILE).is_file():
+        return final
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / META_FILE).is_file():
+            return final
+        tmp = root / f".tmp-{name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        if base is not None:
+            build_successor(base, tmp, steps=None, shift=cfg.shift, echo=echo)
+        else:
+            build_toy_target(tmp, cfg, echo=echo)
+        if final.exists():  # a broken leftover without toy_meta.json
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    return final
+
+
+# ---------------------------------------------------------------- CLI
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="Directory to write the target into (must be empty or absent).")
+@click.option("--base", type=click.Path(path_type=Path), default=None, help="Make the successor of this toy target instead of a new one.")
+@click.option("--num-layers", default=8, show_default=True, help="Decoder layers (>= 8 so default layer ids are distinct).")
+@click.option("--hidden", default=128, show_default=True)
+@click.option("--intermediate", default=256, show_default=True)
+@click.option("--heads", default=4, show_default=True)
+@click.option("--kv-heads", default=2, show_default=True)
+@click.option("--vocab", default=2048, show_default=True, help="Tokenizer and model vocabulary size.")
+@click.option("--active", default=400, show_default=True, help="Words the Markov language uses.")
+@click.option("--steps", type=int, default=None, help="Training steps [default: 300; successor: 2/3 of the base's].")
+@click.option("--shift", type=float, default=None, help="Successor: fraction of words whose successors change [0.25].")
+@click.option("--seed", type=int, default=None, help="Seed of the language and the training [0].")
+@click.option("--force", is_flag=True, help="Overwrite a non-empty --out.")
+@click.option("--json", "as_json", is_flag=True, help="Print toy_meta.json instead of a table.")
+def command(out: Path, base: Path | None, num_layers: int, hidden: int, intermediate: int, heads: int,
+            kv_heads: int, vocab: int, active: int, steps: int | None, shift: float | None,
+            seed: int | None, force: bool, as_json: bool) -> None:
+    """Make a tiny trained Llama target and tokenizer locally (no hub needed).
+
+    \b
+    New target:   eagle toy-target --out work/target
+    Its successor: eagle toy-target --base work/target --out work/target-v2 --steps 200
+
+    The target speaks a synthetic Markov language (peaked greedy outputs), has a chat template
+    (<|user|> ... <|end|> <|assistant|> ...), and is deterministic for a seed. A successor keeps
+    the architecture and tokenizer and is trained further on a shifted language; with --base the
+    architecture options are taken from the base and ignored here.
+    """
+    quiet_hf()
+    if out.exists() and any(out.iterdir()) and not force:
+        fail(f"{out} exists and is not empty; pass --force to overwrite or choose another --out")
+    try:
+        if base is not None:
+            meta = build_successor(base, out, steps=steps, shift=shift, seed=seed)
+        else:
+            cfg = ToyConfig(num_layers=num_layers, hidden=hidden, intermediate=intermediate, heads=heads,
+                            kv_heads=kv_heads, vocab=vocab, active=active,
+                            steps=steps if steps is not None else 300,
+                            seed=seed if seed is not None else 0)
+            if shift is not None:
+                cfg.shift = shift
+            meta = build_toy_target(out, cfg)
+    except EagleError as e:
+        fail(str(e))
+    if as_json:
+        click.echo(json.dumps(meta.model_dump(), indent=1))
+        return
+    c = meta.config
+    print_kv({
+        "out": str(out),
+        "kind": "successor of " + str(base) if base else "new target",
+        "layers x hidden": f"{c.num_layers} x {c.hidden}",
+        "vocab": c.vocab,
+        "steps": c.steps,
+        "final loss": round(meta.final_loss, 4),
+        "shifted words": meta.shifted_words,
+        "build seconds": meta.build_seconds,
+    })

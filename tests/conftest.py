@@ -1,0 +1,49 @@
+"""Shared fixtures: the cached toy targets.
+
+`toy_target` and `toy_successor` are built once per machine (under $EAGLE_CACHE or
+~/.cache/runbook-eagle, keyed by a hash of the toy config and TOY_VERSION) and reused by every
+test session; concurrent pytest processes wait for one builder instead of racing. Tests must
+treat the returned directories as read-only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = REPO / "plans" / "data" / "prompts.jsonl"
+HELDOUT = REPO / "plans" / "data" / "prompts-heldout.jsonl"
+
+
+@pytest.fixture(scope="session")
+def toy_target() -> Path:
+    """The default toy target (8 layers, hidden 128, vocab 2048, 300 steps, seed 0)."""
+    from eagle.toy import cached_target
+
+    return cached_target()
+
+
+@pytest.fixture(scope="session")
+def toy_successor(toy_target: Path) -> Path:
+    """The successor of `toy_target`: same architecture and tokenizer, trained on a shifted language."""
+    from eagle.toy import cached_target
+
+    return cached_target(successor=True)
+
+
+@pytest.fixture(scope="session")
+def toy_data(toy_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A prepared + extracted data dir: 32 regenerated prompts of plans/data/prompts.jsonl,
+    default layer ids, hidden states on disk, vocab of 256. Read-only for tests."""
+    from eagle.data import prepare
+    from eagle.extract import extract
+    from eagle.vocab import build_vocab
+
+    out = tmp_path_factory.mktemp("toy-data") / "data"
+    prepare(model=toy_target, data=PROMPTS, out=out, limit=32, regenerate=True, max_new_tokens=48, batch_size=32,
+            echo=False)
+    extract(model=toy_target, data=out)
+    build_vocab(data=out, draft_vocab=256)
+    return out
