@@ -1,0 +1,186 @@
+"""Training data for the drafter: offline hidden states -> shifted, packed batches.
+
+A sample on disk (speculators' offline format, written by `eagle extract`) holds, for T tokens,
+`hidden_states [T, L+1, H]` (L aux layers, then the target's last layer before its final norm),
+`input_ids [T]` and `loss_mask [T]`. Training pairs position t's aux hidden states with the NEXT
+token (as speculators' `shift_batch` does):
+
+    input_ids   x1 .. x_{T-1}        hidden_states  cat(aux layers) at 0 .. T-2   [T-1, L*H]
+    verifier    last layer at 1 .. T-1 (the drafter learns the target's distribution there)
+    loss_mask   m1 .. m_{T-1}        position_ids   1 .. T-1
+
+Batches pack whole samples into one row of at most `batch_tokens` tokens (documents are kept
+apart by `document_ids`, so packing never lets one sample attend to another); a sample longer
+than the budget is truncated to it. Which samples go into which batch is a pure function of
+(lengths, budget, seed, epoch), so a resumed run sees exactly the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from eagle.common import EagleError
+
+VOCAB_FILE = "vocab.safetensors"
+
+
+# ---------------------------------------------------------------- reading the data directory
+def sample_table(data_dir: Path) -> tuple[list[int], list[int]]:
+    """(row ids that have hidden states, their token counts), in row order."""
+    from eagle import hidden_io
+
+    rows = hidden_io.list_samples(data_dir)
+    seq_len = hidden_io.open_prepared(data_dir)["seq_len"]
+    return rows, [int(seq_len[r]) for r in rows]
+
+
+def load_raw(data_dir: Path, row: int) -> dict[str, torch.Tensor]:
+    """hidden_states [T, L+1, H], input_ids [T], loss_mask [T] of dataset row `row`."""
+    from eagle import hidden_io
+
+    return hidden_io.load_sample(data_dir, row)
+
+
+def read_layer_ids(data_dir: Path) -> list[int]:
+    """The aux layer ids the hidden states were extracted at (DATA/eagle_data.json)."""
+    from eagle import hidden_io
+
+    return list(hidden_io.read_data_meta(data_dir).layer_ids)
+
+
+def read_vocab(data_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t int64 [DV], t2d bool [V]) written by `eagle vocab`."""
+    from safetensors.torch import load_file
+
+    file = data_dir / VOCAB_FILE
+    if not file.exists():
+        raise EagleError(f"{file}: missing; run `eagle vocab --data {data_dir} --draft-vocab N` first")
+    blob = load_file(str(file))
+    if "d2t" not in blob or "t2d" not in blob:
+        raise EagleError(f"{file}: needs tensors d2t and t2d, has {sorted(blob)}")
+    d2t, t2d = blob["d2t"].to(torch.long), blob["t2d"].to(torch.bool)
+    if int(t2d.sum()) != d2t.shape[0]:
+        raise EagleError(f"{file}: t2d marks {int(t2d.sum())} tokens but d2t has {d2t.shape[0]}")
+    target_ids = d2t + torch.arange(d2t.shape[0])
+    if not bool(t2d[target_ids].all()):
+        raise EagleError(f"{file}: d2t and t2d disagree (d2t[i] + i must be a token t2d marks)")
+    return d2t, t2d
+
+
+# ---------------------------------------------------------------- pure planning
+def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Deterministic (train, val) split of range(n); val gets >= 1 sample when asked and n >= 2."""
+    if not 0 <= val_fraction < 1:
+        raise EagleError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    n_val = 0 if val_fraction == 0 or n < 2 else max(1, round(n * val_fraction))
+    return sorted(order[n_val:]), sorted(order[:n_val])
+
+
+def pack_batches(indices: list[int], lengths: list[int], budget: int, seed: int | None,
+                 epoch: int = 0) -> list[list[int]]:
+    """Group `indices` into batches of at most `budget` (shifted) tokens; shuffled when `seed` is set."""
+    if budget < 2:
+        raise EagleError(f"--batch-tokens must be >= 2, got {budget}")
+    order = list(indices)
+    if seed is not None:
+        perm = torch.randperm(len(order), generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+        order = [order[i] for i in perm.tolist()]
+    batches: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for i in order:
+        n = min(max(lengths[i] - 1, 0), budget)
+        if n == 0:
+            continue
+        if current and used + n > budget:
+            batches.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += n
+    if current:
+        batches.append(current)
+    return batches
+
+
+def shard(batches: list[list[int]], rank: int, world: int) -> list[list[int]]:
+    """This rank's batches; every rank gets the same count (the remainder is dropped) so DDP never hangs."""
+    usable = len(batches) - len(batches) % world
+    return batches[rank:usable:world]
+
+
+# ---------------------------------------------------------------- tensors
+def shift_sample(raw: dict[str, torch.Tensor], budget: int) -> dict[str, torch.Tensor]:
+    hs = raw["hidden_states"]
+    if hs.dim() != 3 or hs.shape[1] < 2:
+        raise EagleError(f"hidden_states must be [T, L+1, H] with L >= 1, got {list(hs.shape)}")
+    t, lp1, h = hs.shape
+    n = min(t - 1, budget)
+    return {
+        "input_ids": raw["input_ids"][1 : n + 1].long(),
+        "hidden_states": hs[:n, : lp1 - 1, :].reshape(n, (lp1 - 1) * h),
+        "verifier_last_hidden_states": hs[1 : n + 1, lp1 - 1, :],
+        "loss_mask": raw["loss_mask"][1 : n + 1].bool(),
+        "position_ids": torch.arange(1, n + 1, dtype=torch.long),
+    }
+
+
+def collate(samples: list[dict[str, torch.Tensor]], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Pack shifted samples into one row: every tensor gets a leading batch dim of 1."""
+    out = {k: torch.cat([s[k] for s in samples], dim=0).unsqueeze(0)
+           for k in ("input_ids", "loss_mask", "position_ids")}
+    for k in ("hidden_states", "verifier_last_hidden_states"):
+        out[k] = torch.cat([s[k] for s in samples], dim=0).to(dtype).unsqueeze(0)
+    out["document_ids"] = torch.cat(
+        [torch.full((s["input_ids"].shape[0],), d, dtype=torch.long) for d, s in enumerate(samples)]).unsqueeze(0)
+    return out
+
+
+class HiddenStates:
+    """The samples of one data directory, shifted and cached in memory while they fit."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], budget: int, cache_bytes: int = 2 << 30) -> None:
+        self.data_dir = Path(data_dir)
+        if not self.data_dir.is_dir():
+            raise EagleError(f"--data {self.data_dir}: no such directory")
+        if not (self.data_dir / "hidden_states").is_dir():
+            raise EagleError(f"{self.data_dir}/hidden_states: missing; run `eagle extract --data {self.data_dir}` first")
+        self.rows, self.lengths = sample_table(self.data_dir)
+        if not self.rows:
+            raise EagleError(f"{self.data_dir}: no hidden states; run `eagle extract --data {self.data_dir}`")
+        self.budget = budget
+        self.cache_bytes = cache_bytes
+        self._cache: dict[int, dict[str, torch.Tensor]] = {}
+        self._cached_bytes = 0
+        first = load_raw(self.data_dir, self.rows[0])["hidden_states"]
+        self.num_aux = first.shape[1] - 1
+        self.hidden_size = first.shape[2]
+
+    def __len__(self) -> int:
+        """Samples are numbered 0..len-1 here (batches use these numbers, not dataset rows)."""
+        return len(self.lengths)
+
+    def sample(self, i: int) -> dict[str, torch.Tensor]:
+        if i in self._cache:
+            return self._cache[i]
+        raw = load_raw(self.data_dir, self.rows[i])
+        hs = raw["hidden_states"]
+        if tuple(hs.shape[1:]) != (self.num_aux + 1, self.hidden_size):
+            raise EagleError(f"{self.data_dir}: row {self.rows[i]} has hidden_states {list(hs.shape)}, "
+                             f"expected [T, {self.num_aux + 1}, {self.hidden_size}] like sample 0")
+        s = shift_sample(raw, self.budget)
+        size = sum(v.numel() * v.element_size() for v in s.values())
+        if self._cached_bytes + size <= self.cache_bytes:
+            self._cache[i] = s
+            self._cached_bytes += size
+        return s
+
+    def batch(self, indices: list[int], device: torch.device, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+        b = collate([self.sample(i) for i in indices], dtype=dtype)
+        return {k: v.to(device, non_blocking=True) for k, v in b.items()}
+
+    def tokens(self, indices: list[int]) -> int:
+        return sum(min(max(self.lengths[i] - 1, 0), self.budget) for i in indices)

@@ -1,0 +1,468 @@
+"""`eagle train`: train (or fine-tune) the EAGLE-3 drafter on offline hidden states.
+
+Our own loop around speculators' Eagle3DraftModel (eagle/drafter.py): AdamW, linear warm-up then
+cosine decay, bf16 autocast on GPU, DDP under torchrun (gloo on CPU, nccl on GPU; rank 0 writes).
+
+OUT/
+    config.json, model.safetensors   the servable checkpoint of the best epoch (lowest val loss)
+    train_log.json                   per-epoch losses, accuracies, speed
+    checkpoints/epoch-N/state.pt     trained weights + optimizer + scheduler + RNG (for --resume)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import BaseModel
+
+from eagle.common import EagleError, fail, pick_device, print_table, progress, warn
+
+STATE_FILE = "state.pt"
+LOG_FILE = "train_log.json"
+# Arguments a resumed run must share with the run it continues (epochs may grow).
+RESUME_FIELDS = ("model", "data", "ttt_steps", "batch_tokens", "val_fraction", "seed", "lr", "init_from", "world_size")
+
+
+class TrainArgs(BaseModel):
+    model: str
+    data: str
+    out: str
+    epochs: int = 12
+    lr: float = 3e-3
+    ttt_steps: int = 3
+    batch_tokens: int = 256
+    val_fraction: float = 0.1
+    seed: int = 0
+    init_from: str | None = None
+    device: str = "auto"
+    resume: bool = False
+    warmup_fraction: float = 0.05
+    world_size: int = 1
+
+
+class EpochRecord(BaseModel):
+    epoch: int
+    train_loss: float
+    val_loss: float | None
+    val_acc: list[float]
+    est_accept_len: float | None
+    train_tok_s: float
+    step_ms: float
+    steps: int
+    seconds: float
+
+
+class TrainLog(BaseModel):
+    args: TrainArgs
+    epochs: list[EpochRecord] = []
+    best_epoch: int | None = None
+
+
+def est_accept_len(step_acc: list[float]) -> float:
+    """1 + sum over k of prod_{j<=k} acc_j: expected tokens per target step when a draft is
+    accepted up to its first miss (acc_j = accuracy at step j given steps < j were right)."""
+    total, run = 1.0, 1.0
+    for a in step_acc:
+        run *= a
+        total += run
+    return total
+
+
+def step_accuracies(correct: list[float], total: list[float]) -> list[float]:
+    """Per-step conditional accuracies from speculators' cumulative counts.
+
+    speculators' `full_acc_k` counts positions whose steps 0..k were ALL right, so the rate at
+    step k divided by the rate at step k-1 is the accuracy at step k given the earlier ones.
+    """
+    rates = [c / t if t else 0.0 for c, t in zip(correct, total, strict=True)]
+    out = []
+    for k, r in enumerate(rates):
+        prev = 1.0 if k == 0 else rates[k - 1]
+        out.append(r / prev if prev > 0 else 0.0)
+    return out
+
+
+def lr_lambda(total_steps: int, warmup_steps: int):
+    def f(step: int) -> float:
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress_ = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress_)))
+    return f
+
+
+# ---------------------------------------------------------------- distributed
+class Dist(BaseModel):
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_dist(device_name: str) -> tuple[Dist, Any]:
+    import torch
+    import torch.distributed as td
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dist = Dist(rank=int(os.environ.get("RANK", "0")), world=world, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    device = pick_device(device_name)
+    if device.type == "cuda":
+        device = torch.device("cuda", dist.local_rank if world > 1 else (device.index or 0))
+        torch.cuda.set_device(device)
+    if world > 1 and not td.is_initialized():
+        td.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cpu" and world > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    return dist, device
+
+
+def all_sum(values: list[float], dist: Dist, device: Any) -> list[float]:
+    if dist.world == 1:
+        return values
+    import torch
+    import torch.distributed as td
+
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    td.all_reduce(t)
+    return t.tolist()
+
+
+def barrier(dist: Dist) -> None:
+    if dist.world > 1:
+        import torch.distributed as td
+
+        td.barrier()
+
+
+# ---------------------------------------------------------------- states
+def epoch_dirs(out: Path) -> list[tuple[int, Path]]:
+    root = out / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        if p.name.startswith("epoch-") and (p / STATE_FILE).exists():
+            try:
+                found.append((int(p.name.split("-", 1)[1]), p))
+            except ValueError:
+                continue
+    return sorted(found)
+
+
+def save_epoch_state(out: Path, epoch: int, payload: dict[str, Any]) -> Path:
+    """Write OUT/checkpoints/epoch-N/state.pt via a temp dir + rename (never half-written)."""
+    import torch
+
+    final = out / "checkpoints" / f"epoch-{epoch}"
+    tmp = out / "checkpoints" / f".epoch-{epoch}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch.save(payload, tmp / STATE_FILE)
+    with open(tmp / STATE_FILE, "rb") as fh:
+        os.fsync(fh.fileno())
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
+def write_log(out: Path, log: TrainLog) -> None:
+    tmp = out / f".{LOG_FILE}.tmp"
+    tmp.write_text(log.model_dump_json(indent=1) + "\n")
+    os.replace(tmp, out / LOG_FILE)
+
+
+def _check_resume_args(saved: TrainArgs, now: TrainArgs, where: Path) -> None:
+    diffs = [f"{f}: saved {getattr(saved, f)!r}, now {getattr(now, f)!r}"
+             for f in RESUME_FIELDS if getattr(saved, f) != getattr(now, f)]
+    if diffs:
+        raise EagleError(f"--resume: {where} was trained with other settings ({'; '.join(diffs)}); "
+                         "pass the same ones, or drop --resume to start again")
+
+
+# ---------------------------------------------------------------- the run
+def _target_config(model_dir: Path) -> dict[str, Any]:
+    file = model_dir / "config.json"
+    if not file.exists():
+        raise EagleError(f"--model {model_dir}: no config.json (expected a transformers model directory)")
+    return json.loads(file.read_text())
+
+
+def _init_from_problems(init_from: Path, want: Any, d2t: Any) -> list[str]:
+    from eagle import checkpoint
+
+    have = checkpoint.read_draft_config(init_from)
+    problems = checkpoint.fit_problems(have, want)
+    if not problems:
+        state = checkpoint.load_draft_state(init_from)
+        diff = int((state["d2t"].long() != d2t.long()).sum()) if state["d2t"].shape == d2t.shape else -1
+        if diff:
+            problems.append(f"d2t: the drafter's draft vocabulary differs from the data's vocab.safetensors "
+                            f"in {diff} of {d2t.shape[0]} entries (run `eagle vocab` with the drafter's mapping)")
+    return problems
+
+
+def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one readable loop
+    import torch
+
+    from eagle import checkpoint, dataset, drafter
+
+    dist, device = init_dist(args.device)
+    args = args.model_copy(update={"world_size": dist.world})
+    out, data_dir, model_dir = Path(args.out), Path(args.data), Path(args.model)
+    say = (lambda msg: click.echo(msg, err=True)) if (echo and dist.main) else (lambda msg: None)
+    if args.epochs < 1 or args.ttt_steps < 1 or args.lr <= 0:
+        raise EagleError("--epochs and --ttt-steps must be >= 1 and --lr > 0")
+
+    target_cfg = _target_config(model_dir)
+    data = dataset.HiddenStates(data_dir, args.batch_tokens)
+    d2t, t2d = dataset.read_vocab(data_dir)
+    n_layers = int(target_cfg["num_hidden_layers"])
+    layer_ids = dataset.read_layer_ids(data_dir)
+    problems = []
+    if max(layer_ids) > n_layers or min(layer_ids) < 0 or len(set(layer_ids)) != len(layer_ids):
+        problems.append(f"layer ids {layer_ids} (eagle_data.json) must be distinct and within [0, {n_layers}]")
+    if len(layer_ids) != data.num_aux:
+        problems.append(f"layer ids {layer_ids} name {len(layer_ids)} aux layers but the hidden states hold {data.num_aux}")
+    if data.hidden_size != int(target_cfg["hidden_size"]):
+        problems.append(f"hidden states have size {data.hidden_size}, the target's hidden_size is {target_cfg['hidden_size']}")
+    if t2d.shape[0] != int(target_cfg["vocab_size"]):
+        problems.append(f"vocab.safetensors t2d covers {t2d.shape[0]} tokens, the target's vocab_size is {target_cfg['vocab_size']}")
+    if problems:
+        raise EagleError(f"--data {data_dir} does not fit --model {model_dir}: " + "; ".join(problems))
+
+    want = checkpoint.expected_draft_config(target_cfg, layer_ids, int(d2t.shape[0]), args.ttt_steps)
+    torch.manual_seed(args.seed)
+    if args.init_from:
+        problems = _init_from_problems(Path(args.init_from), want, d2t)
+        if problems:
+            raise EagleError(f"--init-from {args.init_from} does not fit this target/data:\n  " + "\n  ".join(problems))
+        model = drafter.load_drafter(args.init_from, target_dir=model_dir)
+    else:
+        model = drafter.build_drafter(model_dir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=args.ttt_steps)
+    # The checkpoint records the target it was trained for; keep that a path others can open.
+    model.config.speculators_config.verifier.name_or_path = str(model_dir)
+    model.config.speculators_config.proposal_methods[0].speculative_tokens = args.ttt_steps
+    model.to(device)
+
+    train_idx, val_idx = dataset.split_indices(len(data), args.val_fraction, args.seed)
+    if not train_idx:
+        raise EagleError(f"{data_dir}: no training samples left after the validation split")
+    steps_per_epoch = len(dataset.shard(dataset.pack_batches(train_idx, data.lengths, args.batch_tokens, args.seed, 0),
+                                        dist.rank, dist.world))
+    if steps_per_epoch == 0:
+        raise EagleError(f"{len(train_idx)} training samples make fewer batches than the {dist.world} processes; "
+                         "lower --batch-tokens or use fewer processes")
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    total = steps_per_epoch * args.epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, int(total * args.warmup_fraction)))
+
+    log = TrainLog(args=args)
+    start_epoch = 1
+    found = epoch_dirs(out)
+    if args.resume and found:
+        last, where = found[-1]
+        payload = torch.load(where / STATE_FILE, map_location="cpu", weights_only=False)
+        saved = TrainLog.model_validate(payload["log"])
+        _check_resume_args(saved.args, args, where)
+        model.load_state_dict(payload["model"], strict=False)
+        opt.load_state_dict(payload["optimizer"])
+        sched.load_state_dict(payload["scheduler"])
+        if saved.args.epochs != args.epochs:
+            sched.lr_lambdas[0] = lr_lambda(total, int(total * args.warmup_fraction))
+            warn(f"--epochs changed from {saved.args.epochs} to {args.epochs}: the learning-rate schedule is stretched")
+        torch.set_rng_state(payload["rng"]["torch"])
+        log = saved.model_copy(update={"args": args})
+        start_epoch = last + 1
+        say(f"resuming from {where} (epoch {last} done)")
+    elif args.resume:
+        warn(f"--resume: no epoch states under {out}/checkpoints; starting from scratch")
+    elif found and dist.main:
+        warn(f"{out}/checkpoints holds states of an earlier run; starting again (use --resume to continue it)")
+        shutil.rmtree(out / "checkpoints")
+    barrier(dist)
+
+    ddp_model: Any = model
+    if dist.world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                            broadcast_buffers=False)
+    losses = drafter.loss_config()
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    say(f"training {sum(p.numel() for p in params):,} parameters on {device} x{dist.world}: "
+        f"{len(train_idx)} train / {len(val_idx)} val samples, {steps_per_epoch} steps/epoch, "
+        f"epochs {start_epoch}..{args.epochs}")
+
+    for epoch in range(start_epoch, args.epochs + 1):
+        batches = dataset.shard(dataset.pack_batches(train_idx, data.lengths, args.batch_tokens, args.seed, epoch),
+                                dist.rank, dist.world)
+        model.train()
+        t0, tokens, loss_sum = time.perf_counter(), 0, 0.0
+        bar = progress(total=len(batches), desc=f"epoch {epoch}/{args.epochs}", unit="step",
+                       disable=None if dist.main else True)
+        for step, idx in enumerate(batches):
+            batch = data.batch(idx, device)
+            with autocast:
+                loss, _ = drafter.train_forward(ddp_model, batch, args.ttt_steps, losses)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            loss_sum += float(loss.detach())
+            tokens += batch["input_ids"].shape[1]
+            rate = tokens * dist.world / max(time.perf_counter() - t0, 1e-9)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_sum / (step + 1):.4f}", tok_s=f"{rate:,.0f}")
+        bar.close()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - t0
+        n_steps, loss_total, tok_total = all_sum([len(batches), loss_sum, tokens], dist, device)
+        val_loss, val_acc = evaluate(model, data, val_idx, args, dist, device, losses, autocast)
+        record = EpochRecord(
+            epoch=epoch, train_loss=loss_total / max(n_steps, 1), val_loss=val_loss, val_acc=val_acc,
+            est_accept_len=est_accept_len(val_acc) if val_acc else None,
+            train_tok_s=tok_total / max(seconds, 1e-9), step_ms=1000 * seconds / max(len(batches), 1),
+            steps=int(n_steps), seconds=seconds)
+        log.epochs.append(record)
+        score = record.val_loss if record.val_loss is not None else record.train_loss
+        prev = next((r for r in log.epochs if r.epoch == log.best_epoch), None)
+        best = prev is None or score < _score(prev)
+        if best:
+            log.best_epoch = epoch
+        if dist.main:
+            out.mkdir(parents=True, exist_ok=True)
+            if best:
+                drafter.save(model, out)
+            save_epoch_state(out, epoch, {
+                "model": drafter.trainable_state(model), "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(), "rng": {"torch": torch.get_rng_state()},
+                "log": log.model_dump()})
+            write_log(out, log)
+            acc = " ".join(f"{a:.3f}" for a in record.val_acc)
+            say(f"epoch {epoch}: train_loss {record.train_loss:.4f}  val_loss "
+                f"{record.val_loss if record.val_loss is not None else float('nan'):.4f}  val_acc [{acc}]  "
+                f"est_accept_len {record.est_accept_len or float('nan'):.2f}  {record.train_tok_s:,.0f} tok/s  "
+                f"{record.step_ms:.0f} ms/step{'  *best' if best else ''}")
+        barrier(dist)
+    return log
+
+
+def _score(r: EpochRecord) -> float:
+    return r.val_loss if r.val_loss is not None else r.train_loss
+
+
+def evaluate(model: Any, data: Any, val_idx: list[int], args: TrainArgs, dist: Dist, device: Any,
+             losses: Any, autocast: Any) -> tuple[float | None, list[float]]:
+    """(mean val loss per batch, per-step conditional accuracies), summed over all processes."""
+    import torch
+
+    from eagle import dataset, drafter
+
+    if not val_idx:
+        return None, []
+    batches = dataset.pack_batches(val_idx, data.lengths, args.batch_tokens, seed=None)[dist.rank::dist.world]
+    k = args.ttt_steps
+    sums = [0.0] * (2 + 2 * k)  # batches, loss, correct_0..k-1, total_0..k-1
+    model.eval()
+    with torch.no_grad(), autocast:
+        for idx in batches:
+            loss, metrics = drafter.train_forward(model, data.batch(idx, device), k, losses)
+            sums[0] += 1
+            sums[1] += float(loss)
+            for s in range(k):
+                sums[2 + s] += float(metrics[f"full_acc_{s}_sum"])
+                sums[2 + k + s] += float(metrics[f"full_acc_{s}_total"])
+    model.train()
+    sums = all_sum(sums, dist, device)
+    if sums[0] == 0:
+        return None, []
+    return sums[1] / sums[0], step_accuracies(sums[2:2 + k], sums[2 + k:])
+
+
+def summary_metrics(log: TrainLog) -> dict[str, float]:
+    """The metrics `eagle train` reports: the best epoch's validation numbers, the last train loss."""
+    if not log.epochs:
+        return {}
+    last = log.epochs[-1]
+    best = next((r for r in log.epochs if r.epoch == log.best_epoch), last)
+    metrics: dict[str, float] = {
+        "train_loss": last.train_loss,
+        "train_tok_s": sum(r.train_tok_s * r.seconds for r in log.epochs) / max(sum(r.seconds for r in log.epochs), 1e-9),
+        "train_step_ms": last.step_ms,
+    }
+    if best.val_loss is not None:
+        metrics["val_loss"] = best.val_loss
+        metrics.update({f"val_acc_{i}": a for i, a in enumerate(best.val_acc)})
+        metrics["est_accept_len"] = best.est_accept_len or 1.0
+    return metrics
+
+
+@click.command("train", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model", "model", required=True, type=click.Path(path_type=Path),
+              help="Target model directory (transformers; its embeddings, lm_head and final norm are read "
+                   "from its safetensors, the rest of it is never loaded).")
+@click.option("--data", required=True, type=click.Path(path_type=Path),
+              help="Data directory from `eagle prepare` + `eagle extract` + `eagle vocab`.")
+@click.option("--out", required=True, type=click.Path(path_type=Path),
+              help="Output: the servable checkpoint of the best epoch, plus checkpoints/epoch-N/ states.")
+@click.option("--epochs", default=TrainArgs.model_fields["epochs"].default, show_default=True, type=int)
+@click.option("--lr", default=TrainArgs.model_fields["lr"].default, show_default=True, type=float,
+              help="Peak AdamW learning rate (linear warm-up over 5% of steps, cosine decay to 10%).")
+@click.option("--ttt-steps", default=3, show_default=True, type=int,
+              help="Draft steps trained (test-time training depth); also the checkpoint's speculative_tokens.")
+@click.option("--batch-tokens", default=TrainArgs.model_fields["batch_tokens"].default, show_default=True, type=int,
+              help="Tokens per packed batch (per process); longer samples are truncated to it. The default "
+                   "suits the toy target on a CPU; on GPUs use 4096-16384.")
+@click.option("--val-fraction", default=0.1, show_default=True, type=float, help="Samples held out for validation.")
+@click.option("--resume", is_flag=True, help="Continue from the last OUT/checkpoints/epoch-N (exactly: same losses).")
+@click.option("--init-from", type=click.Path(path_type=Path), default=None,
+              help="Fine-tune this drafter checkpoint instead of starting from scratch (must fit the target).")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary metrics as JSON.")
+def command(model: Path, data: Path, out: Path, epochs: int, lr: float, ttt_steps: int, batch_tokens: int,
+            val_fraction: float, resume: bool, init_from: Path | None, seed: int, device: str, as_json: bool) -> None:
+    """Train the EAGLE-3 drafter (speculators' Eagle3 draft model, our own loop).
+
+    \b
+    Example:
+      eagle train --model work/target --data work/data --out work/draft
+      torchrun --nproc-per-node 2 -m eagle.cli train --model ... --data ... --out ...   # DDP
+    \b
+    Writes OUT/config.json + OUT/model.safetensors (vLLM loads OUT as the drafter), and the
+    metrics train_loss, val_loss, val_acc_0..k-1, est_accept_len, train_tok_s to $RUNBOOK_METRICS.
+    Exit codes: 0 trained, 1 bad input (the message names the file and the fix).
+    """
+    from eagle.metrics import write_metrics
+
+    args = TrainArgs(model=str(model), data=str(data), out=str(out), epochs=epochs, lr=lr, ttt_steps=ttt_steps,
+                     batch_tokens=batch_tokens, val_fraction=val_fraction, seed=seed,
+                     init_from=str(init_from) if init_from else None, device=device, resume=resume)
+    try:
+        log = train(args)
+    except EagleError as exc:
+        fail(str(exc))
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    metrics = summary_metrics(log)
+    write_metrics(metrics)
+    if as_json:
+        click.echo(json.dumps(metrics, indent=1, sort_keys=True))
+    else:
+        print_table([(k, v) for k, v in metrics.items()], headers=["metric", "value"])
+        click.echo(f"drafter (best epoch {log.best_epoch}) written to {out}")
+    sys.stdout.flush()

@@ -1,0 +1,82 @@
+"""Tiny targets and offline hidden-state data for the training tests (test_train/_ddp/_drafter/_checkpoint).
+
+Writes the documented data format directly (speculators' offline format + DATA/vocab.safetensors),
+so these tests do not depend on `eagle extract` / `eagle vocab`. Loaded by path from the tests
+(pytest runs with --import-mode=importlib).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+VOCAB = 128
+LAYERS = 8
+HIDDEN = 32
+LAYER_IDS = [2, 4, 5]
+DRAFT_VOCAB = 64
+
+
+def make_target(out: Path, seed: int = 0, hidden: int = HIDDEN) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=LAYERS,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # sharper logits than the default init, so argmax targets are not near-ties
+        model.lm_head.weight.mul_(20)
+    model.save_pretrained(str(out))
+    return out
+
+
+def markov_sequences(n: int, length: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    nxt = torch.randint(0, VOCAB, (VOCAB, 2), generator=g)
+    seqs = []
+    for _ in range(n):
+        t = int(torch.randint(0, VOCAB, (1,), generator=g))
+        seq = [t]
+        for _ in range(length - 1):
+            t = int(nxt[t, int(torch.rand(1, generator=g) < 0.2)])
+            seq.append(t)
+        seqs.append(seq)
+    return seqs
+
+
+@torch.no_grad()
+def make_data(target: Path, out: Path, n: int = 24, length: int = 40, seed: int = 0,
+              draft_vocab: int = DRAFT_VOCAB) -> Path:
+    """hidden states of `target` on n Markov sequences, + vocab.safetensors (top draft_vocab tokens)."""
+    import datasets
+    from safetensors.torch import save_file
+    from transformers import LlamaForCausalLM
+
+    from eagle import hidden_io
+
+    model = LlamaForCausalLM.from_pretrained(str(target)).eval()
+    captured = {}
+    model.model.norm.register_forward_pre_hook(lambda m, a: captured.__setitem__("last", a[0]))
+    seqs = markov_sequences(n, length, seed)
+    (out / "hidden_states").mkdir(parents=True, exist_ok=True)
+    masks = []
+    counts = torch.zeros(VOCAB, dtype=torch.long)
+    for i, seq in enumerate(seqs):
+        ids = torch.tensor([seq])
+        hs = model(ids, output_hidden_states=True).hidden_states
+        stack = torch.stack([hs[k][0] for k in LAYER_IDS] + [captured["last"][0]], dim=1)
+        hidden_io.write_sample(out, i, stack, ids[0])
+        mask = [0] * 4 + [1] * (length - 4)
+        masks.append(mask)
+        counts += torch.bincount(ids[0], minlength=VOCAB)
+    datasets.Dataset.from_dict({"input_ids": seqs, "loss_mask": masks, "seq_len": [len(s) for s in seqs]}).save_to_disk(str(out))
+    hidden_io.write_data_meta(out, hidden_io.DataMeta(target=str(target), layer_ids=LAYER_IDS, hidden_size=model.config.hidden_size,
+                                                      vocab_size=VOCAB, num_layers=LAYERS, num_samples=n))
+    order = sorted(range(VOCAB), key=lambda t: (-int(counts[t]), t))[:draft_vocab]
+    chosen = torch.tensor(sorted(order), dtype=torch.long)
+    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    t2d[chosen] = True
+    save_file({"d2t": chosen - torch.arange(draft_vocab), "t2d": t2d}, str(out / "vocab.safetensors"))
+    return out

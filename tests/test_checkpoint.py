@@ -1,0 +1,144 @@
+"""The servable drafter checkpoint: golden config keys and tensor names/shapes, validation, errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle import checkpoint
+from eagle.common import EagleError
+
+_spec = importlib.util.spec_from_file_location("_train_data", Path(__file__).with_name("_train_data.py"))
+td = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(td)
+
+H, V, DV, INTER = td.HIDDEN, td.VOCAB, td.DRAFT_VOCAB, 64
+GOLDEN_TENSORS = {
+    "d2t": [DV],
+    "t2d": [V],
+    "embed_tokens.weight": [V, H],
+    "fc.weight": [H, 3 * H],
+    "layers.0.hidden_norm.weight": [H],
+    "layers.0.input_layernorm.weight": [H],
+    "layers.0.post_attention_layernorm.weight": [H],
+    "layers.0.mlp.gate_proj.weight": [INTER, H],
+    "layers.0.mlp.up_proj.weight": [INTER, H],
+    "layers.0.mlp.down_proj.weight": [H, INTER],
+    "layers.0.self_attn.q_proj.weight": [4 * 8, 2 * H],
+    "layers.0.self_attn.k_proj.weight": [2 * 8, 2 * H],
+    "layers.0.self_attn.v_proj.weight": [2 * 8, 2 * H],
+    "layers.0.self_attn.o_proj.weight": [H, 4 * 8],
+    "lm_head.weight": [DV, H],
+    "norm.weight": [H],
+}
+
+
+@pytest.fixture(scope="module")
+def saved_drafter(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from eagle import drafter
+
+    root = tmp_path_factory.mktemp("ckpt")
+    target = td.make_target(root / "target")
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[::2] = True
+    d2t = torch.nonzero(t2d).squeeze(1) - torch.arange(DV)
+    model = drafter.build_drafter(target, layer_ids=td.LAYER_IDS, d2t=d2t, t2d=t2d, ttt_steps=3)
+    drafter.save(model, root / "draft")
+    return target, root / "draft"
+
+
+def test_golden_config_keys_and_tensors(saved_drafter: tuple[Path, Path]) -> None:
+    from safetensors import safe_open
+
+    target, out = saved_drafter
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    cfg = json.loads((out / "config.json").read_text())
+    assert "model_type" not in cfg
+    assert cfg["speculators_model_type"] == "eagle3"
+    assert cfg["norm_before_residual"] is False  # written explicitly: vLLM's default is True
+    assert cfg["norm_before_fc"] is False and cfg["norm_output"] is False and cfg["fc_norm"] is False
+    assert cfg["draft_vocab_size"] == DV
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == td.LAYER_IDS
+    tl = cfg["transformer_layer_config"]
+    assert tl["model_type"] == "llama" and tl["num_hidden_layers"] == 1 and tl["vocab_size"] == V
+    assert (tl["hidden_size"], tl["intermediate_size"], tl["num_attention_heads"], tl["num_key_value_heads"]) == (H, INTER, 4, 2)
+    assert "_attn_implementation" not in tl
+    spec = cfg["speculators_config"]
+    assert spec["proposal_methods"][0]["speculative_tokens"] == 3
+    assert spec["verifier"]["name_or_path"] == str(target)
+    assert "auto_map" not in cfg
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+        assert f.get_slice("d2t").get_dtype() == "I64"
+    assert shapes == GOLDEN_TENSORS
+
+
+def test_read_config_and_state_roundtrip(saved_drafter: tuple[Path, Path]) -> None:
+    _, out = saved_drafter
+    cfg = checkpoint.read_draft_config(out)
+    assert (cfg.hidden_size, cfg.draft_vocab_size, cfg.vocab_size, cfg.layer_ids) == (H, DV, V, td.LAYER_IDS)
+    assert cfg.speculative_tokens == 3 and cfg.norm_before_residual is False and cfg.head_dim == 8
+    state = checkpoint.load_draft_state(out)
+    assert set(state) == set(GOLDEN_TENSORS)
+    # d2t maps draft ids to target ids: every mapped id is a token t2d marks
+    assert bool(state["t2d"][torch.arange(DV) + state["d2t"]].all())
+
+
+def _tensors(cfg: checkpoint.DraftConfig) -> dict[str, torch.Tensor]:
+    return {k: torch.zeros(s, dtype=torch.long if k == "d2t" else torch.float32)
+            for k, s in checkpoint.expected_shapes(cfg).items()}
+
+
+def _config_dict(saved: Path) -> dict:
+    return json.loads((saved / "config.json").read_text())
+
+
+def test_write_refuses_malformed_and_writes_nothing(saved_drafter: tuple[Path, Path], tmp_path: Path) -> None:
+    _, out = saved_drafter
+    cfg = checkpoint.read_draft_config(out)
+    tensors = _tensors(cfg)
+    del tensors["norm.weight"]
+    tensors["fc.weight"] = torch.zeros(H, 2 * H)
+    with pytest.raises(EagleError) as err:
+        checkpoint.write_checkpoint(tmp_path / "bad", _config_dict(out), tensors)
+    assert "missing tensor norm.weight" in str(err.value) and "fc.weight has shape [32, 64]" in str(err.value)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_write_minimal_checkpoint_without_optional_tensors(saved_drafter: tuple[Path, Path], tmp_path: Path) -> None:
+    _, out = saved_drafter
+    data = _config_dict(out)
+    data["model_type"] = "llama"  # normalize_config drops it
+    cfg = checkpoint.write_checkpoint(tmp_path / "min", data, _tensors(checkpoint.read_draft_config(out)))
+    assert "model_type" not in json.loads((tmp_path / "min" / "config.json").read_text())
+    assert set(checkpoint.load_draft_state(tmp_path / "min")) == set(checkpoint.expected_shapes(cfg))
+
+
+def test_read_errors_name_the_problem(saved_drafter: tuple[Path, Path], tmp_path: Path) -> None:
+    _, out = saved_drafter
+    with pytest.raises(EagleError, match="not found"):
+        checkpoint.read_draft_config(tmp_path)
+    bad = _config_dict(out)
+    bad["model_type"] = "llama"
+    del bad["norm_before_residual"]
+    (tmp_path / "config.json").write_text(json.dumps(bad))
+    with pytest.raises(EagleError) as err:
+        checkpoint.read_draft_config(tmp_path)
+    assert "norm_before_residual" in str(err.value) and "model_type" in str(err.value)
+    (tmp_path / "config.json").write_text("{\n  oops")
+    with pytest.raises(EagleError, match=r"config.json:2:\d+: invalid JSON"):
+        checkpoint.read_draft_config(tmp_path)
+
+
+def test_fit_problems_name_every_field(saved_drafter: tuple[Path, Path]) -> None:
+    _, out = saved_drafter
+    have = checkpoint.read_draft_config(out)
+    assert checkpoint.fit_problems(have, have) == []
+    want = have.model_copy(update={"hidden_size": 64, "draft_vocab_size": 32, "layer_ids": [1, 4, 5]})
+    problems = checkpoint.fit_problems(have, want)
+    assert [p.split(":")[0] for p in problems] == ["hidden_size", "draft_vocab_size", "layer_ids"]
+    assert "drafter has 32, target/data need 64" in problems[0]
