@@ -1,0 +1,314 @@
+"""Fast-decoding benchmark for the H200 (issue 9): one call, one table.
+
+    python bench/gpu_decode.py                                   # 8B Llama shape, random bf16 weights
+    python bench/gpu_decode.py --target work/target --draft work/draft --prompts plans/data/prompts-heldout.jsonl
+    python bench/gpu_decode.py --smoke [--target ... --draft ... --prompts ...]   # tiny, on the CPU
+
+Part 1 (speed only, random weights): plain greedy tok/s of the CUDA-graph decode step against the
+memory-bandwidth bound (weight bytes read per token / measured device copy bandwidth; target >=
+60% of it), the (k+1)-token verify step's cost relative to one decode step for k = 1..7 (should
+stay close to 1), and a kernel profile of one decode step (kernels per step; time in the matrix
+products, with their achieved bandwidth, in attention and in everything else; the rest of the
+step is launch gaps).
+Part 2 (with --target/--draft/--prompts): speculative decoding on a trained target + drafter (real
+acceptance): a check that the fast decoder's greedy output equals transformers' greedy output on
+this device, then plain tok/s and for each k speculative tok/s, accept_len, the measured cost
+ratio, the Leviathan bound and the fraction of it reached (target >= 80%), where the cycle's time
+goes, and whether the output equals plain greedy.
+
+`--json PATH` writes every number. Needs only torch, transformers and safetensors (no
+speculators, vLLM, click or pydantic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from eagle.decode import Decoder, TargetModel, load_decoder, required_len  # noqa: E402
+from eagle.leviathan import acceptance_from_accept_len, leviathan_speedup  # noqa: E402
+
+LLAMA_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 32000,
+            "num_attention_heads": 32, "num_key_value_heads": 8}
+SMOKE = {"hidden_size": 128, "num_hidden_layers": 4, "intermediate_size": 256, "vocab_size": 1000,
+         "num_attention_heads": 4, "num_key_value_heads": 2}
+MATMUL = re.compile(r"gemv|gemm|cutlass|xmma|nvjet|cublas|splitK|sm90_|addmm|aten::mm|aten::linear", re.I)
+ATTENTION = re.compile(r"fmha|flash|attention|cudnn", re.I)
+
+Rows = list[tuple[str, str]]
+
+
+def table(rows: Rows) -> str:
+    width = max(len(r[0]) for r in rows)
+    return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int) -> float:
+    """Bytes/s of a device-to-device copy (counting the read and the write; median of 10)."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(10):
+        sync(device)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return 2 * nbytes / sorted(times)[len(times) // 2]
+
+
+def random_target(shape: dict, device: torch.device, dtype: torch.dtype) -> TargetModel:
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**shape, max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+    torch.manual_seed(0)
+    model = TargetModel(config, device=device, dtype=dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.02)
+    return model.eval()
+
+
+def kernel_profile(fn, device: torch.device, steps: int = 5) -> dict:
+    """Per-step kernel count and device time by kind, from torch.profiler over `steps` eager calls.
+    Kernel durations are the same in and out of a CUDA graph; only the gaps between them differ."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    fn()
+    sync(device)
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            fn()
+        sync(device)
+    want = DeviceType.CUDA if cuda else DeviceType.CPU
+    per_name: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type != want or (not cuda and ev.cpu_parent is not None):
+            continue  # on the CPU (smoke) only top-level ops, so nothing is counted twice
+        per_name.setdefault(ev.name, []).append(ev.time_range.elapsed_us() * 1e-6)
+    kinds = {"matmul": [0, 0.0], "attention": [0, 0.0], "other": [0, 0.0]}
+    for name, ts in per_name.items():
+        kind = "matmul" if MATMUL.search(name) else "attention" if ATTENTION.search(name) else "other"
+        kinds[kind][0] += len(ts)
+        kinds[kind][1] += sum(ts)
+    top = sorted(per_name.items(), key=lambda kv: -sum(kv[1]))[:12]
+    return {"kernels": sum(v[0] for v in kinds.values()) / steps,
+            **{f"{k}_kernels": v[0] / steps for k, v in kinds.items()},
+            **{f"{k}_s": v[1] / steps for k, v in kinds.items()},
+            "top": [{"name": n[:90], "per_step": len(ts) / steps, "us_per_step": 1e6 * sum(ts) / steps}
+                    for n, ts in top]}
+
+
+def part1(shape: dict, device: torch.device, dtype: torch.dtype, prompt_len: int, new_tokens: int,
+          copy_bytes: int, out: dict) -> Rows:
+    model = random_target(shape, device, dtype)
+    dec = Decoder(model, None, max_len=required_len(prompt_len, new_tokens, 7))  # fuses q/k/v, gate/up
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    weight_bytes -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
+    bandwidth = copy_bandwidth(device, copy_bytes)
+    bound = bandwidth / weight_bytes
+    prompt = torch.randint(0, shape["vocab_size"], (prompt_len,)).tolist()
+    dec.generate_greedy(prompt, new_tokens)  # warm-up + graph capture
+    sync(device)
+    t0 = time.perf_counter()
+    toks = dec.generate_greedy(prompt, new_tokens)
+    sync(device)
+    e2e = len(toks) / (time.perf_counter() - t0)
+    verify = {}
+    step = None
+    for k in range(1, 8):
+        st = dec.time_stages(k, prompt, iters=30)
+        step = step or st["target_step"]
+        verify[k] = st["verify"]
+    dec.prefill(prompt, speculative=False)
+    prof = kernel_profile(dec._timed_target_step, device)
+    out["part1"] = {"shape": shape, "dtype": str(dtype), "weight_bytes": weight_bytes, "copy_bandwidth": bandwidth,
+                    "bound_tok_s": bound, "step_s": step, "step_tok_s": 1 / step, "step_fraction": 1 / step / bound,
+                    "e2e_tok_s": e2e, "e2e_fraction": e2e / bound, "cuda_graphs": dec.use_graphs,
+                    "verify_s": verify, "verify_ratio": {k: v / step for k, v in verify.items()}, "profile": prof}
+    kernel_sum = prof["matmul_s"] + prof["attention_s"] + prof["other_s"]
+    rows = [("shape", f"hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, inter "
+                      f"{shape['intermediate_size']}, vocab {shape['vocab_size']}, {str(dtype).replace('torch.', '')}"),
+            ("cuda graphs", str(dec.use_graphs)),
+            ("weight bytes / token", f"{weight_bytes / 1e9:.2f} GB"),
+            ("device copy bandwidth", f"{bandwidth / 1e12:.2f} TB/s"),
+            ("bandwidth bound", f"{bound:.0f} tok/s"),
+            ("decode step (graph)", f"{step * 1e3:.3f} ms = {1 / step:.0f} tok/s = {100 / step / bound:.0f}% of bound"),
+            ("generate_greedy e2e", f"{e2e:.0f} tok/s ({len(toks)} tokens after a {prompt_len}-token prompt) "
+                                    f"= {100 * e2e / bound:.0f}% of bound")]
+    rows += [(f"verify k={k} ({k + 1} tokens)", f"{v * 1e3:.3f} ms = {v / step:.2f} x decode step")
+             for k, v in verify.items()]
+    rows += [("profile: kernels / step", f"{prof['kernels']:.0f} ({prof['matmul_kernels']:.0f} matmul, "
+                                         f"{prof['attention_kernels']:.0f} attention, {prof['other_kernels']:.0f} other)"),
+             ("profile: matmul", f"{prof['matmul_s'] * 1e3:.3f} ms = "
+                                 f"{weight_bytes / max(prof['matmul_s'], 1e-12) / 1e12:.2f} TB/s on the weights"),
+             ("profile: attention", f"{prof['attention_s'] * 1e3:.3f} ms"),
+             ("profile: other kernels", f"{prof['other_s'] * 1e3:.3f} ms"),
+             ("profile: gaps (step - kernels)", f"{(step - kernel_sum) * 1e3:.3f} ms")]
+    rows += [(f"  top {i + 1}", f"{t['us_per_step']:8.1f} us  x{t['per_step']:.0f}  {t['name']}")
+             for i, t in enumerate(prof["top"][:8])]
+    return rows
+
+
+def hf_greedy(model_dir: Path, prompts: list[list[int]], new_tokens: int, device: torch.device,
+              dtype: torch.dtype) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    from eagle.decode import eos_ids_of
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
+    pad = (eos_ids_of(model_dir) or [0])[0]
+    outs = []
+    with torch.inference_mode():
+        for ids in prompts:
+            x = torch.tensor([ids], device=device)
+            y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
+                               do_sample=False, pad_token_id=pad)
+            outs.append(y[0, len(ids):].tolist())
+    return outs
+
+
+def part2(target: Path, draft: Path, prompts_file: Path, ks: list[int], new_tokens: int, limit: int,
+          device: torch.device, dtype: torch.dtype, out: dict) -> Rows:
+    from eagle.prompts import load_prompt_token_ids
+
+    prompts = load_prompt_token_ids(target, prompts_file, limit)
+    # correctness on this device: fast decoder (float32, graphs where CUDA) vs transformers' greedy
+    check = prompts[:4]
+    ref = hf_greedy(target, check, 64, device, torch.float32)
+    dec32 = load_decoder(target, None, max_len=required_len(max(map(len, check)), 64), device=device,
+                         dtype=torch.float32)
+    hf_match = sum(dec32.generate_greedy(p, 64) == r for p, r in zip(check, ref, strict=True))
+    del dec32
+
+    dec = load_decoder(target, draft, max_len=required_len(max(map(len, prompts)), new_tokens, max(ks)),
+                       device=device, dtype=dtype)
+    dec.generate_greedy(prompts[0], new_tokens)  # warm-up + capture
+    plain_out, plain_s = [], 0.0
+    for ids in prompts:
+        sync(device)
+        t0 = time.perf_counter()
+        plain_out.append(dec.generate_greedy(ids, new_tokens))
+        sync(device)
+        plain_s += time.perf_counter() - t0
+    plain = sum(map(len, plain_out)) / plain_s
+    rows: Rows = [("target / draft", f"{target} / {draft}"), ("prompts, new tokens", f"{len(prompts)}, {new_tokens}"),
+                  ("fast greedy == HF greedy", f"{hf_match}/{len(check)} prompts (float32, 64 tokens, {device.type})"),
+                  ("plain greedy", f"{plain:.0f} tok/s")]
+    out["part2"] = {"prompts": len(prompts), "new_tokens": new_tokens, "hf_match": hf_match, "hf_checked": len(check),
+                    "plain_tok_s": plain, "k": {}}
+    for k in ks:
+        dec.generate_speculative(prompts[0], new_tokens, k)  # warm-up + capture
+        spec_out, accepted, spec_s, cycles = [], [], 0.0, 0
+        for ids in prompts:
+            sync(device)
+            t0 = time.perf_counter()
+            res = dec.generate_speculative(ids, new_tokens, k)
+            sync(device)
+            spec_s += time.perf_counter() - t0
+            spec_out.append(res.tokens)
+            accepted += res.accepted
+            cycles += int(dec.counter.item())
+        st = dec.time_stages(k, prompts[0], iters=50)
+        spec = sum(map(len, spec_out)) / spec_s
+        accept_len = min(1 + sum(accepted) / max(1, len(accepted)), k + 1.0)
+        a = acceptance_from_accept_len(accept_len, k)
+        step = st["target_step"]
+        c = ((k - 1) * st["draft_step"] + st["catchup"]) / k / step
+        bound = leviathan_speedup(a, k, c)
+        cycle = spec_s / cycles  # wall time per cycle in generate (host checks and prefill included)
+        staged = (k - 1) * st["draft_step"] + st["catchup"] + st["verify"]
+        frac = spec / plain / bound
+        out["part2"]["k"][k] = {"spec_tok_s": spec, "speedup": spec / plain, "accept_len": accept_len, "a": a,
+                                "cost_ratio": c, "leviathan_bound": bound, "bound_fraction": frac,
+                                "stages_s": st, "cycle_s": cycle, "same_as_plain": spec_out == plain_out}
+        rows += [(f"k={k}: speculative", f"{spec:.0f} tok/s = {spec / plain:.2f}x plain; accept_len {accept_len:.2f} "
+                                         f"(a = {a:.3f}); output == plain: {spec_out == plain_out}"),
+                 (f"k={k}: cost ratio c", f"{c:.3f} (draft step {st['draft_step'] * 1e3:.3f} ms, catch-up "
+                                          f"{st['catchup'] * 1e3:.3f} ms, decode step {step * 1e3:.3f} ms)"),
+                 (f"k={k}: Leviathan bound", f"{bound:.2f}x; reached {spec / plain:.2f}x = {100 * frac:.0f}% of it"),
+                 (f"k={k}: cycle", f"{cycle * 1e3:.3f} ms in generate; stages {staged * 1e3:.3f} ms (verify "
+                                   f"{st['verify'] * 1e3:.3f} ms = {st['verify'] / step:.2f} x step); ideal (kc+1) x step "
+                                   f"{(k * c + 1) * step * 1e3:.3f} ms")]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script runs")
+    ap.add_argument("--target", type=Path, help="trained target dir (part 2)")
+    ap.add_argument("--draft", type=Path, help="drafter checkpoint dir (part 2)")
+    ap.add_argument("--prompts", type=Path, help="prompts JSONL (part 2)")
+    ap.add_argument("--ks", default="3", help="comma-separated draft lengths for part 2 (default 3)")
+    ap.add_argument("--limit", type=int, default=16, help="prompts used in part 2")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--skip-8b", action="store_true", help="only part 2")
+    ap.add_argument("--json", type=Path, help="write every number here")
+    args = ap.parse_args(argv)
+    try:
+        ks = sorted({int(k) for k in args.ks.split(",")})
+        if min(ks) < 1:
+            raise ValueError
+    except ValueError:
+        print(f"error: --ks {args.ks!r}: expected comma-separated draft lengths >= 1, e.g. 2,3,4", file=sys.stderr)
+        return 2
+    if args.smoke:
+        device, dtype, shape = torch.device("cpu"), torch.float32, SMOKE
+        args.prompt_len, args.new_tokens, copy_bytes = 16, 16, 1 << 24
+    else:
+        if not torch.cuda.is_available():
+            print("error: no CUDA device; use --smoke for a CPU check", file=sys.stderr)
+            return 2
+        device, dtype, shape, copy_bytes = torch.device("cuda"), torch.bfloat16, LLAMA_8B, 1 << 30
+    import transformers
+
+    out: dict = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "transformers": transformers.__version__,
+                 "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+    print(f"torch {out['torch']}, transformers {out['transformers']}, {out['device']}")
+    failed = False
+    if not args.skip_8b:
+        print("\n== plain greedy and verify cost, random weights ==", flush=True)
+        try:
+            print(table(part1(shape, device, dtype, args.prompt_len, args.new_tokens, copy_bytes, out)), flush=True)
+        except Exception:  # noqa: BLE001 -- keep part 2 running; the traceback says what broke
+            traceback.print_exc()
+            failed = True
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if args.target and args.draft and args.prompts:
+        print("\n== speculative decoding, trained target + drafter ==", flush=True)
+        try:
+            print(table(part2(args.target, args.draft, args.prompts, ks, min(args.new_tokens, 128), args.limit,
+                              device, dtype, out)), flush=True)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+            failed = True
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1, default=str))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

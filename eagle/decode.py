@@ -1,0 +1,421 @@
+"""Fast greedy and speculative (EAGLE-3 chain) decoding for Llama-architecture targets.
+
+Why our own compact target module instead of transformers' model with a StaticCache: every step
+here reads its position from a device tensor and writes the KV cache at device-computed slots, so
+the target's 1-token step, its (k+1)-token verify step, the acceptance rule and the drafter's steps
+can be captured once as CUDA graphs and replayed with no host sync per token. transformers' forward
+takes host-side cache positions, builds masks in Python and differs between 5.17 (the GPU host) and
+5.19 (here); a page of torch that loads the same safetensors is easier to make graph-safe and keeps
+the numerics identical on both. transformers stays the reference: tests compare against its
+`generate(do_sample=False)` token for token.
+
+Verbs (gpt-fast style): `prefill`, `plain_step`, `spec_cycle`, and the host loops
+`generate_greedy` / `generate_speculative`. On CUDA the step and the cycle are CUDA graphs; on CPU
+they run eagerly (same code).
+
+One speculative cycle, with n = tokens committed to the target's KV cache and seq[n] the next
+token (already decided, not yet in the cache):
+1. draft: the drafter's first proposal d1 came from the previous cycle; k-1 more single-row steps
+   feed the drafter's own feature back;
+2. verify: one target forward over [seq[n], d1..dk] at positions n..n+k gives greedy g0..gk;
+3. accept: m = length of the prefix where d_j == g_{j-1}; seq[n+1..n+m+1] = g0..gm (m drafts plus
+   the bonus token); n += m + 1 -- all on the device;
+4. catch-up: the drafter re-reads rows n..n+k with the target's features and tokens g0..gk (rows
+   past m are junk that later writes overwrite); row m's proposal is the next cycle's d1.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from eagle.llama_ops import (
+    DecoderLayer,
+    KVCache,
+    RMSNorm,
+    Rope,
+    check_and_assign,
+    check_llama_config,
+    fuse_projections,
+    head_dim_of,
+    load_safetensors_dir,
+    rope_inv_freq,
+)
+
+
+class TargetModel(nn.Module):
+    """A Llama causal LM over a static KV cache; returns logits and the aux hidden states."""
+
+    def __init__(self, config, device=None, dtype=None) -> None:
+        super().__init__()
+        check_llama_config(config, "target")
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, device=device, dtype=dtype)
+        self.layers = nn.ModuleList(DecoderLayer(config, device, dtype) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype)
+        self.rope: Rope | None = None
+        if device is not None and torch.device(device).type != "meta":
+            inv_freq, scaling = rope_inv_freq(config)
+            self.rope = Rope(inv_freq.to(device), scaling)
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, device: str | torch.device = "cpu",
+                        dtype: torch.dtype = torch.float32) -> TargetModel:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(model_dir))
+        if config.model_type != "llama":
+            raise ValueError(f"{model_dir}/config.json: model_type {config.model_type!r}; the fast decoder "
+                             "implements Llama-architecture targets only")
+        raw = load_safetensors_dir(model_dir)
+        tensors = {(k[len("model."):] if k.startswith("model.") else k): v for k, v in raw.items()}
+        tensors = {k: v for k, v in tensors.items() if not k.startswith("rotary_emb.")}
+        if "lm_head.weight" not in tensors or getattr(config, "tie_word_embeddings", False):
+            tensors["lm_head.weight"] = tensors.get("embed_tokens.weight")
+        model = cls(config, device="meta")
+        check_and_assign(model, tensors, f"{model_dir}/model.safetensors", device, dtype)
+        inv_freq, scaling = rope_inv_freq(config)
+        model.rope = Rope(inv_freq.to(device), scaling)
+        return model.eval()
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def new_cache(self, max_len: int) -> KVCache:
+        c, w = self.config, self.lm_head.weight
+        return KVCache(c.num_hidden_layers, c.num_key_value_heads, head_dim_of(c), max_len, w.device, w.dtype)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                aux_ids: Sequence[int] = (), last_only: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """tokens/positions [T] -> (logits [T or 1, V], aux [T, L*H] or None, pre-norm last layer [T, H]).
+
+        Aux id i is the input of decoder layer i (transformers' `hidden_states[i]`), collected in
+        ascending layer order as vLLM and speculators do.
+        """
+        assert self.rope is not None
+        x = self.embed_tokens(tokens)
+        cos, sin = self.rope(positions, x.dtype)
+        mask = cache.mask(positions)
+        wanted = set(aux_ids)
+        aux = []
+        for i, layer in enumerate(self.layers):
+            if i in wanted:
+                aux.append(x.clone())  # layers update x in place
+            x = layer(x, cos, sin, positions, cache.k[i], cache.v[i], mask)
+        rows = x[-1:] if last_only else x
+        logits = self.lm_head(self.norm(rows))
+        return logits, (torch.cat(aux, dim=-1) if aux else None), x
+
+
+def default_layer_ids(num_layers: int) -> list[int]:
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def check_layer_ids(ids: Sequence[int], num_layers: int, where: str) -> list[int]:
+    ids = list(ids)
+    bad = [i for i in ids if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(f"{where}: layer ids {bad} out of range for a target with {num_layers} layers "
+                         f"(valid: 0..{num_layers - 1})")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{where}: layer ids {ids} collide; each aux layer must be distinct")
+    return ids
+
+
+class Proposer(Protocol):
+    """What the decoder needs from a drafter (eagle.draft_infer.Drafter implements it)."""
+
+    hidden_size: int
+
+    def new_cache(self, max_len: int) -> KVCache: ...
+
+    def propose_rows(self, aux: torch.Tensor, tokens: torch.Tensor, slots: torch.Tensor,
+                     cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def propose_step(self, token: torch.Tensor, feat: torch.Tensor, slot: torch.Tensor,
+                     cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@dataclass
+class SpecResult:
+    tokens: list[int]
+    accepted: list[int] = field(default_factory=list)  # drafts accepted per verify step (0..k)
+
+    @property
+    def accept_len(self) -> float:
+        """Mean tokens per verify step, bonus included (vLLM: 1 + accepted / drafts)."""
+        return 1.0 + sum(self.accepted) / len(self.accepted) if self.accepted else float("nan")
+
+
+def _graphed(fn: Callable[[], None], use_graph: bool) -> Callable[[], None]:
+    """Capture `fn` (no arguments; reads and writes only persistent tensors) as a CUDA graph."""
+    if not use_graph:
+        return fn
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+class Decoder:
+    """Greedy and speculative decoding over static caches sized `max_len` tokens."""
+
+    def __init__(self, target: TargetModel, proposer: Proposer | None = None, *, max_len: int,
+                 layer_ids: Sequence[int] | None = None, eos_ids: Sequence[int] = (),
+                 use_graphs: bool | None = None, sync_every: int = 4) -> None:
+        device = target.lm_head.weight.device
+        fuse_projections(target)  # one q/k/v and one gate/up matrix per layer (fewer, larger reads)
+        if isinstance(proposer, nn.Module):
+            fuse_projections(proposer)
+        self.target, self.proposer, self.device = target, proposer, device
+        self.max_len = max_len
+        self.layer_ids = check_layer_ids(layer_ids, target.num_layers, "drafter") if proposer is not None else []
+        if proposer is not None and not self.layer_ids:
+            raise ValueError("speculative decoding needs the drafter's aux layer ids")
+        self.eos_ids = {int(e) for e in eos_ids}
+        self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
+        self.sync_every = max(1, sync_every)
+        long = {"dtype": torch.long, "device": device}
+        self.cache = target.new_cache(max_len)
+        self.dcache = proposer.new_cache(max_len) if proposer is not None else None
+        self.seq = torch.zeros(max_len + 1, **long)
+        self.n = torch.zeros(1, **long)
+        self.counter = torch.zeros(1, **long)
+        self.hist_m = torch.zeros(max_len, **long)
+        self.hist_n = torch.zeros(max_len, **long)
+        self.arange = torch.arange(max_len, **long)
+        self.d1 = torch.zeros(1, **long)
+        hidden = proposer.hidden_size if proposer is not None else 1
+        self.feat = torch.zeros(1, hidden, device=device, dtype=target.lm_head.weight.dtype)
+        self._steps: dict[str, Callable[[], None]] = {}
+
+    # -- device-side stages (graph-capturable: no host syncs, fixed shapes) -------------------
+    @torch.inference_mode()
+    def _plain_step(self) -> None:
+        n = self.n
+        logits, _, _ = self.target(self.seq.index_select(0, n), n, self.cache)
+        self.seq.index_copy_(0, n + 1, logits.argmax(-1))
+        self.n.add_(1)
+
+    @torch.inference_mode()
+    def _draft(self, k: int) -> torch.Tensor:
+        """d1..dk as target ids [k]; d2..dk come from k-1 drafter steps at slots n..n+k-2."""
+        drafts, feat = [self.d1], self.feat
+        for j in range(1, k):
+            tok, feat = self.proposer.propose_step(drafts[-1], feat, self.n + (j - 1), self.dcache)
+            drafts.append(tok)
+        return torch.cat(drafts)
+
+    @torch.inference_mode()
+    def _verify(self, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        k = drafts.shape[0]
+        pos = self.n + self.arange[: k + 1]
+        tokens = torch.cat([self.seq.index_select(0, self.n), drafts])
+        logits, aux, _ = self.target(tokens, pos, self.cache, self.layer_ids)
+        return logits.argmax(-1), aux, pos
+
+    @torch.inference_mode()
+    def _spec_cycle(self, k: int) -> None:
+        drafts = self._draft(k)
+        greedy, aux, pos = self._verify(drafts)
+        m = torch.cumprod((drafts == greedy[:k]).long(), 0).sum().view(1)
+        self.seq.index_copy_(0, pos + 1, greedy)
+        ids, feats = self.proposer.propose_rows(aux, greedy, pos, self.dcache)
+        self.d1.copy_(ids.index_select(0, m))
+        self.feat.copy_(feats.index_select(0, m))
+        self.hist_m.index_copy_(0, self.counter, m)
+        self.hist_n.index_copy_(0, self.counter, self.n)
+        self.counter.add_(1)
+        self.n.add_(m + 1)
+
+    def _stage(self, name: str, fn: Callable[[], None]) -> Callable[[], None]:
+        if name not in self._steps:
+            saved = self.n.clone()
+            self.n.zero_()
+            self._steps[name] = _graphed(fn, self.use_graphs)
+            self.n.copy_(saved)
+            self.counter.zero_()
+        return self._steps[name]
+
+    # -- prefill ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: Sequence[int], speculative: bool) -> None:
+        p = len(prompt_ids)
+        if p == 0:
+            raise ValueError("empty prompt")
+        ids = torch.tensor(list(prompt_ids), dtype=torch.long, device=self.device)
+        self.seq[:p].copy_(ids)
+        aux_ids = self.layer_ids if speculative else ()
+        logits, aux, _ = self.target(ids, self.arange[:p], self.cache, aux_ids, last_only=True)
+        self.seq[p:p + 1].copy_(logits.argmax(-1))
+        self.n.fill_(p)
+        self.counter.zero_()
+        if speculative:
+            ids_, feats = self.proposer.propose_rows(aux, self.seq[1:p + 1], self.arange[:p], self.dcache)
+            self.d1.copy_(ids_[-1:])
+            self.feat.copy_(feats[-1:])
+
+    # -- host loops ---------------------------------------------------------------------------
+    def _finished(self, p: int, max_new: int) -> tuple[bool, list[int]]:
+        n = int(self.n.item())
+        new = self.seq[p:n + 1].tolist()[:max_new]
+        for i, tok in enumerate(new):
+            if tok in self.eos_ids:
+                return True, new[: i + 1]
+        return len(new) >= max_new, new
+
+    def _room(self, p: int, max_new: int, k: int) -> None:
+        need = required_len(p, max_new, k, self.sync_every)
+        if need > self.max_len:
+            raise ValueError(f"prompt of {p} tokens + {max_new} new tokens needs max_len >= {need} "
+                             f"(decoder built with {self.max_len})")
+
+    def generate_greedy(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+        """Plain greedy decoding: the new tokens (up to and including an EOS)."""
+        p = len(prompt_ids)
+        self._room(p, max_new_tokens, 0)
+        step = self._stage("plain", self._plain_step)
+        self.prefill(prompt_ids, speculative=False)
+        done, new = self._finished(p, max_new_tokens)
+        steps_left = max_new_tokens - 1
+        while not done and steps_left > 0:
+            for _ in range(min(self.sync_every, steps_left)):
+                step()
+            steps_left -= min(self.sync_every, steps_left)
+            done, new = self._finished(p, max_new_tokens)
+        return new
+
+    def generate_speculative(self, prompt_ids: Sequence[int], max_new_tokens: int, k: int) -> SpecResult:
+        """Greedy speculative decoding with chain drafts of length k; identical output to greedy."""
+        if self.proposer is None:
+            raise ValueError("generate_speculative needs a drafter")
+        if k < 1:
+            raise ValueError("k must be >= 1")
+        p = len(prompt_ids)
+        self._room(p, max_new_tokens, k)
+        cycle = self._stage(f"cycle{k}", lambda: self._spec_cycle(k))
+        self.prefill(prompt_ids, speculative=True)
+        done, new = self._finished(p, max_new_tokens)
+        while not done:
+            remaining = max_new_tokens - len(new)
+            for _ in range(max(1, min(self.sync_every, remaining // (k + 1)))):
+                cycle()
+            done, new = self._finished(p, max_new_tokens)
+        cycles = int(self.counter.item())
+        ms = self.hist_m[:cycles].tolist()
+        starts = self.hist_n[:cycles].tolist()
+        last_index = p + len(new) - 1  # seq index of the last token kept
+        accepted = [m for m, n0 in zip(ms, starts, strict=True) if n0 < last_index]
+        return SpecResult(tokens=new, accepted=accepted)
+
+    # -- timing (bench) -----------------------------------------------------------------------
+    def time_stages(self, k: int, prompt_ids: Sequence[int], iters: int = 20) -> dict[str, float]:
+        """Seconds per call of: one target decode step, the (k+1)-token verify, one drafter step,
+        the drafter catch-up over k+1 rows, and the whole speculative cycle (each graph-captured
+        on CUDA). Runs at the position reached by prefilling `prompt_ids`."""
+        p = len(prompt_ids)
+        self._room(p, 1, k)  # the timed stages never advance n
+        stages: dict[str, Callable[[], None]] = {
+            "target_step": self._stage("t_step", self._timed_target_step),
+            "verify": self._stage(f"t_verify{k}", lambda: self._timed_verify(k)),
+        }
+        if self.proposer is not None:
+            stages["draft_step"] = self._stage("t_draft", self._timed_draft_step)
+            stages["catchup"] = self._stage(f"t_catchup{k}", lambda: self._timed_catchup(k))
+        out = {}
+        for name, fn in stages.items():
+            self.prefill(prompt_ids, speculative=self.proposer is not None)
+            out[name] = _time(fn, iters, self.device)
+        return out
+
+    @torch.inference_mode()
+    def _timed_target_step(self) -> None:
+        self.target(self.seq.index_select(0, self.n), self.n, self.cache)
+
+    @torch.inference_mode()
+    def _timed_verify(self, k: int) -> None:
+        self._verify(self.d1.expand(k))
+
+    @torch.inference_mode()
+    def _timed_draft_step(self) -> None:
+        self.proposer.propose_step(self.d1, self.feat, self.n, self.dcache)
+
+    @torch.inference_mode()
+    def _timed_catchup(self, k: int) -> None:
+        pos = self.n + self.arange[: k + 1]
+        aux = self.feat.new_zeros(k + 1, self.target.config.hidden_size * len(self.layer_ids))
+        self.proposer.propose_rows(aux, self.seq.index_select(0, pos), pos, self.dcache)
+
+
+def required_len(prompt_len: int, max_new_tokens: int, k: int = 0, sync_every: int = 4) -> int:
+    """Cache length a Decoder needs: the host checks for the end only every `sync_every` cycles,
+    so up to that many cycles of k+1 tokens may run past it."""
+    return prompt_len + max_new_tokens + (sync_every + 1) * (k + 1) + 2
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time(fn: Callable[[], None], iters: int, device: torch.device) -> float:
+    for _ in range(2):
+        fn()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - start) / iters
+
+
+def eos_ids_of(model_dir: str | Path) -> list[int]:
+    """EOS ids as transformers' generate uses them (generation_config, else config)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(str(model_dir)).eos_token_id
+    except OSError:
+        eos = None
+    if eos is None:
+        eos = AutoConfig.from_pretrained(str(model_dir)).eos_token_id
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def load_decoder(model_dir: str | Path, draft_dir: str | Path | None = None, *, max_len: int,
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                 layer_ids: Sequence[int] | None = None, use_graphs: bool | None = None) -> Decoder:
+    """Target (+ drafter) from their directories, ready to decode."""
+    from eagle.draft_infer import load_drafter
+
+    target = TargetModel.from_pretrained(model_dir, device=device, dtype=dtype)
+    drafter = None
+    ids = layer_ids
+    if draft_dir is not None:
+        drafter = load_drafter(draft_dir, target_embed=target.embed_tokens.weight,
+                               target_vocab_size=target.config.vocab_size, device=device, dtype=dtype)
+        if drafter.spec.target_hidden_size != target.config.hidden_size:
+            raise ValueError(f"{draft_dir}: drafter expects target hidden size {drafter.spec.target_hidden_size}, "
+                             f"{model_dir} has {target.config.hidden_size}")
+        ids = ids or drafter.spec.layer_ids or default_layer_ids(target.num_layers)
+        if len(ids) != drafter.spec.num_aux:
+            raise ValueError(f"{draft_dir}: drafter's fc takes {drafter.spec.num_aux} aux layers, got layer ids {ids}")
+    return Decoder(target, drafter, max_len=max_len, layer_ids=ids, eos_ids=eos_ids_of(model_dir),
+                   use_graphs=use_graphs)

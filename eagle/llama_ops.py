@@ -1,0 +1,287 @@
+"""Llama building blocks over a static KV cache, shared by the fast target (decode.py) and the
+pure-torch drafter (draft_infer.py).
+
+Every forward takes the rows' rope positions and their cache slots as device tensors, writes the
+rows' keys/values at those slots and attends to every slot <= the row's own slot. Shapes never
+depend on how far decoding has got, so one forward can be captured once as a CUDA graph and
+replayed for every step. Numerics follow transformers' Llama (RMSNorm in float32, rope cos/sin in
+float32 cast to the activation dtype), so float32 outputs agree with transformers to rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm. On CUDA torch's fused kernel (one launch instead of eight; it
+    applies the weight before the cast back, one rounding fewer, so bf16 results may differ from
+    transformers in the last bit); elsewhere transformers' exact formula."""
+    if x.is_cuda:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, device=None, dtype=None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rope_inv_freq(config) -> tuple[torch.Tensor, float]:
+    """inv_freq and attention scaling for a transformers LlamaConfig (any rope type it knows)."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rope = LlamaRotaryEmbedding(config)
+    return rope.inv_freq.detach().float().cpu(), float(rope.attention_scaling)
+
+
+class Rope(nn.Module):
+    """Rope tables for the rows' positions: (cos [T, D], signed sin [T, D]).
+
+    The sign of rotate_half is folded into the sin table (its first half negated), so that
+    rope(x) = x * cos + swap_halves(x) * sin_signed, which equals transformers'
+    x * cos + rotate_half(x) * sin exactly (a sign flip is exact)."""
+
+    def __init__(self, inv_freq: torch.Tensor, scaling: float = 1.0) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.scaling = scaling
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]
+        cos = torch.cat((freqs, freqs), dim=-1).cos() * self.scaling
+        sin = freqs.sin() * self.scaling
+        return cos.to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim]; cos/sin_signed: [T, head_dim] from `Rope` (three kernels)."""
+    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+    return torch.addcmul(x * cos[:, None], swapped, sin_signed[:, None])
+
+
+class AttnMask:
+    """Additive attention mask [T, S] (0 where row t may attend slot s, i.e. s <= slots[t], -inf
+    elsewhere) in the activation dtype, built once per forward; `grouped(g)` is the same mask for
+    g query heads stacked per kv head (rows g*T + t), also built once per forward and shared by
+    every layer."""
+
+    def __init__(self, allowed: torch.Tensor, dtype: torch.dtype) -> None:
+        zero = torch.zeros((), dtype=dtype, device=allowed.device)
+        self.additive = torch.where(allowed, zero, float("-inf"))
+        self._grouped: dict[int, torch.Tensor] = {}
+
+    def grouped(self, groups: int) -> torch.Tensor:
+        if groups not in self._grouped:
+            self._grouped[groups] = self.additive.repeat(groups, 1) if groups > 1 else self.additive
+        return self._grouped[groups]
+
+
+class KVCache:
+    """Static per-layer key/value buffers [kv_heads, S, head_dim]; S is max_len rounded up to a
+    multiple of 64 (aligned rows for the fused attention kernels' masks)."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, max_len: int, device, dtype) -> None:
+        self.max_len = -(-max_len // 64) * 64
+        self.dtype = dtype
+        self.k = [torch.zeros(kv_heads, self.max_len, head_dim, device=device, dtype=dtype) for _ in range(layers)]
+        self.v = [torch.zeros(kv_heads, self.max_len, head_dim, device=device, dtype=dtype) for _ in range(layers)]
+        self.slot_ids = torch.arange(self.max_len, device=device)
+
+    def mask(self, slots: torch.Tensor) -> AttnMask:
+        """Row t may attend to every slot <= slots[t]."""
+        return AttnMask(self.slot_ids[None, :] <= slots[:, None], self.dtype)
+
+
+def linear_add_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+    """residual += x @ weight.T (+ bias), in place: the residual add rides in the GEMM's epilogue
+    (beta = 1) instead of a kernel of its own."""
+    if bias is not None:
+        return residual.add_(F.linear(x, weight, bias))
+    return residual.addmm_(x, weight.t())
+
+
+def _cat_params(mods: list[nn.Linear]) -> tuple[nn.Parameter, nn.Parameter | None]:
+    weight = nn.Parameter(torch.cat([m.weight.detach() for m in mods]), requires_grad=False)
+    has_bias = mods[0].bias is not None
+    bias = nn.Parameter(torch.cat([m.bias.detach() for m in mods]), requires_grad=False) if has_bias else None
+    return weight, bias
+
+
+class Attention(nn.Module):
+    """GQA self-attention over a static cache. `fuse_()` replaces q/k/v by one [q; k; v] weight
+    (one matrix-vector product per decode step instead of three)."""
+
+    def __init__(self, in_dim: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
+                 bias: bool = False, device=None, dtype=None) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(in_dim, heads * head_dim, bias=bias, **kw)
+        self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias, **kw)
+        self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias, **kw)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias, **kw)
+        self.qkv_weight: nn.Parameter | None = None
+        self.qkv_bias: nn.Parameter | None = None
+
+    def fuse_(self) -> None:
+        if self.qkv_weight is None:
+            self.qkv_weight, self.qkv_bias = _cat_params([self.q_proj, self.k_proj, self.v_proj])
+            del self.q_proj, self.k_proj, self.v_proj
+
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+        if self.qkv_weight is not None:
+            return F.linear(x, self.qkv_weight, self.qkv_bias)
+        return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, mask: AttnMask,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The attention output [T, hidden]; with `residual`, residual + output, written into
+        `residual` in place."""
+        t, hq, hkv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
+        qkv = self._qkv(x).view(t, hq + 2 * hkv, d)
+        qk = apply_rope(qkv[:, : hq + hkv], cos, sin)
+        k_cache.index_copy_(1, slots, qk[:, hq:].transpose(0, 1))
+        v_cache.index_copy_(1, slots, qkv[:, hq + hkv:].transpose(0, 1))
+        # GQA without repeating the cache: the g = hq / hkv query heads of each kv head become
+        # g*t query rows of that head (a view when t == 1), under a mask repeated g times.
+        g = hq // hkv
+        q = qk[:, :hq].transpose(0, 1).reshape(hkv, g * t, d)
+        out = F.scaled_dot_product_attention(q[None], k_cache[None], v_cache[None],
+                                             attn_mask=mask.grouped(g)[None, None])
+        out = out[0].view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq * d)
+        if residual is None:
+            return self.o_proj(out)
+        return linear_add_(residual, out, self.o_proj.weight, self.o_proj.bias)
+
+
+class MLP(nn.Module):
+    """SwiGLU MLP. `fuse_()` replaces gate/up by one [gate; up] weight."""
+
+    def __init__(self, hidden: int, inter: int, bias: bool = False, device=None, dtype=None) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.gate_proj = nn.Linear(hidden, inter, bias=bias, **kw)
+        self.up_proj = nn.Linear(hidden, inter, bias=bias, **kw)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias, **kw)
+        self.gate_up_weight: nn.Parameter | None = None
+        self.gate_up_bias: nn.Parameter | None = None
+
+    def fuse_(self) -> None:
+        if self.gate_up_weight is None:
+            self.gate_up_weight, self.gate_up_bias = _cat_params([self.gate_proj, self.up_proj])
+            del self.gate_proj, self.up_proj
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The MLP output; with `residual`, residual + output, written into `residual` in place."""
+        if self.gate_up_weight is not None:
+            gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        h = F.silu(gate) * up
+        if residual is None:
+            return self.down_proj(h)
+        return linear_add_(residual, h, self.down_proj.weight, self.down_proj.bias)
+
+
+def fuse_projections(module: nn.Module) -> nn.Module:
+    """Fuse q/k/v and gate/up of every Attention and MLP inside `module` (in place, idempotent).
+    Call after loading weights: the fused module's state_dict no longer has the separate names."""
+    for sub in module.modules():
+        if isinstance(sub, (Attention, MLP)):
+            sub.fuse_()
+    return module
+
+
+def head_dim_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def check_llama_config(config, what: str) -> None:
+    """Refuse Llama variants this decoder does not implement, naming the field."""
+    act = getattr(config, "hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"{what}: hidden_act {act!r} is not supported (only silu, as in Llama)")
+    if getattr(config, "mlp_bias", False):
+        raise ValueError(f"{what}: mlp_bias=True is not supported")
+    rope = getattr(config, "rope_parameters", None) or {}
+    if isinstance(rope, dict) and rope.get("rope_type") == "dynamic":
+        raise ValueError(f"{what}: dynamic rope scaling is not supported by the static-cache decoder")
+
+
+class DecoderLayer(nn.Module):
+    """A standard Llama decoder layer (pre-norm attention + SwiGLU MLP, residuals).
+
+    The forward updates its input `x` in place (the residual stream) and returns it: callers that
+    keep a layer's input (the target's aux hidden states) must clone it first."""
+
+    def __init__(self, config, device=None, dtype=None) -> None:
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        bias = bool(getattr(config, "attention_bias", False))
+        self.input_layernorm = RMSNorm(h, eps, device, dtype)
+        self.self_attn = Attention(h, h, config.num_attention_heads, config.num_key_value_heads,
+                                   head_dim_of(config), bias, device, dtype)
+        self.post_attention_layernorm = RMSNorm(h, eps, device, dtype)
+        self.mlp = MLP(h, config.intermediate_size, False, device, dtype)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, mask: AttnMask) -> torch.Tensor:
+        x = self.self_attn(self.input_layernorm(x), cos, sin, slots, k_cache, v_cache, mask, residual=x)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
+
+
+def load_safetensors_dir(path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """All tensors of `model.safetensors` or of the shards named in `model.safetensors.index.json`."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (path / "model.safetensors").exists():
+        files = ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"{path}: no model.safetensors (or model.safetensors.index.json) found")
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        tensors.update(load_file(str(path / name), device=str(device)))
+    return tensors
+
+
+def check_and_assign(module: nn.Module, tensors: dict[str, torch.Tensor], what: str, device, dtype) -> None:
+    """Load `tensors` into `module` (built on the meta device), naming every missing, unexpected or
+    mis-shaped tensor in one error."""
+    expected = dict(module.state_dict())
+    problems = []
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing:
+        problems.append(f"missing tensors: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {', '.join(unexpected[:8])}{' ...' if len(unexpected) > 8 else ''}")
+    for name in sorted(set(expected) & set(tensors)):
+        if tuple(expected[name].shape) != tuple(tensors[name].shape):
+            problems.append(f"{name}: shape {tuple(tensors[name].shape)}, expected {tuple(expected[name].shape)}")
+    if problems:
+        raise ValueError(f"{what}: " + "; ".join(problems))
+    state = {}
+    for name, t in tensors.items():
+        keep_int = not t.is_floating_point()
+        state[name] = t.to(device=device, dtype=None if keep_int else dtype)
+    module.load_state_dict(state, strict=True, assign=True)

@@ -1,0 +1,71 @@
+"""Helpers for the decoding tests (test_decode, test_evaluate, test_probe); loaded by path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def write_prompts(path: Path, n: int, salt: int = 7) -> Path:
+    """`n` prompt-only records in the toy language (OpenAI `messages`)."""
+    from eagle.toy import make_prompts
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in make_prompts(n, salt=salt)))
+    return path
+
+
+def make_random_drafter(target: Path, out: Path, draft_vocab: int = 256, seed: int = 0,
+                        scramble: bool = True) -> Path:
+    """An untrained speculators drafter for `target`, saved in the servable format via eagle.drafter.
+
+    With `scramble`, the trainable weights are redrawn with a larger scale so the drafter's outputs
+    depend on every weight (a fresh init is close to an identity map)."""
+    from transformers import AutoConfig
+
+    from eagle import drafter as edr
+
+    torch.manual_seed(seed)
+    cfg = AutoConfig.from_pretrained(target)
+    top = torch.sort(torch.randperm(cfg.vocab_size)[:draft_vocab]).values
+    d2t = top - torch.arange(draft_vocab)
+    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t2d[top] = True
+    n = cfg.num_hidden_layers
+    model = edr.build_drafter(target, layer_ids=[2, n // 2, n - 3], d2t=d2t, t2d=t2d, ttt_steps=3)
+    if scramble:
+        with torch.no_grad():
+            for _, p in model.named_parameters():
+                if p.requires_grad:
+                    (p.normal_(0, 0.1) if p.dim() > 1 else p.uniform_(0.5, 1.5))
+    edr.save(model, out)
+    return out
+
+
+class OracleProposer:
+    """Proposes the reference greedy continuation (right by construction), optionally wrong at
+    every row whose cache slot is divisible by `wrong_every`: drives the acceptance logic to known
+    accept lengths without a trained drafter."""
+
+    hidden_size = 4
+
+    def __init__(self, reference: list[int], vocab: int, wrong_every: int = 0) -> None:
+        self.ref = torch.tensor(reference + [0] * 4096, dtype=torch.long)
+        self.vocab = vocab
+        self.wrong_every = wrong_every
+
+    def new_cache(self, max_len: int) -> None:
+        return None
+
+    def _at(self, slots: torch.Tensor) -> torch.Tensor:
+        ids = self.ref[slots + 2]
+        if self.wrong_every:
+            ids = torch.where(slots % self.wrong_every == 0, (ids + 1) % self.vocab, ids)
+        return ids
+
+    def propose_rows(self, aux, tokens, slots, cache):
+        return self._at(slots), torch.zeros(len(slots), self.hidden_size, dtype=aux.dtype)
+
+    def propose_step(self, token, feat, slot, cache):
+        return self._at(slot), feat

@@ -1,0 +1,195 @@
+"""The fast decoder (eagle/decode.py) and the pure-torch drafter (eagle/draft_infer.py).
+
+Reference implementations: transformers (target forward and `generate(do_sample=False)`) and
+speculators' Eagle3DraftModel through eagle.drafter.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+_spec = importlib.util.spec_from_file_location("_decode_helpers", Path(__file__).with_name("_decode_helpers.py"))
+helpers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(helpers)
+
+K = 3
+MAX_NEW = 40
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only add contention on a shared CPU
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def prompts(toy_target: Path, tmp_path_factory: pytest.TempPathFactory) -> list[list[int]]:
+    from eagle.prompts import load_prompt_token_ids
+
+    path = helpers.write_prompts(tmp_path_factory.mktemp("prompts") / "p.jsonl", 4)
+    return load_prompt_token_ids(toy_target, path)
+
+
+@pytest.fixture(scope="module")
+def references(toy_target: Path, prompts: list[list[int]]) -> list[list[int]]:
+    from eagle.evaluate import reference_greedy
+
+    return reference_greedy(toy_target, prompts, MAX_NEW, "cpu", torch.float32)
+
+
+@pytest.fixture(scope="module")
+def random_draft(toy_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return helpers.make_random_drafter(toy_target, tmp_path_factory.mktemp("draft") / "random")
+
+
+def _decoder(target: Path, draft: Path | None, proposer=None, max_len: int = 256):
+    from eagle.decode import Decoder, TargetModel, default_layer_ids, eos_ids_of, load_decoder
+
+    if proposer is None:
+        return load_decoder(target, draft, max_len=max_len)
+    model = TargetModel.from_pretrained(target)
+    return Decoder(model, proposer, max_len=max_len, layer_ids=default_layer_ids(model.num_layers),
+                   eos_ids=eos_ids_of(target))
+
+
+def test_target_forward_matches_transformers(toy_target: Path, prompts: list[list[int]]) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from eagle.decode import TargetModel
+
+    hf = AutoModelForCausalLM.from_pretrained(toy_target).eval()
+    ours = TargetModel.from_pretrained(toy_target)
+    ids = torch.tensor(prompts[0])
+    with torch.inference_mode():
+        ref = hf(ids[None], output_hidden_states=True)
+        logits, aux, _ = ours(ids, torch.arange(len(ids)), ours.new_cache(64), [2, 4, 5])
+    assert (logits - ref.logits[0]).abs().max() < 1e-4
+    expected_aux = torch.cat([ref.hidden_states[i][0] for i in (2, 4, 5)], dim=-1)
+    assert (aux - expected_aux).abs().max() < 1e-4
+
+
+def test_greedy_equals_transformers_generate(toy_target: Path, prompts, references) -> None:
+    dec = _decoder(toy_target, None)
+    outs = [dec.generate_greedy(p, MAX_NEW) for p in prompts]
+    assert outs == references
+    # the toy target is trained: its continuations are not a repeated token
+    assert all(len(set(r)) > 5 for r in references)
+
+
+def test_speculative_random_drafter_is_exact_and_accepts_nothing(toy_target, random_draft, prompts,
+                                                                 references) -> None:
+    dec = _decoder(toy_target, random_draft)
+    results = [dec.generate_speculative(p, MAX_NEW, K) for p in prompts]
+    assert [r.tokens for r in results] == references
+    accepted = [m for r in results for m in r.accepted]
+    assert len(accepted) >= sum(len(r) - 1 for r in references) * 0.9  # ~one verify step per token
+    assert 1.0 <= 1 + sum(accepted) / len(accepted) < 1.15
+
+
+def test_speculative_with_always_right_drafts(toy_target, prompts, references) -> None:
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(toy_target).vocab_size
+    for p, ref in zip(prompts[:2], references[:2], strict=True):
+        dec = _decoder(toy_target, None, helpers.OracleProposer(p + ref, vocab))
+        res = dec.generate_speculative(p, MAX_NEW, K)
+        assert res.tokens == ref
+        assert res.accepted[:-1] == [K] * (len(res.accepted) - 1)
+        assert len(res.accepted) == -(-(len(ref) - 1) // (K + 1))  # ceil: k+1 tokens per verify
+
+
+@pytest.mark.parametrize("wrong_every", [2, 3, 5])
+def test_acceptance_follows_the_first_wrong_draft(toy_target, prompts, references, wrong_every) -> None:
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(toy_target).vocab_size
+    p, ref = prompts[1], references[1]
+    dec = _decoder(toy_target, None, helpers.OracleProposer(p + ref, vocab, wrong_every))
+    res = dec.generate_speculative(p, MAX_NEW, K)
+    assert res.tokens == ref
+    # simulate: d_j is proposed by the drafter row in cache slot n+j-2 (d_1 by the catch-up row
+    # n-1); the oracle is wrong when that slot is divisible by wrong_every
+    n, expected = len(p), []
+    while n < len(p) + len(ref) - 1:
+        m = 0
+        while m < K and (n + m - 1) % wrong_every != 0:
+            m += 1
+        expected.append(m)
+        n += m + 1
+    assert res.accepted[:-1] == expected[:-1]
+    assert len(res.accepted) == len(expected)
+
+
+def test_drafter_matches_speculators_forward(toy_target: Path, random_draft: Path) -> None:
+    from eagle import drafter as edr
+    from eagle.draft_infer import load_drafter
+
+    ref_model = edr.load_drafter(random_draft, toy_target).eval()
+    ours = load_drafter(random_draft, target_vocab_size=ref_model.config.transformer_layer_config.vocab_size)
+    torch.manual_seed(1)
+    t_len, h = 12, ours.spec.target_hidden_size
+    hs = torch.randn(1, t_len, 3 * h)
+    ids = torch.randint(0, ours.spec.vocab_size, (1, t_len))
+    batch = {"hidden_states": hs, "input_ids": ids, "document_ids": torch.zeros(1, t_len, dtype=torch.long),
+             "position_ids": torch.arange(1, t_len + 1)[None]}
+    logits: list[torch.Tensor] = []
+    hook = ref_model.lm_head.register_forward_hook(lambda m, a, o: logits.append(o[0].detach()))
+    edr.draft_tokens(ref_model, batch, ttt_steps=3)
+    hook.remove()
+    with torch.inference_mode():
+        step0, _ = ours(ours.combine(hs[0]), ids[0], torch.arange(t_len), ours.new_cache(32))
+        assert (step0 - logits[0]).abs().max() < 1e-4
+        # steps 2 and 3 at row t: the drafter's own feature fed back, tokens teacher-forced
+        t = 6
+        cache = ours.new_cache(32)
+        _, feat = ours(ours.combine(hs[0, : t + 1]), ids[0, : t + 1], torch.arange(t + 1), cache)
+        feat = feat[-1:]
+        for j in (1, 2):
+            out, feat = ours(feat, ids[0, t + j: t + j + 1], torch.tensor([t + j]), cache)
+            assert (out[0] - logits[j][t]).abs().max() < 1e-4
+    assert logits[0].std() > 0.1  # a drafter whose outputs depend on its weights
+
+
+def test_bad_drafter_checkpoints_are_named(tmp_path: Path, random_draft: Path) -> None:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from eagle.draft_infer import DraftCheckpointError, load_drafter
+
+    with pytest.raises(DraftCheckpointError, match="vocabulary"):
+        load_drafter(random_draft, target_vocab_size=99)
+    broken = tmp_path / "no-d2t"
+    shutil.copytree(random_draft, broken)
+    tensors = load_file(str(broken / "model.safetensors"))
+    del tensors["d2t"]
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(DraftCheckpointError, match="no d2t"):
+        load_drafter(broken)
+    tensors["d2t"] = torch.zeros(256, dtype=torch.long)
+    tensors["fc.weight"] = tensors["fc.weight"][:, :-1].contiguous()
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(DraftCheckpointError, match=r"fc.weight: shape"):
+        load_drafter(broken)
+    cfg = json.loads((broken / "config.json").read_text())
+    cfg["speculators_model_type"] = "eagle"
+    (broken / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DraftCheckpointError, match="expected 'eagle3'"):
+        load_drafter(broken)
+
+
+def test_layer_ids_are_checked() -> None:
+    from eagle.decode import check_layer_ids
+
+    assert check_layer_ids([2, 4, 5], 8, "x") == [2, 4, 5]
+    with pytest.raises(ValueError, match="out of range"):
+        check_layer_ids([2, 4, 8], 8, "x")
+    with pytest.raises(ValueError, match="collide"):
+        check_layer_ids([2, 2, 1], 4, "x")

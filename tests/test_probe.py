@@ -1,0 +1,96 @@
+"""`eagle probe`: hidden-state similarity of two targets and a drafter's carry-over."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from eagle.cli import cli
+
+_spec = importlib.util.spec_from_file_location("_decode_helpers", Path(__file__).with_name("_decode_helpers.py"))
+helpers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(helpers)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only add contention on a shared CPU
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return helpers.write_prompts(tmp_path_factory.mktemp("prompts") / "p.jsonl", 2, salt=5)
+
+
+@pytest.fixture(scope="module")
+def perturbed(toy_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The toy target with noise added to decoder layer 3 only: layers 0-3 inputs are unchanged."""
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path_factory.mktemp("perturbed") / "target"
+    shutil.copytree(toy_target, out)
+    tensors = load_file(str(out / "model.safetensors"))
+    gen = torch.Generator().manual_seed(0)
+    for name, t in tensors.items():
+        if name.startswith("model.layers.3.mlp."):
+            tensors[name] = t + 0.5 * t.std() * torch.randn(t.shape, generator=gen)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def _probe(args: list[str], metrics: Path):
+    return CliRunner().invoke(cli, ["probe", *args], env={"RUNBOOK_METRICS": str(metrics)}, catch_exceptions=False)
+
+
+def test_probe_same_target_is_identical(toy_target: Path, prompts_file: Path, tmp_path: Path) -> None:
+    res = _probe(["--model", str(toy_target), "--other", str(toy_target), "--prompts", str(prompts_file),
+                  "--max-new-tokens", "8"], tmp_path / "m.json")
+    assert res.exit_code == 0, res.output
+    m = json.loads((tmp_path / "m.json").read_text())
+    assert set(m) == {"cos_sim_l2", "cos_sim_l4", "cos_sim_l5", "rel_norm_diff_l2", "rel_norm_diff_l4",
+                      "rel_norm_diff_l5"}
+    assert all(m[f"cos_sim_l{i}"] == pytest.approx(1.0, abs=1e-5) for i in (2, 4, 5))
+    assert all(m[f"rel_norm_diff_l{i}"] < 1e-5 for i in (2, 4, 5))
+
+
+def test_probe_sees_where_targets_differ(toy_target: Path, perturbed: Path, prompts_file: Path,
+                                         tmp_path: Path) -> None:
+    res = _probe(["--model", str(toy_target), "--other", str(perturbed), "--prompts", str(prompts_file),
+                  "--layer-ids", "3,4,6", "--max-new-tokens", "8"], tmp_path / "m.json")
+    assert res.exit_code == 0, res.output
+    m = json.loads((tmp_path / "m.json").read_text())
+    assert m["cos_sim_l3"] == pytest.approx(1.0, abs=1e-5)  # layer 3's input precedes the change
+    assert m["cos_sim_l4"] < 0.9999 and m["rel_norm_diff_l4"] > 1e-3
+    assert m["rel_norm_diff_l6"] > 1e-3
+
+
+def test_probe_with_drafter_reports_acceptance(toy_target: Path, perturbed: Path, prompts_file: Path,
+                                               tmp_path: Path) -> None:
+    draft = helpers.make_random_drafter(toy_target, tmp_path / "draft")
+    res = _probe(["--model", str(toy_target), "--other", str(perturbed), "--prompts", str(prompts_file),
+                  "--draft", str(draft), "--max-new-tokens", "12"], tmp_path / "m.json")
+    assert res.exit_code == 0, res.output
+    m = json.loads((tmp_path / "m.json").read_text())
+    assert 1.0 <= m["accept_len"] < 1.3 and 1.0 <= m["base_accept_len"] < 1.3
+    assert "cos_sim_l4" in m  # the drafter's layer ids [2, 4, 5]
+
+
+def test_probe_refuses_mismatched_targets(toy_target: Path, prompts_file: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(toy_target, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["num_hidden_layers"] = 9
+    (other / "config.json").write_text(json.dumps(cfg))
+    res = _probe(["--model", str(toy_target), "--other", str(other), "--prompts", str(prompts_file)],
+                 tmp_path / "m.json")
+    assert res.exit_code == 1
+    assert "error:" in res.output and "Traceback" not in res.output
