@@ -27,11 +27,14 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         if target.exists():
             os.chmod(tmp_name, target.stat().st_mode & 0o7777)
         os.replace(tmp_name, target)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp_name)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and exc.filename is None:
+            # name the file the caller wanted to write (a full disk fails in write/flush, nameless)
+            raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from exc
         raise
     _fsync_dir(target.parent)
 

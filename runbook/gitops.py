@@ -147,13 +147,13 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -
                 repo.git.update_index("--add", "--remove", "--", *present, env=env)
             tree = repo.git.write_tree(env=env)
             if head and tree == repo.git.rev_parse(f"{head}^{{tree}}"):
-                return None
-            parents = ["-p", head] if head else []
-            commit = repo.git.commit_tree(tree, *parents, "-m", message)
-            repo.git.update_ref("-m", message, "HEAD", commit, head or "")
+                commit = None  # nothing new; still refresh the index below (a killed run may have left it stale)
+            else:
+                parents = ["-p", head] if head else []
+                commit = repo.git.commit_tree(tree, *parents, "-m", message)
+                repo.git.update_ref("-m", message, "HEAD", commit, head or "")
         except error as exc:
-            detail = (exc.stderr or str(exc)).strip().splitlines()
-            raise GitStateError(f"git refused the commit: {detail[-1] if detail else exc}") from exc
+            raise GitStateError(f"git refused the commit: {_detail(exc)}") from exc
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp_index.unlink()
@@ -162,9 +162,18 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -
         try:
             repo.git.update_index("--add", "--remove", "--", *present)
         except error as exc:
-            detail = (exc.stderr or str(exc)).strip().splitlines()
             raise GitStateError(
                 f"committed {short(commit)}, but could not refresh the index for {', '.join(present)}: "
-                f"{detail[-1] if detail else exc}; `git reset -q -- {' '.join(present)}` fixes it"
+                f"{_detail(exc)}; `git reset -q -- {' '.join(present)}` fixes it"
             ) from exc
     return commit
+
+
+def _detail(exc: Exception) -> str:
+    """git's own `fatal:` / `error:` line (it names the file, e.g. a stale index.lock), else its last line."""
+    raw = str(getattr(exc, "stderr", "") or exc)
+    lines = [line.strip().removeprefix("stderr: ").strip("'") for line in raw.splitlines() if line.strip()]
+    for line in lines:
+        if line.lower().startswith(("fatal:", "error:")):
+            return line
+    return lines[-1] if lines else str(exc)

@@ -215,16 +215,23 @@ def _clear_stale(path: Path, stale: LockInfo, git_dir: Path | None, warn: Warn) 
     if stale.step_pgid and kill_group(stale.step_pgid):
         msg += f"; killed its leftover step process group {stale.step_pgid}"
     if git_dir is not None:
-        index_lock = git_dir / "index.lock"
         started = _parse_time(stale.started)
-        try:
-            mtime = index_lock.stat().st_mtime
-        except FileNotFoundError:
-            mtime = None
-        if mtime is not None and (started is None or mtime >= started - 1):
-            with contextlib.suppress(FileNotFoundError):
-                index_lock.unlink()
-            msg += f"; removed the {index_lock} it left"
+        # git's own locks (the index, HEAD, a branch ref) made since the dead run started, and the
+        # temporary index of its commit (named after its pid)
+        candidates = [git_dir / "index.lock", git_dir / "HEAD.lock", *git_dir.glob("refs/heads/**/*.lock")]
+        own = list(git_dir.glob(f"index.runbook.{stale.pid}*"))
+        removed = []
+        for path in candidates + own:
+            try:
+                mtime = path.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if path in own or started is None or mtime >= started - 1:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                removed.append(str(path))
+        if removed:
+            msg += f"; removed the {', '.join(removed)} it left"
     warn(msg)
 
 

@@ -415,6 +415,9 @@ class _Parser:
                 self.warn(key_lines.get(str(key), 1), 1, f"unknown front matter key {key!r} is ignored (known: runbook, title, notes, vars)")
         title = self.scalar(data.get("title"), "title", key_lines)
         notes = self.scalar(data.get("notes"), "notes", key_lines)
+        if notes is not None and (os.path.isabs(notes) or re.match(r"[A-Za-z]:[\\/]", notes)):
+            self.error(key_lines.get("notes", 1), 1, f"`notes: {notes}` must be a path relative to the plan file, inside the repository (e.g. `notes: notes.md`)")
+            notes = None
         vars_: dict[str, str] = {}
         raw = data.get("vars")
         if raw is not None and not isinstance(raw, dict):

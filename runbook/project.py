@@ -128,5 +128,12 @@ def _head(path: Path, size: int = 8192) -> str:
 
 
 def state_dir(root: str | os.PathLike[str]) -> Path:
-    """The ledger directory (`state/` unless the config says otherwise)."""
-    return Path(root) / load_config(root).state
+    """The ledger directory (`state/` unless the config says otherwise); it must lie inside `root`."""
+    config = load_config(root)
+    path = Path(root) / config.state
+    if not path.resolve().is_relative_to(Path(root).resolve()):
+        raise ConfigError(
+            f"{config.source}: state = {config.state!r} points outside the repository {root}; "
+            "the ledger is committed with the plan, so it must live inside it (e.g. state = \"state\")"
+        )
+    return path

@@ -216,16 +216,25 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
     metric_names = names_in(phase.criterion.expr) if phase.criterion else []
 
     commit_before = None
+    plan_text = plan.text
     if ws.git:
-        if opts.commit and gitops.is_dirty(ws.root, ws.plan_rel):
+        if opts.commit:
             try:
                 with write_lock(ws.state):
-                    gitops.commit_paths(ws.root, [ws.plan_rel], f"runbook: plan edits before run {run_id}")
+                    leftovers = recover_unrecorded(ws)
+                    dirty = gitops.is_dirty(ws.root, ws.plan_rel)
+                    if dirty or leftovers:
+                        gitops.commit_paths(ws.root, [ws.plan_rel, *leftovers], f"runbook: plan edits before run {run_id}")
             except gitops.GitStateError as exc:
                 raise NextError(f"refusing to run: could not commit the plan's own edits first: {exc}") from None
-            opts.say(f"committed the plan's uncommitted edits first (runbook: plan edits before run {run_id})")
+            if leftovers:
+                opts.warn(f"recovered {len(leftovers)} run(s) an interrupted runbook left uncommitted: "
+                          f"{', '.join(leftovers)} (written into the plan and committed)")
+                plan_text = ws.plan_path.read_text(encoding="utf-8")
+            if dirty or leftovers:
+                opts.say(f"committed the plan's uncommitted edits first (runbook: plan edits before run {run_id})")
         commit_before = gitops.head_commit(ws.root)
-    plan_blob = gitops.blob_hash(plan.text.encode("utf-8"))
+    plan_blob = gitops.blob_hash(plan_text.encode("utf-8"))
     env = fingerprint(probe=opts.probe_env)
 
     specs = [
@@ -277,6 +286,49 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
     return record_run(ws, record, metric_names, opts)
 
 
+def recover_unrecorded(ws: Workspace) -> list[str]:
+    """Runs of this plan that a killed `runbook next` saved to the ledger but never committed.
+
+    Call under the write lock. Each such run's results are written into the plan if they are not
+    there yet (it was killed between the ledger and the plan write-back); temp files a killed
+    atomic write left beside the plan or notes are removed. Returns the ledger paths
+    (repo-relative) to commit together with the plan.
+    """
+    from runbook.criteria import metric_names as names_in
+    from runbook.parse import parse_plan, read_text
+
+    for tmp in ws.plan_path.parent.glob(f".{ws.plan_path.name}.*.tmp"):
+        tmp.unlink(missing_ok=True)
+    if not gitops.is_dirty(ws.root, ws.rel(ledger.runs_dir(ws.state))):
+        return []
+    orphans = [
+        r for r in ledger.load_runs(ws.state, plan=ws.plan_rel)
+        if ledger.run_path(ws.state, r.run_id).is_file() and "/" not in r.run_id
+        and gitops.is_dirty(ws.root, ws.rel(ledger.run_path(ws.state, r.run_id)))
+    ]
+    text, problem = read_text(str(ws.plan_path))
+    if problem is not None:
+        return []
+    new_text = text
+    for record in orphans:
+        current, _ = parse_plan(new_text, ws.plan_rel)
+        phase = current.find_phase(record.phase) if current else None
+        if phase is None or record.run_id in new_text[phase.span.start : phase.span.end]:
+            continue
+        history = [
+            r for r in ledger.load_runs(ws.state, plan=ws.plan_rel, phase=record.phase)
+            if (r.started, r.run_id) <= (record.started, record.run_id)
+        ]
+        names = names_in(phase.criterion.expr) if phase.criterion else []
+        try:
+            new_text = writeback.apply_run(new_text, current, record.phase, record, history, names, file=ws.plan_rel)
+        except writeback.HandEdited:
+            continue
+    if new_text != text:
+        atomic_write_text(ws.plan_path, new_text)
+    return [ws.rel(ledger.run_path(ws.state, r.run_id)) for r in orphans]
+
+
 def record_run(ws: Workspace, record: RunRecord, metric_names: list[str], opts: RunOptions) -> RunResult:
     """Ledger, plan write-back and commit, under the write lock."""
     from runbook.parse import parse_plan, read_text
@@ -305,7 +357,14 @@ def record_run(ws: Workspace, record: RunRecord, metric_names: list[str], opts: 
                 result.problems.append(f"{exc} The run is recorded in {ws.rel(ledger_path)}.")
             else:
                 if new_text != text:
-                    atomic_write_text(ws.plan_path, new_text)
+                    try:
+                        atomic_write_text(ws.plan_path, new_text)
+                    except OSError as exc:
+                        result.plan_written = False
+                        result.problems.append(
+                            f"{ws.plan_rel} was not updated: cannot write it ({exc.strerror or exc}); it is "
+                            f"unchanged, and the run is recorded in {ws.rel(ledger_path)}"
+                        )
         for msg in result.problems:
             opts.warn(msg)
         if ws.git and opts.commit:

@@ -52,6 +52,11 @@ def open_plan(plan_opt: str | None) -> PlanContext:
         state = Path(state_dir(root))
     except ConfigError as exc:
         fail(str(exc))
+    if plan.notes and not Path(os.path.normpath(plan_path.parent / plan.notes)).resolve().is_relative_to(root):
+        fail(
+            f"{_rel(plan_path, root)}: `notes: {plan.notes}` points outside the repository {root}; "
+            "runbook writes only inside it: name a file relative to the plan, e.g. `notes: notes.md`"
+        )
     return PlanContext(
         root=root,
         plan_path=plan_path,

@@ -145,6 +145,9 @@ def _main(plan_path, phase_ref, restart, until_stop, dry_run, yes, no_commit, as
         return finish(2, str(exc))
     except runner.NextError as exc:
         return finish(exc.code, str(exc))
+    except OSError as exc:  # a full disk or a read-only file system under the plan, ledger or lock
+        where = f"{exc.filename}: " if exc.filename else ""
+        return finish(2, f"runbook next: {where}{exc.strerror or exc}; stopped, files already written are complete")
 
 
 def _loop(ws, lock, runner, runs, phase_ref, restart, until_stop, yes, commit, as_json, say, warn, finish) -> int:

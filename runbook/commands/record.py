@@ -267,8 +267,13 @@ def write_record(
                 raise click.UsageError(f"{notes_rel} needs fixing before runbook can edit it")
             status = status_block(ctx.plan, ctx.plan_rel, load_runs(ctx.state), milestone.when)
             new_text, outcome = apply_record(text, milestone, lessons, next_steps, status)
-            notes_path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(notes_path, new_text)
+            try:
+                notes_path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(notes_path, new_text)
+            except OSError as exc:
+                click.echo(f"runbook record: {notes_rel}: cannot write it ({exc.strerror or exc}); "
+                           "it is unchanged and nothing was recorded", err=True)
+                sys.exit(2)
             sha = _commit(ctx, notes_rel, milestone, outcome) if commit else None
     except LockError as exc:
         click.echo(f"runbook record: {exc}", err=True)

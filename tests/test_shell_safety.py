@@ -1,0 +1,197 @@
+"""Shell safety and containment: vars are data, and a plan cannot make runbook write outside the repo.
+
+- `{var}` values holding spaces, quotes, `$(...)`, backticks, `;`, `&&`, pipes, globs, newlines,
+  `$HOME`, leading dashes reach the step as one argument, byte for byte, and nothing in them runs
+  (property-based on `resolve_command` + `bash -c`, and through the real `runbook next`).
+- `notes:` pointing outside the repository (`../../x`, absolute paths) and `state` outside it are
+  refused with the file named, and nothing is written outside; a ledger file with a hostile
+  run id or log path does not steer any write.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runbook.resolve import resolve_command
+
+_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)
+counts = H.counts
+
+HOSTILE = [
+    "two words",
+    "it's",
+    'say "hi"',
+    "$(touch PWNED)",
+    "`touch PWNED`",
+    "a; touch PWNED",
+    "a && touch PWNED",
+    "a | tee PWNED",
+    "> PWNED",
+    "line1\nline2; touch PWNED",
+    "$HOME ${PATH} $((1+1))",
+    "*",
+    "-rf --no-preserve-root",
+    "back\\slash\\",
+    "{x} {{y}} }{",
+    "tab\there",
+    "'\"'\"'",
+    "\u00e9\u2713 \U0001d518",
+    "",
+]
+
+safe_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=60)
+
+
+def _bash(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, timeout=30)
+
+
+@settings(max_examples=H.examples(150), deadline=None)
+@given(st.one_of(st.sampled_from(HOSTILE), safe_text))
+def test_any_var_value_is_one_argument_never_code(counts, value: str) -> None:
+    work = Path(__import__("tempfile").mkdtemp(prefix="shell-"))
+    command = resolve_command("printf '%s\\0' {v} > out.bin", {"v": value})
+    result = _bash(command, work)
+    assert result.returncode == 0, result.stderr
+    assert (work / "out.bin").read_bytes() == value.encode("utf-8") + b"\0"
+    assert sorted(p.name for p in work.iterdir()) == ["out.bin"], "something ran"
+    counts.add("shell_values_checked")
+
+
+PLAN_TEMPLATE = """\
+---
+runbook: 1
+title: Shell safety
+vars:
+{vars}
+---
+
+## Phase 0: Quote everything
+
+Steps:
+{steps}
+- [ ] Score: `echo '{{"ok": 1}}' > "$RUNBOOK_METRICS"`
+
+Pass: `ok == 1`
+"""
+
+
+@pytest.mark.slow
+def test_hostile_vars_through_runbook_next(tmp_path: Path, counts) -> None:
+    values = [v for v in HOSTILE if v]
+    vars_yaml = "\n".join(f"  v{i}: {json.dumps(v, ensure_ascii=False)}" for i, v in enumerate(values))
+    steps = "\n".join(f"- [ ] Echo {i}: `printf '%s\\0' {{v{i}}} > out{i}.bin`" for i in range(len(values)))
+    plan = PLAN_TEMPLATE.format(vars=vars_yaml, steps=steps)
+    repo = H.make_repo(tmp_path / "repo", plan)
+    (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "out*.bin\n")
+    H.git(repo, "commit", "-qam", "ignore outputs")
+    dry = H.runbook(repo, "next", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    result = H.runbook(repo, "next", "--yes")
+    H.assert_no_traceback(result)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    for i, value in enumerate(values):
+        assert (repo / f"out{i}.bin").read_bytes() == value.encode() + b"\0", value
+    assert not list(repo.rglob("PWNED")) and not list(Path.home().glob("PWNED"))
+    counts.add("shell_values_checked", len(values))
+
+
+# ---- containment ----------------------------------------------------------------------------
+
+
+def _plan_with_notes(notes: str) -> str:
+    return f"---\nrunbook: 1\nnotes: {json.dumps(notes)}\n---\n\n## Phase 0: a\n\nSteps:\n- [ ] x: `true`\n"
+
+
+@pytest.mark.parametrize("notes", ["../../escaped-notes.md", "../x/../../escaped-notes.md", "ABS"])
+def test_notes_outside_the_repo_is_refused(tmp_path: Path, counts, notes: str) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if notes == "ABS":
+        notes = str(outside / "escaped-notes.md")
+    repo = H.make_repo(tmp_path / "box" / "repo", _plan_with_notes(notes))
+    before = H.tree_snapshot(tmp_path)
+    for args in (["record", "Escape", "--lesson", "l", "--next", "n"], ["record", "Escape", "--no-commit"], ["brief"]):
+        result = H.runbook(repo, *args)
+        H.assert_no_traceback(result, " ".join(args))
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert "plans/plan.md" in result.stderr and ("outside" in result.stderr or "relative" in result.stderr), result.stderr
+    after = H.tree_snapshot(tmp_path)
+    assert after == before, sorted(set(after) ^ set(before))
+    assert not list(tmp_path.rglob("escaped-notes.md"))
+    counts.add("escapes_refused")
+
+
+def test_absolute_notes_is_a_validate_error(tmp_path: Path) -> None:
+    repo = H.make_repo(tmp_path / "repo", _plan_with_notes("/etc/runbook-notes.md"))
+    result = H.runbook(repo, "validate")
+    assert result.returncode == 2
+    assert "plans/plan.md:3:1:" in result.stderr and "relative" in result.stderr
+
+
+def test_notes_symlink_out_of_the_repo_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "real.md").write_text("# Not yours\n")
+    repo = H.make_repo(tmp_path / "repo", _plan_with_notes("notes.md"))
+    (repo / "plans" / "notes.md").symlink_to(outside / "real.md")
+    result = H.runbook(repo, "record", "Through a link", "--no-commit")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (outside / "real.md").read_text() == "# Not yours\n"
+
+
+@pytest.mark.parametrize("state", ["../escaped-state", "/tmp/runbook-escaped-state-test"])
+def test_state_dir_outside_the_repo_is_refused(tmp_path: Path, counts, state: str) -> None:
+    plan = "---\nrunbook: 1\n---\n\n## Phase 0: a\n\nSteps:\n- [ ] x: `true`\n"
+    repo = H.make_repo(tmp_path / "repo", plan)
+    (repo / "runbook.toml").write_text(f'state = "{state}"\n')
+    H.git(repo, "add", "runbook.toml")
+    H.git(repo, "commit", "-qm", "config")
+    for args in (["next", "--yes"], ["record", "x", "--no-commit"]):
+        result = H.runbook(repo, *args)
+        H.assert_no_traceback(result, " ".join(args))
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert "runbook.toml" in result.stderr and "outside" in result.stderr
+    assert not (tmp_path / "escaped-state").exists()
+    assert not Path("/tmp/runbook-escaped-state-test").exists()
+    counts.add("escapes_refused")
+
+
+@pytest.mark.slow
+def test_hostile_ledger_ids_and_log_paths_steer_no_write(tmp_path: Path, counts) -> None:
+    """A hand-made run record whose run id and log path climb out of the repo."""
+    plan = (
+        "---\nrunbook: 1\nnotes: notes.md\n---\n\n## Phase 0: a\n\nSteps:\n"
+        "- [ ] x: `echo '{\"m\": 1}' > \"$RUNBOOK_METRICS\"`\n\nPass: `m >= 1`\n"
+    )
+    repo = H.make_repo(tmp_path / "box" / "repo", plan)
+    evil = {
+        "schema_version": 1, "run_id": "../../../../evil-run", "plan": "plans/plan.md", "plan_blob": "0" * 40,
+        "phase": "phase-0", "phase_label": "0", "phase_text_hash": "0", "started": "2026-01-01T00:00:00.000000Z",
+        "verdict": "error", "reason": "hand-made",
+        "steps": [{"step_id": "../../../../evil-step", "command": "true", "exit_code": 1,
+                   "log_path": "../../../../evil.log"}],
+    }
+    runs = repo / "state" / "runs"
+    runs.mkdir(parents=True)
+    (runs / "20260101-000000-0000.json").write_text(json.dumps(evil))
+    H.git(repo, "add", "-f", "state")
+    H.git(repo, "commit", "-qm", "hostile ledger")
+    before = {p for p in H.tree_snapshot(tmp_path) if not p.startswith("box/repo/")}
+    for args in (["next", "--yes"], ["record", "After evil", "--run", "last"], ["brief"], ["history"],
+                 ["next", "--yes", "--phase", "0", "--restart"]):
+        result = H.runbook(repo, *args)
+        H.assert_no_traceback(result, " ".join(args))
+    after = {p for p in H.tree_snapshot(tmp_path) if not p.startswith("box/repo/")}
+    assert after == before, sorted(after - before)
+    assert not list(tmp_path.rglob("evil*"))
+    counts.add("escapes_refused")
