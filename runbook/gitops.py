@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 _IN_PROGRESS = (
@@ -162,10 +163,11 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -
         try:
             repo.git.update_index("--add", "--remove", "--", *present)
         except error as exc:
-            raise GitStateError(
-                f"committed {short(commit)}, but could not refresh the index for {', '.join(present)}: "
-                f"{_detail(exc)}; `git reset -q -- {' '.join(present)}` fixes it"
-            ) from exc
+            # The commit itself is done: say so and go on rather than report a failure.
+            sys.stderr.write(
+                f"warning: committed {short(commit)}, but could not refresh the index for "
+                f"{', '.join(present)}: {_detail(exc)}; `git reset -q -- {' '.join(present)}` fixes it\n"
+            )
     return commit
 
 
