@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from eagle import llama_ops  # noqa: E402
 from eagle.decode import Decoder, TargetModel, load_decoder, required_len  # noqa: E402
 from eagle.leviathan import acceptance_from_accept_len, leviathan_speedup  # noqa: E402
 
@@ -108,7 +109,7 @@ def kernel_profile(fn, device: torch.device, steps: int = 5) -> dict:
         per_name.setdefault(ev.name, []).append(ev.time_range.elapsed_us() * 1e-6)
     kinds = {"matmul": [0, 0.0], "attention": [0, 0.0], "other": [0, 0.0]}
     for name, ts in per_name.items():
-        kind = "matmul" if MATMUL.search(name) else "attention" if ATTENTION.search(name) else "other"
+        kind = "attention" if ATTENTION.search(name) else "matmul" if MATMUL.search(name) else "other"
         kinds[kind][0] += len(ts)
         kinds[kind][1] += sum(ts)
     top = sorted(per_name.items(), key=lambda kv: -sum(kv[1]))[:12]
@@ -142,10 +143,12 @@ def part1(shape: dict, device: torch.device, dtype: torch.dtype, prompt_len: int
         verify[k] = st["verify"]
     dec.prefill(prompt, speculative=False)
     prof = kernel_profile(dec._timed_target_step, device)
+    variants = attention_variants(model, prompt, prompt_len, new_tokens, device)
     out["part1"] = {"shape": shape, "dtype": str(dtype), "weight_bytes": weight_bytes, "copy_bandwidth": bandwidth,
                     "bound_tok_s": bound, "step_s": step, "step_tok_s": 1 / step, "step_fraction": 1 / step / bound,
                     "e2e_tok_s": e2e, "e2e_fraction": e2e / bound, "cuda_graphs": dec.use_graphs,
-                    "verify_s": verify, "verify_ratio": {k: v / step for k, v in verify.items()}, "profile": prof}
+                    "verify_s": verify, "verify_ratio": {k: v / step for k, v in verify.items()}, "profile": prof,
+                    "attention_variants": variants}
     kernel_sum = prof["matmul_s"] + prof["attention_s"] + prof["other_s"]
     rows = [("shape", f"hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, inter "
                       f"{shape['intermediate_size']}, vocab {shape['vocab_size']}, {str(dtype).replace('torch.', '')}"),
@@ -167,7 +170,37 @@ def part1(shape: dict, device: torch.device, dtype: torch.dtype, prompt_len: int
              ("profile: gaps (step - kernels)", f"{(step - kernel_sum) * 1e3:.3f} ms")]
     rows += [(f"  top {i + 1}", f"{t['us_per_step']:8.1f} us  x{t['per_step']:.0f}  {t['name']}")
              for i, t in enumerate(prof["top"][:8])]
+    rows += [(f"sdpa {name}", f"decode step {v['step_s'] * 1e3:.3f} ms = {100 / v['step_s'] / bound:.0f}% of bound; "
+                              f"prefill of a new length {v['prefill_first_s'] * 1e3:.1f} ms, again "
+                              f"{v['prefill_again_s'] * 1e3:.1f} ms")
+             for name, v in variants.items()]
     return rows
+
+
+def attention_variants(model: TargetModel, prompt: list[int], prompt_len: int, new_tokens: int,
+                       device: torch.device) -> dict:
+    """Decode-step time and the cost of a prefill at a new prompt length, under our attention
+    backend list and under torch's own choice (cuDNN on the H200)."""
+    results = {}
+    saved = llama_ops.SDPA_BACKENDS
+    for i, (name, backends) in enumerate([("ours (efficient)", saved), ("torch default", None)]):
+        llama_ops.SDPA_BACKENDS = backends
+        try:
+            dec = Decoder(model, None, max_len=required_len(prompt_len, new_tokens, 7))
+            step = dec.time_stages(1, prompt, iters=30)["target_step"]
+            fresh = prompt[: prompt_len - 17 - 2 * i]  # a length not seen before in this process
+            times = []
+            for _ in range(2):
+                sync(device)
+                t0 = time.perf_counter()
+                dec.prefill(fresh, speculative=False)
+                sync(device)
+                times.append(time.perf_counter() - t0)
+            results[name] = {"step_s": step, "prefill_first_s": times[0], "prefill_again_s": times[1]}
+            del dec
+        finally:
+            llama_ops.SDPA_BACKENDS = saved
+    return results
 
 
 def hf_greedy(model_dir: Path, prompts: list[list[int]], new_tokens: int, device: torch.device,
@@ -188,6 +221,26 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], new_tokens: int, device
     return outs
 
 
+def run_pass(dec: Decoder, prompts: list[list[int]], new_tokens: int, k: int | None) -> dict:
+    """One pass over the prompts: outputs, accepted drafts, and wall seconds split into prefill and
+    decode (the decode loop, after the prefill's first token)."""
+    outs, accepted, prefill_s, decode_s, cycles = [], [], 0.0, 0.0, 0
+    for ids in prompts:
+        if k is None:
+            outs.append(dec.generate_greedy(ids, new_tokens))
+        else:
+            res = dec.generate_speculative(ids, new_tokens, k)
+            outs.append(res.tokens)
+            accepted += res.accepted
+            cycles += int(dec.last_timing["cycles"])
+        prefill_s += dec.last_timing["prefill_s"]
+        decode_s += dec.last_timing["decode_s"]
+    tokens = sum(map(len, outs))
+    return {"outs": outs, "accepted": accepted, "cycles": cycles, "tokens": tokens,
+            "e2e_tok_s": tokens / (prefill_s + decode_s), "decode_tok_s": (tokens - len(prompts)) / decode_s,
+            "prefill_s": prefill_s, "decode_s": decode_s}
+
+
 def part2(target: Path, draft: Path, prompts_file: Path, ks: list[int], new_tokens: int, limit: int,
           device: torch.device, dtype: torch.dtype, out: dict) -> Rows:
     from eagle.prompts import load_prompt_token_ids
@@ -203,53 +256,46 @@ def part2(target: Path, draft: Path, prompts_file: Path, ks: list[int], new_toke
 
     dec = load_decoder(target, draft, max_len=required_len(max(map(len, prompts)), new_tokens, max(ks)),
                        device=device, dtype=dtype)
-    dec.generate_greedy(prompts[0], new_tokens)  # warm-up + capture
-    plain_out, plain_s = [], 0.0
-    for ids in prompts:
-        sync(device)
-        t0 = time.perf_counter()
-        plain_out.append(dec.generate_greedy(ids, new_tokens))
-        sync(device)
-        plain_s += time.perf_counter() - t0
-    plain = sum(map(len, plain_out)) / plain_s
-    rows: Rows = [("target / draft", f"{target} / {draft}"), ("prompts, new tokens", f"{len(prompts)}, {new_tokens}"),
+    for k in [None, *ks]:  # warm-up: graph capture and any per-shape setup, every prompt length
+        run_pass(dec, prompts, new_tokens, k)
+    plain = run_pass(dec, prompts, new_tokens, None)
+    rows: Rows = [("target / draft", f"{target} / {draft}"),
+                  ("prompts, new tokens", f"{len(prompts)}, <= {new_tokens} (stops at EOS; {plain['tokens']} in all)"),
                   ("fast greedy == HF greedy", f"{hf_match}/{len(check)} prompts (float32, 64 tokens, {device.type})"),
-                  ("plain greedy", f"{plain:.0f} tok/s")]
+                  ("plain greedy", f"{plain['decode_tok_s']:.0f} tok/s decoding ({plain['e2e_tok_s']:.0f} tok/s "
+                                   f"with prefill)")]
     out["part2"] = {"prompts": len(prompts), "new_tokens": new_tokens, "hf_match": hf_match, "hf_checked": len(check),
-                    "plain_tok_s": plain, "k": {}}
+                    "plain": {k: v for k, v in plain.items() if k not in ("outs", "accepted")}, "k": {}}
     for k in ks:
-        dec.generate_speculative(prompts[0], new_tokens, k)  # warm-up + capture
-        spec_out, accepted, spec_s, cycles = [], [], 0.0, 0
-        for ids in prompts:
-            sync(device)
-            t0 = time.perf_counter()
-            res = dec.generate_speculative(ids, new_tokens, k)
-            sync(device)
-            spec_s += time.perf_counter() - t0
-            spec_out.append(res.tokens)
-            accepted += res.accepted
-            cycles += int(dec.counter.item())
+        spec = run_pass(dec, prompts, new_tokens, k)
         st = dec.time_stages(k, prompts[0], iters=50)
-        spec = sum(map(len, spec_out)) / spec_s
+        accepted = spec["accepted"]
         accept_len = min(1 + sum(accepted) / max(1, len(accepted)), k + 1.0)
         a = acceptance_from_accept_len(accept_len, k)
         step = st["target_step"]
         c = ((k - 1) * st["draft_step"] + st["catchup"]) / k / step
         bound = leviathan_speedup(a, k, c)
-        cycle = spec_s / cycles  # wall time per cycle in generate (host checks and prefill included)
+        speedup = spec["decode_tok_s"] / plain["decode_tok_s"]
+        cycle = spec["decode_s"] / spec["cycles"]
         staged = (k - 1) * st["draft_step"] + st["catchup"] + st["verify"]
-        frac = spec / plain / bound
-        out["part2"]["k"][k] = {"spec_tok_s": spec, "speedup": spec / plain, "accept_len": accept_len, "a": a,
-                                "cost_ratio": c, "leviathan_bound": bound, "bound_fraction": frac,
-                                "stages_s": st, "cycle_s": cycle, "same_as_plain": spec_out == plain_out}
-        rows += [(f"k={k}: speculative", f"{spec:.0f} tok/s = {spec / plain:.2f}x plain; accept_len {accept_len:.2f} "
-                                         f"(a = {a:.3f}); output == plain: {spec_out == plain_out}"),
-                 (f"k={k}: cost ratio c", f"{c:.3f} (draft step {st['draft_step'] * 1e3:.3f} ms, catch-up "
-                                          f"{st['catchup'] * 1e3:.3f} ms, decode step {step * 1e3:.3f} ms)"),
-                 (f"k={k}: Leviathan bound", f"{bound:.2f}x; reached {spec / plain:.2f}x = {100 * frac:.0f}% of it"),
-                 (f"k={k}: cycle", f"{cycle * 1e3:.3f} ms in generate; stages {staged * 1e3:.3f} ms (verify "
-                                   f"{st['verify'] * 1e3:.3f} ms = {st['verify'] / step:.2f} x step); ideal (kc+1) x step "
-                                   f"{(k * c + 1) * step * 1e3:.3f} ms")]
+        same = spec["outs"] == plain["outs"]
+        out["part2"]["k"][k] = {"spec": {kk: v for kk, v in spec.items() if kk not in ("outs", "accepted")},
+                                "speedup": speedup, "e2e_speedup": spec["e2e_tok_s"] / plain["e2e_tok_s"],
+                                "accept_len": accept_len, "a": a, "cost_ratio": c, "leviathan_bound": bound,
+                                "bound_fraction": speedup / bound, "stages_s": st, "cycle_s": cycle,
+                                "plain_step_wall_s": plain["decode_s"] / (plain["tokens"] - len(prompts)),
+                                "same_as_plain": same}
+        rows += [(f"k={k}: speculative", f"{spec['decode_tok_s']:.0f} tok/s decoding = {speedup:.2f}x plain "
+                                         f"({spec['e2e_tok_s'] / plain['e2e_tok_s']:.2f}x with prefill); "
+                                         f"output == plain: {same}"),
+                 (f"k={k}: accept_len", f"{accept_len:.2f} (a = {a:.3f}); cost ratio c = {c:.3f} (draft step "
+                                        f"{st['draft_step'] * 1e3:.3f} ms, catch-up {st['catchup'] * 1e3:.3f} ms, "
+                                        f"decode step {step * 1e3:.3f} ms)"),
+                 (f"k={k}: Leviathan bound", f"{bound:.2f}x; reached {speedup:.2f}x = {100 * speedup / bound:.0f}% of it"),
+                 (f"k={k}: cycle", f"{cycle * 1e3:.3f} ms wall in the loop; graph stages {staged * 1e3:.3f} ms "
+                                   f"(verify {st['verify'] * 1e3:.3f} ms = {st['verify'] / step:.2f} x step); "
+                                   f"ideal (kc+1) x step {(k * c + 1) * step * 1e3:.3f} ms; plain step wall "
+                                   f"{1e3 * plain['decode_s'] / (plain['tokens'] - len(prompts)):.3f} ms")]
     return rows
 
 

@@ -177,7 +177,7 @@ class Decoder:
 
     def __init__(self, target: TargetModel, proposer: Proposer | None = None, *, max_len: int,
                  layer_ids: Sequence[int] | None = None, eos_ids: Sequence[int] = (),
-                 use_graphs: bool | None = None, sync_every: int = 4) -> None:
+                 use_graphs: bool | None = None, sync_every: int = 2) -> None:
         device = target.lm_head.weight.device
         fuse_projections(target)  # one q/k/v and one gate/up matrix per layer (fewer, larger reads)
         if isinstance(proposer, nn.Module):
@@ -189,7 +189,9 @@ class Decoder:
             raise ValueError("speculative decoding needs the drafter's aux layer ids")
         self.eos_ids = {int(e) for e in eos_ids}
         self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
-        self.sync_every = max(1, sync_every)
+        self.sync_every = max(1, sync_every)  # steps/cycles in flight ahead of the host's end check
+        self.last_timing: dict[str, float] = {}
+        self._t_start = 0.0
         long = {"dtype": torch.long, "device": device}
         self.cache = target.new_cache(max_len)
         self.dcache = proposer.new_cache(max_len) if proposer is not None else None
@@ -271,13 +273,54 @@ class Decoder:
             self.feat.copy_(feats[-1:])
 
     # -- host loops ---------------------------------------------------------------------------
-    def _finished(self, p: int, max_new: int) -> tuple[bool, list[int]]:
-        n = int(self.n.item())
-        new = self.seq[p:n + 1].tolist()[:max_new]
+    # The host never waits for the step it just launched: after each launch it queues an async
+    # copy of (n, seq) into pinned memory and an event, and checks the end condition (EOS or
+    # max_new tokens) on the snapshot of an older launch while up to `sync_every` launches are in
+    # flight. The GPU never idles on the host, and at most `sync_every` launches overshoot the end.
+    def _finished(self, p: int, max_new: int, n: int | None = None,
+                  seq: torch.Tensor | None = None) -> tuple[bool, list[int]]:
+        if n is None:
+            n = int(self.n.item())
+        new = (self.seq if seq is None else seq)[p:n + 1].tolist()[:max_new]
         for i, tok in enumerate(new):
             if tok in self.eos_ids:
                 return True, new[: i + 1]
         return len(new) >= max_new, new
+
+    def _run(self, launch: Callable[[], None], p: int, max_new: int, max_launches: int) -> list[int]:
+        done, new = self._finished(p, max_new)  # syncs: the prefill is done
+        t1 = time.perf_counter()
+        ring = self._snapshot_ring()
+        pending: list[int] = []
+        launched = 0
+        while not done:
+            while len(pending) < self.sync_every and launched < max_launches:
+                launch()
+                slot = launched % len(ring)
+                n_buf, seq_buf, event = ring[slot]
+                n_buf.copy_(self.n, non_blocking=True)
+                seq_buf.copy_(self.seq, non_blocking=True)
+                if event is not None:
+                    event.record()
+                pending.append(slot)
+                launched += 1
+            if not pending:
+                break
+            n_buf, seq_buf, event = ring[pending.pop(0)]
+            if event is not None:
+                event.synchronize()
+            done, new = self._finished(p, max_new, int(n_buf[0]), seq_buf)
+        _sync(self.device)
+        self.last_timing = {"prefill_s": t1 - self._t_start, "decode_s": time.perf_counter() - t1}
+        return new
+
+    def _snapshot_ring(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.cuda.Event | None]]:
+        if not hasattr(self, "_ring"):
+            cuda = self.device.type == "cuda"
+            self._ring = [(torch.empty(1, dtype=torch.long, pin_memory=cuda),
+                           torch.empty(self.seq.shape[0], dtype=torch.long, pin_memory=cuda),
+                           torch.cuda.Event() if cuda else None) for _ in range(self.sync_every + 1)]
+        return self._ring
 
     def _room(self, p: int, max_new: int, k: int) -> None:
         need = required_len(p, max_new, k, self.sync_every)
@@ -286,19 +329,14 @@ class Decoder:
                              f"(decoder built with {self.max_len})")
 
     def generate_greedy(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
-        """Plain greedy decoding: the new tokens (up to and including an EOS)."""
+        """Plain greedy decoding: the new tokens (up to and including an EOS). `last_timing`
+        then holds the prefill's and the decode loop's wall seconds."""
         p = len(prompt_ids)
         self._room(p, max_new_tokens, 0)
         step = self._stage("plain", self._plain_step)
+        self._t_start = time.perf_counter()
         self.prefill(prompt_ids, speculative=False)
-        done, new = self._finished(p, max_new_tokens)
-        steps_left = max_new_tokens - 1
-        while not done and steps_left > 0:
-            for _ in range(min(self.sync_every, steps_left)):
-                step()
-            steps_left -= min(self.sync_every, steps_left)
-            done, new = self._finished(p, max_new_tokens)
-        return new
+        return self._run(step, p, max_new_tokens, max_new_tokens - 1)
 
     def generate_speculative(self, prompt_ids: Sequence[int], max_new_tokens: int, k: int) -> SpecResult:
         """Greedy speculative decoding with chain drafts of length k; identical output to greedy."""
@@ -309,18 +347,15 @@ class Decoder:
         p = len(prompt_ids)
         self._room(p, max_new_tokens, k)
         cycle = self._stage(f"cycle{k}", lambda: self._spec_cycle(k))
+        self._t_start = time.perf_counter()
         self.prefill(prompt_ids, speculative=True)
-        done, new = self._finished(p, max_new_tokens)
-        while not done:
-            remaining = max_new_tokens - len(new)
-            for _ in range(max(1, min(self.sync_every, remaining // (k + 1)))):
-                cycle()
-            done, new = self._finished(p, max_new_tokens)
+        new = self._run(cycle, p, max_new_tokens, max_new_tokens - 1)
         cycles = int(self.counter.item())
         ms = self.hist_m[:cycles].tolist()
         starts = self.hist_n[:cycles].tolist()
         last_index = p + len(new) - 1  # seq index of the last token kept
         accepted = [m for m, n0 in zip(ms, starts, strict=True) if n0 < last_index]
+        self.last_timing["cycles"] = cycles
         return SpecResult(tokens=new, accepted=accepted)
 
     # -- timing (bench) -----------------------------------------------------------------------
@@ -363,8 +398,8 @@ class Decoder:
 
 
 def required_len(prompt_len: int, max_new_tokens: int, k: int = 0, sync_every: int = 4) -> int:
-    """Cache length a Decoder needs: the host checks for the end only every `sync_every` cycles,
-    so up to that many cycles of k+1 tokens may run past it."""
+    """Cache length a Decoder needs: up to `sync_every` launches (cycles of k+1 tokens) run past
+    the end before the host sees it."""
     return prompt_len + max_new_tokens + (sync_every + 1) * (k + 1) + 2
 
 

@@ -13,6 +13,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# Attention kernels the layers may use (None: torch's own choice). cuDNN's is left out: on the H200
+# (torch 2.11) it was the kernel torch picked for the decode step and took 14 us per layer call,
+# and it builds its kernel per new sequence length (a cost on every new prompt length). The
+# memory-efficient kernel takes the additive mask; CPUs use flash or math.
+SDPA_BACKENDS: list[SDPBackend] | None = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                                          SDPBackend.MATH]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -159,8 +167,13 @@ class Attention(nn.Module):
         # g*t query rows of that head (a view when t == 1), under a mask repeated g times.
         g = hq // hkv
         q = qk[:, :hq].transpose(0, 1).reshape(hkv, g * t, d)
-        out = F.scaled_dot_product_attention(q[None], k_cache[None], v_cache[None],
-                                             attn_mask=mask.grouped(g)[None, None])
+        if SDPA_BACKENDS is None:
+            out = F.scaled_dot_product_attention(q[None], k_cache[None], v_cache[None],
+                                                 attn_mask=mask.grouped(g)[None, None])
+        else:
+            with sdpa_kernel(SDPA_BACKENDS):
+                out = F.scaled_dot_product_attention(q[None], k_cache[None], v_cache[None],
+                                                     attn_mask=mask.grouped(g)[None, None])
         out = out[0].view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq * d)
         if residual is None:
             return self.o_proj(out)

@@ -193,3 +193,53 @@ def test_layer_ids_are_checked() -> None:
         check_layer_ids([2, 4, 8], 8, "x")
     with pytest.raises(ValueError, match="collide"):
         check_layer_ids([2, 2, 1], 4, "x")
+
+
+def test_rope_and_fused_projections_match_the_reference(toy_target: Path) -> None:
+    from transformers import AutoConfig
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from eagle.decode import TargetModel
+    from eagle.llama_ops import Rope, apply_rope, fuse_projections, rope_inv_freq
+
+    # rope with the sign folded into the sin table == transformers' rotate_half form
+    cfg = AutoConfig.from_pretrained(toy_target)
+    inv_freq, scaling = rope_inv_freq(cfg)
+    rope = Rope(inv_freq, scaling)
+    torch.manual_seed(3)
+    pos = torch.tensor([0, 5, 17, 40])
+    q, k = torch.randn(1, 4, 4, 32), torch.randn(1, 2, 4, 32)  # [batch, heads, T, head_dim]
+    emb = torch.cat([pos[:, None].float() * inv_freq[None]] * 2, dim=-1)
+    q_ref, k_ref = apply_rotary_pos_emb(q, k, (emb.cos() * scaling)[None], (emb.sin() * scaling)[None])
+    cos, sin_signed = rope(pos, torch.float32)
+    assert torch.allclose(apply_rope(q[0].transpose(0, 1), cos, sin_signed), q_ref[0].transpose(0, 1), atol=1e-6)
+    assert torch.allclose(apply_rope(k[0].transpose(0, 1), cos, sin_signed), k_ref[0].transpose(0, 1), atol=1e-6)
+    # one [q; k; v] and one [gate; up] matrix give the same logits as the separate projections
+    model = TargetModel.from_pretrained(toy_target)
+    ids = torch.arange(3, 20)
+    with torch.inference_mode():
+        before, _, _ = model(ids, torch.arange(len(ids)), model.new_cache(32))
+        fuse_projections(model)
+        after, _, _ = model(ids, torch.arange(len(ids)), model.new_cache(32))
+    assert model.layers[0].self_attn.qkv_weight is not None and not hasattr(model.layers[0].mlp, "gate_proj")
+    assert (before - after).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("in_flight", [1, 3])
+def test_launches_in_flight_do_not_change_the_output(toy_target, random_draft, prompts, references,
+                                                      in_flight) -> None:
+    from eagle.decode import Decoder, TargetModel, default_layer_ids, eos_ids_of
+    from eagle.draft_infer import load_drafter
+
+    target = TargetModel.from_pretrained(toy_target)
+    drafter = load_drafter(random_draft, target_embed=target.embed_tokens.weight,
+                           target_vocab_size=target.config.vocab_size)
+    dec = Decoder(target, drafter, max_len=256, layer_ids=default_layer_ids(target.num_layers),
+                  eos_ids=eos_ids_of(toy_target), sync_every=in_flight)
+    for p, ref in zip(prompts[:2], references[:2], strict=True):
+        assert dec.generate_greedy(p, MAX_NEW) == ref
+        assert set(dec.last_timing) == {"prefill_s", "decode_s"}
+        res = dec.generate_speculative(p, MAX_NEW, K)
+        assert res.tokens == ref
+        # every committed token came from a counted verify step; overshoot stays within in_flight
+        assert len(res.accepted) <= dec.last_timing["cycles"] <= len(res.accepted) + in_flight
