@@ -165,6 +165,17 @@ def test_config_file_moves_plans_and_state(tmp_path: Path, monkeypatch: pytest.M
     assert "runbooks/tiny.md: ok" in result.stdout
 
 
+def _record_pass(root: Path, plan: str, phase: str) -> None:
+    from runbook.ledger import save_run
+    from runbook.model import RunRecord
+
+    record = RunRecord(
+        run_id="20261129-143012-7f3a", plan=plan, plan_blob="0" * 40, phase=phase, phase_label="0",
+        phase_text_hash="0" * 64, started="2026-11-29T14:30:12Z", finished="2026-11-29T14:31:00Z", verdict="pass",
+    )
+    save_run(root / "state", record)
+
+
 def test_status_table_and_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _repo(tmp_path, {"plans/tiny.md": GOOD_PLAN})
     monkeypatch.chdir(tmp_path)
@@ -174,9 +185,15 @@ def test_status_table_and_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     row0 = next(line for line in lines if "phase-0" in line)
     row1 = next(line for line in lines if "write" in line.split())
     assert "Probe" in row0 and "~1 min" in row0 and "passed" in row0 and "pass · 2026-11-29 14:30 UTC" in row0
-    assert row1.startswith(">") and "not run" in row1 and "0/2" in row1
+    # The ledger, not the status block, decides what runs next (as `runbook next` does): with no
+    # recorded run, phase-0 is still the one to run.
+    assert row0.startswith(">") and "not run" in row1 and "0/2" in row1
+    assert json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["next"] == "phase-0"
+    _record_pass(tmp_path, "plans/tiny.md", "phase-0")
     data = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)
     assert data["next"] == "write"
+    row1 = next(line for line in CliRunner().invoke(cli, ["status"]).stdout.splitlines() if "write" in line.split())
+    assert row1.startswith(">")
     assert [(p["id"], p["status"], p["verdict"]) for p in data["phases"]] == [
         ("phase-0", "passed", "pass"),
         ("write", "not run", None),
@@ -206,6 +223,7 @@ def test_status_refuses_broken_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 @pytest.mark.parametrize("ref", ["1", "Phase 1", "phase 1", "write", "WRITE", None])
 def test_show_phase_as_written_with_resolved_commands(ref: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _repo(tmp_path, {"plans/tiny.md": GOOD_PLAN})
+    _record_pass(tmp_path, "plans/tiny.md", "phase-0")  # so that plain `show` picks the next phase
     monkeypatch.chdir(tmp_path)
     args = ["show"] + ([ref] if ref else [])
     result = CliRunner().invoke(cli, args)

@@ -99,8 +99,22 @@ def load_checked(plan_path: str | None) -> Plan:
 
 
 def next_phase(plan: Plan) -> Phase | None:
-    """The first phase whose status block does not say `pass` (None when all have passed)."""
-    for phase in plan.phases:
-        if phase.status is None or phase.status.verdict != "pass":
-            return phase
-    return None
+    """The phase `runbook next` would run now (None when there is nothing left to run).
+
+    Decided exactly as `runbook next` decides it: from the run ledger, following `On pass:` /
+    `On fail:` transitions (runbook/select.py), not from the status blocks alone.
+    """
+    from runbook.ledger import load_runs
+    from runbook.project import ConfigError, find_repo_root, state_dir
+    from runbook.select import select_phase
+    from runbook.writeback import phase_text_hash
+
+    plan_path = Path(plan.path).resolve()
+    root = Path(find_repo_root(plan_path)).resolve()
+    try:
+        state = state_dir(root)
+    except ConfigError as exc:
+        fail(str(exc))
+    runs = load_runs(state, plan=plan_path.relative_to(root).as_posix())
+    selection = select_phase(plan, runs, current_hash=lambda phase: phase_text_hash(plan.text, phase))
+    return selection.phase
