@@ -6,9 +6,11 @@ numbers into it (a flat object of numbers), so several commands in one step all 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -27,11 +29,16 @@ def write_metrics(metrics: dict[str, float], path: str | os.PathLike[str] | None
             raise ValueError(f"metric {name!r} is {number}; refusing to record a non-finite value")
         clean[name] = int(number) if isinstance(value, (bool, int)) else number
     target = Path(target)
-    current: dict[str, float] = {}
-    if target.exists() and target.stat().st_size > 0:
-        current = json.loads(target.read_text())
-    current.update(clean)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, target)
+    # Several processes (shards, DDP ranks) may merge into one file: serialise the
+    # read-modify-write with a lock file, and replace the file atomically.
+    with open(target.with_name(target.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        current: dict[str, float] = {}
+        if target.exists() and target.stat().st_size > 0:
+            current = json.loads(target.read_text())
+        current.update(clean)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(current, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, target)
     return target
