@@ -180,7 +180,8 @@ class HiddenStates:
 
     def batch(self, indices: list[int], device: torch.device, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
         b = collate([self.sample(i) for i in indices], dtype=dtype)
-        return {k: v.to(device, non_blocking=True) for k, v in b.items()}
+        pin = torch.device(device).type == "cuda"  # pinned: the copy runs async, the CPU prepares the next batch
+        return {k: (v.pin_memory() if pin else v).to(device, non_blocking=True) for k, v in b.items()}
 
     def tokens(self, indices: list[int]) -> int:
         return sum(min(max(self.lengths[i] - 1, 0), self.budget) for i in indices)

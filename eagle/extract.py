@@ -14,6 +14,7 @@ each file atomically and validates it (shape, dtype, NaN/Inf, token ids).
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -42,6 +43,9 @@ class ExtractResult(BaseModel):
     tok_s: float
     bytes_written: int
     total_bytes: int
+    shard: str = "0/1"  # K/N: this process handled the samples with index % N == K ("all/N": merged)
+    shard_tokens: list[int] = []  # merged results only: new tokens of each shard
+    shard_tok_s: list[float] = []  # merged results only: tok/s of each shard
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -98,6 +102,41 @@ def plan_batches(lengths: Sequence[int], todo: Sequence[int], batch_tokens: int)
     return batches
 
 
+def parse_shard(spec: str | None, env: dict[str, str]) -> tuple[int, int]:
+    """(K, N) from --shard K/N, else from torchrun's RANK/WORLD_SIZE in `env`, else (0, 1)."""
+    if spec:
+        k, sep, n = spec.partition("/")
+        try:
+            kn = (int(k), int(n)) if sep else None
+        except ValueError:
+            kn = None
+        if kn is None or not 0 <= kn[0] < kn[1]:
+            raise EagleError(f"--shard {spec!r}: expected K/N with 0 <= K < N, e.g. 0/2 and 1/2 for two processes")
+        return kn
+    return int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+
+
+def shard_device(device: str, env: dict[str, str], cuda: bool) -> str:
+    """Under torchrun with GPUs, --device auto/cuda means cuda:LOCAL_RANK; anything else is kept."""
+    if cuda and "LOCAL_RANK" in env and int(env.get("WORLD_SIZE", "1")) > 1 and device in ("auto", "cuda"):
+        return f"cuda:{int(env['LOCAL_RANK'])}"
+    return device
+
+
+def merge_results(results: Sequence[ExtractResult]) -> ExtractResult:
+    """One summary of every shard's result: counts add up, seconds is the slowest shard's."""
+    seconds = max(r.seconds for r in results)
+    new_tokens = sum(r.new_tokens for r in results)
+    return ExtractResult(
+        out=results[0].out, layer_ids=results[0].layer_ids, samples=sum(r.samples for r in results),
+        extracted=sum(r.extracted for r in results), skipped=sum(r.skipped for r in results),
+        tokens=sum(r.tokens for r in results), new_tokens=new_tokens, seconds=seconds,
+        tok_s=round(new_tokens / seconds, 1) if new_tokens and seconds > 0 else 0.0,
+        bytes_written=sum(r.bytes_written for r in results), total_bytes=sum(r.total_bytes for r in results),
+        shard=f"all/{len(results)}", shard_tokens=[r.new_tokens for r in results],
+        shard_tok_s=[r.tok_s for r in results])
+
+
 def bytes_per_sample(seq_len: int, num_aux: int, hidden: int) -> int:
     return seq_len * (num_aux + 1) * hidden * 2 + seq_len * 8 + HEADER_BYTES
 
@@ -118,62 +157,6 @@ def check_disk(path: Path, needed: int, keep_free: int) -> None:
 # ---------------------------------------------------------------- capturing hidden states
 
 
-class Capture:
-    """Forward pre-hooks on decoder layers `layer_ids` and on the final norm of a CausalLM."""
-
-    def __init__(self, model: Any, layer_ids: Sequence[int]):
-        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-        if not hasattr(decoder, "layers") or not hasattr(decoder, "norm"):
-            raise EagleError(f"{type(model).__name__}: expected a decoder with .layers and .norm (Llama-like)")
-        self.decoder = decoder
-        self.layer_ids = list(layer_ids)
-        self.store: dict[int | str, Any] = {}
-        self.handles = []
-        for k in self.layer_ids:
-            self.handles.append(decoder.layers[k].register_forward_pre_hook(self._hook(k), with_kwargs=True))
-        self.handles.append(decoder.norm.register_forward_pre_hook(self._hook("last"), with_kwargs=True))
-
-    def _hook(self, key: int | str) -> Any:
-        def fn(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            self.store[key] = args[0] if args else kwargs["hidden_states"]
-
-        return fn
-
-    def run(self, input_ids: Any, attention_mask: Any) -> Any:
-        """[B, T, L+1, H] in the model's dtype."""
-        import torch
-
-        self.store.clear()
-        self.decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        return torch.stack([self.store[k] for k in self.layer_ids] + [self.store["last"]], dim=2)
-
-    def close(self) -> None:
-        for h in self.handles:
-            h.remove()
-
-
-def hf_batches(model: Any, rows: list[list[int]], batches: list[list[int]], layer_ids: Sequence[int]) -> Any:
-    """Yield (index, hidden_states [T, L+1, H] on cpu) for every sample of `batches`."""
-    import torch
-
-    dev = next(model.parameters()).device
-    cap = Capture(model, layer_ids)
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                width = max(len(rows[i]) for i in batch)
-                x = torch.zeros((len(batch), width), dtype=torch.long)
-                att = torch.zeros_like(x)
-                for r, i in enumerate(batch):
-                    x[r, : len(rows[i])] = torch.tensor(rows[i])
-                    att[r, : len(rows[i])] = 1
-                hs = cap.run(x.to(dev), att.to(dev)).to("cpu", torch.bfloat16)
-                for r, i in enumerate(batch):
-                    yield i, hs[r, : len(rows[i])]
-    finally:
-        cap.close()
-
-
 def vllm_samples(model: Path, rows: list[list[int]], todo: list[int], layer_ids: Sequence[int],
                  tensor_parallel_size: int) -> Any:
     try:
@@ -185,6 +168,39 @@ def vllm_samples(model: Path, rows: list[list[int]], todo: list[int], layer_ids:
 
 
 # ---------------------------------------------------------------- the command's work
+
+
+def _extract_hf(model: Path, device: str, dtype: str, rows: list[list[int]], todo: list[int], ids: list[int],
+                out: Path, hidden: int, batch_tokens: int, echo: bool) -> tuple[int, int]:
+    """(bytes written, tokens) of the hf backend: capture + file writes overlapped (eagle/hidden_capture.py);
+    each file is written atomically, then read back and validated, on the engine's writer threads."""
+    import threading
+
+    from eagle import hidden_capture
+    from eagle.data import load_model
+
+    target = load_model(model, device, dtype)
+    lock = threading.Lock()
+    bar = progress(total=sum(len(rows[i]) for i in todo), desc="extract", unit="tok", disable=None if echo else True)
+    write = hidden_capture.sample_writer(out, rows)
+
+    def sink(i: int, hs: Any) -> int:
+        n = write(i, hs)
+        path = hidden_io.hs_path(out, i)
+        problems = hidden_io.validate_file(path, rows[i], len(ids) + 1, hidden)
+        if problems:
+            path.unlink(missing_ok=True)
+            raise EagleError(f"{path} failed validation after writing: " + "; ".join(problems))
+        with lock:
+            bar.update(len(rows[i]))
+        return n
+
+    stats = hidden_capture.extract_rows(target, rows, todo, ids, None, batch_tokens=batch_tokens, sink=sink)
+    bar.close()
+    if stats.bad_rows:
+        raise EagleError(f"sample {min(stats.bad_rows)}: hidden_states has NaN/Inf values (nothing written for it; "
+                         "a target in float16 may overflow: try --dtype bfloat16)")
+    return stats.bytes_written, stats.tokens
 
 
 def _target_config(model: Path) -> Any:
@@ -210,8 +226,12 @@ def _copy_dataset(src: Path, dst: Path) -> None:
 
 def extract(model: Path, data: Path, out: Path | None = None, layer_ids: str | Sequence[int] | None = None,
             batch_tokens: int = 8192, backend: str = "hf", device: str = "auto", dtype: str = "auto",
-            keep_free_gb: float = 1.0, tensor_parallel_size: int = 1, echo: bool = True) -> ExtractResult:
-    """The work of `eagle extract` (importable); raises EagleError on bad input."""
+            keep_free_gb: float = 1.0, tensor_parallel_size: int = 1, echo: bool = True,
+            shard: tuple[int, int] = (0, 1)) -> ExtractResult:
+    """The work of `eagle extract` (importable); raises EagleError on bad input.
+
+    shard=(K, N): handle only the samples with index % N == K (counts in the result are this shard's).
+    """
     import torch
 
     data, out = Path(data), Path(out) if out is not None else Path(data)
@@ -243,19 +263,26 @@ def extract(model: Path, data: Path, out: Path | None = None, layer_ids: str | S
             warn(f"{out} holds hidden states of another target ({old.target}); re-extracting all samples for {model}")
     except EagleError:
         pass
+    k_shard, n_shard = shard
+    mine = [i for i in range(len(rows)) if i % n_shard == k_shard]
+    if stale and n_shard > 1:  # another shard may already have rewritten the meta: no safe way to wipe
+        raise EagleError(f"{out} holds hidden states of another target or layout; --shard cannot replace them "
+                         f"safely: delete {hidden_io.hs_dir(out)} and {out / hidden_io.META_FILE}, or run once unsharded")
     done: list[int] = []
     if not stale:
-        for i in range(len(rows)):
+        for i in mine:
             p = hidden_io.hs_path(out, i)
             if p.is_file() and not hidden_io.validate_file(p, rows[i], len(ids) + 1, hidden):
                 done.append(i)
     done_set = set(done)
-    todo = [i for i in range(len(rows)) if i not in done_set]
+    todo = [i for i in mine if i not in done_set]
     per = [bytes_per_sample(n, len(ids), hidden) for n in lengths]
     needed = sum(per[i] for i in todo)
     check_disk(out, needed, int(keep_free_gb * 1e9))
     if out.resolve() != data.resolve():
-        _copy_dataset(data, out)
+        out.mkdir(parents=True, exist_ok=True)
+        if k_shard == 0:  # one copier: shards run at once and the copy is not atomic
+            _copy_dataset(data, out)
     if stale:  # never leave files of the old layout that a resumed run could take as valid
         for f in hidden_io.hs_dir(out).glob("hs_*.safetensors"):
             f.unlink()
@@ -266,13 +293,10 @@ def extract(model: Path, data: Path, out: Path | None = None, layer_ids: str | S
     written = 0
     new_tokens = 0
     t0 = time.time()
-    if todo:
-        if backend == "hf":
-            from eagle.data import load_model
-
-            target = load_model(model, device, dtype)
-            stream = hf_batches(target, rows, plan_batches(lengths, todo, batch_tokens), ids)
-        elif backend == "vllm":
+    if todo and backend == "hf":  # the fast engine: eagle/hidden_capture.py (writes on its own threads)
+        written, new_tokens = _extract_hf(model, device, dtype, rows, todo, ids, out, hidden, batch_tokens, echo)
+    elif todo:
+        if backend == "vllm":
             stream = vllm_samples(model, rows, todo, ids, tensor_parallel_size)
         else:
             raise EagleError(f"unknown --backend {backend!r}; use hf or vllm")
@@ -296,14 +320,55 @@ def extract(model: Path, data: Path, out: Path | None = None, layer_ids: str | S
             bar.set_postfix_str(f"{new_tokens / max(1e-9, time.time() - t0):,.0f} tok/s")
         bar.close()
     seconds = time.time() - t0
-    total_bytes = sum(hidden_io.hs_path(out, i).stat().st_size for i in range(len(rows))
+    total_bytes = sum(hidden_io.hs_path(out, i).stat().st_size for i in mine
                       if hidden_io.hs_path(out, i).is_file())
     return ExtractResult(
-        out=str(out), layer_ids=ids, samples=len(rows), extracted=len(todo), skipped=len(done),
-        tokens=sum(lengths), new_tokens=new_tokens, seconds=round(seconds, 3),
+        out=str(out), layer_ids=ids, samples=len(mine), extracted=len(todo), skipped=len(done),
+        tokens=sum(lengths[i] for i in mine), new_tokens=new_tokens, seconds=round(seconds, 3),
         tok_s=round(new_tokens / seconds, 1) if new_tokens and seconds > 0 else 0.0,
-        bytes_written=written, total_bytes=total_bytes,
+        bytes_written=written, total_bytes=total_bytes, shard=f"{k_shard}/{n_shard}",
     )
+
+
+def gather_results(res: ExtractResult) -> list[ExtractResult] | None:
+    """Under torchrun: every rank's result, in rank order (a gloo group made for this summary only,
+    after all extraction is done; no NCCL). None when not under torchrun or the group cannot form."""
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or "MASTER_ADDR" not in os.environ:
+        return None
+    from datetime import timedelta
+
+    import torch.distributed as td
+
+    try:
+        made = not td.is_initialized()
+        if made:  # shards may finish hours apart: wait long
+            td.init_process_group(backend="gloo", timeout=timedelta(hours=12))
+        got: list[Any] = [None] * td.get_world_size()
+        td.all_gather_object(got, res.model_dump())
+        if made:
+            td.destroy_process_group()
+    except (RuntimeError, ValueError) as e:
+        warn(f"could not gather the shards' results ({e}); each rank reports only its own")
+        return None
+    return [ExtractResult.model_validate(g) for g in got]
+
+
+def summary_metrics(res: ExtractResult, ranks: Sequence[ExtractResult] | None) -> dict[str, float]:
+    """Unsharded: extract_tokens/_bytes/_tok_s. Merged over ranks: the same for the whole run plus
+    extract_rank{K}_tokens/_tok_s. A lone --shard K/N: extract_shard{K}_tokens/_bytes/_tok_s."""
+    if res.shard != "0/1" and ranks is None:
+        k = res.shard.split("/")[0]
+        named = {f"extract_shard{k}_tokens": res.tokens, f"extract_shard{k}_bytes": res.total_bytes}
+        if res.new_tokens:
+            named[f"extract_shard{k}_tok_s"] = res.tok_s
+        return named
+    metrics: dict[str, float] = {"extract_tokens": res.tokens, "extract_bytes": res.total_bytes}
+    if res.new_tokens:
+        metrics["extract_tok_s"] = res.tok_s
+    for k, r in enumerate(ranks or []):
+        metrics[f"extract_rank{k}_tokens"] = r.new_tokens
+        metrics[f"extract_rank{k}_tok_s"] = r.tok_s
+    return metrics
 
 
 # ---------------------------------------------------------------- CLI
@@ -321,9 +386,12 @@ def extract(model: Path, data: Path, out: Path | None = None, layer_ids: str | S
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N] (hf backend).")
 @click.option("--dtype", default="auto", show_default=True, help="Compute dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16.")
 @click.option("--keep-free", "keep_free_gb", default=1.0, show_default=True, help="GB that must stay free on disk after writing.")
+@click.option("--shard", default=None, metavar="K/N",
+              help="Handle only samples with index % N == K (data parallel; under torchrun: RANK/WORLD_SIZE).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def command(model: Path, data: Path, out: Path | None, layer_ids: str | None, batch_tokens: int, backend: str,
-            tensor_parallel_size: int, device: str, dtype: str, keep_free_gb: float, as_json: bool) -> None:
+            tensor_parallel_size: int, device: str, dtype: str, keep_free_gb: float, shard: str | None,
+            as_json: bool) -> None:
     """Extract the target's hidden states for every prepared sample.
 
     \b
@@ -336,28 +404,43 @@ def command(model: Path, data: Path, out: Path | None, layer_ids: str | None, ba
     when the disk cannot hold what it will write.
     Metrics: extract_tokens (tokens with hidden states on disk), extract_tok_s (this run),
     extract_bytes (bytes of hidden-state files on disk).
+
+    \b
+    Data parallel (no NCCL; every process writes its own samples' files and the same eagle_data.json):
+      torchrun --nproc-per-node 2 -m eagle.cli extract --model ... --data ...   # rank R on cuda:R
+      eagle extract ... --shard 0/2 & eagle extract ... --shard 1/2 --device cuda:1
+    Under torchrun rank 0 reports the whole run (extract_tok_s = all tokens / slowest rank) plus
+    extract_rank{K}_tokens and extract_rank{K}_tok_s; a lone --shard K/N writes extract_shard{K}_*.
     """
+    import torch
+
     quiet_hf()
     try:
+        kn = parse_shard(shard, dict(os.environ))
+        device = shard_device(device, dict(os.environ), torch.cuda.is_available())
         res = extract(model, data, out, layer_ids=layer_ids, batch_tokens=batch_tokens, backend=backend,
                       device=device, dtype=dtype, keep_free_gb=keep_free_gb,
-                      tensor_parallel_size=tensor_parallel_size)
+                      tensor_parallel_size=tensor_parallel_size, shard=kn)
     except EagleError as e:
         fail(str(e))
-    metrics = {"extract_tokens": res.tokens, "extract_bytes": res.total_bytes}
-    if res.new_tokens:
-        metrics["extract_tok_s"] = res.tok_s
-    write_metrics(metrics)
+    ranks = gather_results(res) if shard is None else None
+    if ranks is not None:
+        if int(os.environ.get("RANK", "0")) != 0:
+            return
+        res = merge_results(ranks)
+    write_metrics(summary_metrics(res, ranks))
     if as_json:
         click.echo(res.model_dump_json(indent=1))
         return
     print_kv({
         "out": res.out,
         "layer ids": ",".join(map(str, res.layer_ids)) + " + last (pre-norm)",
+        "shard": res.shard,
         "samples": res.samples,
         "extracted / skipped": f"{res.extracted} / {res.skipped}",
         "tokens": res.tokens,
         "tok/s": res.tok_s,
+        **({"tok/s per rank": " ".join(f"{t:,.1f}" for t in res.shard_tok_s)} if res.shard_tok_s else {}),
         "written": human_bytes(res.bytes_written),
         "on disk": human_bytes(res.total_bytes),
     })

@@ -313,7 +313,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
         bar = progress(total=len(batches), desc=f"epoch {epoch}/{args.epochs}", unit="step",
                        disable=None if dist.main else True)
         for step, idx in enumerate(batches):
-            batch = data.batch(idx, device)
+            batch = data.batch(idx, device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
             with autocast:
                 loss, _ = drafter.train_forward(ddp_model, batch, args.ttt_steps, losses)
             opt.zero_grad(set_to_none=True)
@@ -321,16 +321,17 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
-            loss_sum += float(loss.detach())
+            loss_sum += loss.detach()  # a device tensor: no host sync per step
             tokens += batch["input_ids"].shape[1]
             rate = tokens * dist.world / max(time.perf_counter() - t0, 1e-9)
             bar.update(1)
-            bar.set_postfix(loss=f"{loss_sum / (step + 1):.4f}", tok_s=f"{rate:,.0f}")
+            if step % 25 == 24 or step == len(batches) - 1:  # reading the loss waits for the GPU
+                bar.set_postfix(loss=f"{float(loss_sum) / (step + 1):.4f}", tok_s=f"{rate:,.0f}")
         bar.close()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - t0
-        n_steps, loss_total, tok_total = all_sum([len(batches), loss_sum, tokens], dist, device)
+        n_steps, loss_total, tok_total = all_sum([len(batches), float(loss_sum), tokens], dist, device)
         val_loss, val_acc = evaluate(model, data, val_idx, args, dist, device, losses, autocast)
         record = EpochRecord(
             epoch=epoch, train_loss=loss_total / max(n_steps, 1), val_loss=val_loss, val_acc=val_acc,
