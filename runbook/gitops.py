@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import sys
 from pathlib import Path
 
 _IN_PROGRESS = (
@@ -132,6 +131,14 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -
     error = _git_error()
     head = head_commit(root)
     gdir = Path(repo.git_dir)
+    index_lock = gdir / "index.lock"
+    if index_lock.exists():
+        # Refuse before committing: a commit whose index refresh then fails leaves the user's
+        # index holding the old blobs of our files.
+        raise GitStateError(
+            f"{index_lock} exists: another git command is running in this repository; wait for it "
+            "to finish, or remove the file if no git process is running"
+        )
     tmp_index = gdir / f"index.runbook.{os.getpid()}"
     with contextlib.suppress(FileNotFoundError):
         tmp_index.unlink()
@@ -163,11 +170,12 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -
         try:
             repo.git.update_index("--add", "--remove", "--", *present)
         except error as exc:
-            # The commit itself is done: say so and go on rather than report a failure.
-            sys.stderr.write(
-                f"warning: committed {short(commit)}, but could not refresh the index for "
-                f"{', '.join(present)}: {_detail(exc)}; `git reset -q -- {' '.join(present)}` fixes it\n"
-            )
+            # Only a git process that started after the check above gets here. The commit is made,
+            # but the real index still holds the old blobs: a plain `git commit` would revert them.
+            raise GitStateError(
+                f"the commit {short(commit)} is made, but git's index could not be updated for "
+                f"{', '.join(present)}: {_detail(exc)}; run `git reset -q -- {' '.join(present)}`"
+            ) from exc
     return commit
 
 
