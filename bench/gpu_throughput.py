@@ -206,35 +206,62 @@ def extraction(shape: dict[str, int], dev: torch.device, dtype: torch.dtype, cei
     if not results:
         return model, rows
     best = max(results, key=results.get)
-    cap = hc.HiddenCapture(model, layer_ids)  # compiled layers stay compiled
-    pipe = hc.CapturePipeline(cap, dev, pad_multiple=64, depth=writers + 2, writers=writers)
     per_token = (len(layer_ids) + 1) * shape["hidden_size"] * 2 + 8
-    try:
-        pipe.run(rows, batches[:writers + 2], sink=lambda i, hs: 0)  # warm-up: allocates the pinned buffers
-        st = pipe.run(rows, batches, sink=lambda i, hs: 0)
-        row(f"capture {best} + copy to pinned host", st.tok_s, "tok/s", limit=("roofline", roof),
-            peer=("naive", naive_tok_s), note=f"main thread waited {st.main_wait_s:.2f} s")
-    except Exception as e:  # noqa: BLE001
-        failed(f"capture {best} + copy to pinned host", e)
-    try:
-        n_write = max(2 * bsz, min(int(write_gib * (1 << 30) / (per_token * seq)), 64 if smoke else 10_000))
-        wrows = torch.randint(0, shape["vocab_size"], (n_write, seq), generator=g).tolist()
-        out = scratch / "hs"
-        sink = hc.sample_writer(out, wrows, fsync=True)
-        wb = hc.plan_buckets([seq] * n_write, range(n_write), bsz * seq, 64)
-        pipe.run(wrows, wb[:1], sink=sink)  # warm-up: pinned buffers, first files
-        st = pipe.run(wrows, wb[1:], sink=sink)
-        disk_bound = ceil["disk"] / per_token
-        row(f"capture {best} + files (fsync, {writers} writer threads, {st.bytes_written / 2**30:.1f} GiB)",
-            st.tok_s, "tok/s",
-            limit=("disk bound", disk_bound), peer=("naive", naive_tok_s),
-            note=f"{st.bytes_written / st.seconds / 1e9:.2f} GB/s; main thread waited {st.main_wait_s:.1f} s "
-                 f"of {st.seconds:.1f} s")
-        shutil.rmtree(out, ignore_errors=True)
-    except Exception as e:  # noqa: BLE001
-        failed("capture + files", e)
-    cap.close()
+    for n_writers in (writers, 2 * writers):
+        cap = hc.HiddenCapture(model, layer_ids)  # compiled layers stay compiled
+        pipe = hc.CapturePipeline(cap, dev, pad_multiple=64, depth=n_writers + 2, writers=n_writers)
+        if n_writers == writers:
+            try:
+                pipe.run(rows, batches[:writers + 2], sink=lambda i, hs: 0)  # warm-up: the pinned buffers
+                st = pipe.run(rows, batches, sink=lambda i, hs: 0)
+                row(f"capture {best} + copy to pinned host", st.tok_s, "tok/s", limit=("roofline", roof),
+                    peer=("naive", naive_tok_s), note=f"main thread waited {st.main_wait_s:.2f} s")
+            except Exception as e:  # noqa: BLE001
+                failed(f"capture {best} + copy to pinned host", e)
+        try:
+            sample_disk = file_ceiling(scratch / "ceil", seq, len(layer_ids) + 1, shape["hidden_size"], n_writers,
+                                       min(write_gib, 3.0), smoke)
+            disk_bound = sample_disk / per_token
+            row(f"disk write + fsync, {per_token * seq / 1e6:.1f} MB sample files, {n_writers} threads",
+                sample_disk / 1e9, "GB/s", limit=("disk (256 MiB files)", ceil["disk"] / 1e9),
+                note=f"bound {disk_bound:,.0f} tok/s")
+            n_write = max(2 * bsz, min(int(write_gib * (1 << 30) / (per_token * seq)), 64 if smoke else 10_000))
+            wrows = torch.randint(0, shape["vocab_size"], (n_write, seq), generator=g).tolist()
+            out = scratch / "hs"
+            sink = hc.sample_writer(out, wrows, fsync=True)
+            wb = hc.plan_buckets([seq] * n_write, range(n_write), bsz * seq, 64)
+            pipe.run(wrows, wb[:1], sink=sink)  # warm-up: pinned buffers, first files
+            st = pipe.run(wrows, wb[1:], sink=sink)
+            row(f"capture {best} + files (fsync, {n_writers} writer threads, {st.bytes_written / 2**30:.1f} GiB)",
+                st.tok_s, "tok/s", limit=("same-size-file disk bound", disk_bound), peer=("naive", naive_tok_s),
+                note=f"{st.bytes_written / st.seconds / 1e9:.2f} GB/s; {st.tok_s * per_token / ceil['disk']:.0%} of the "
+                     f"256 MiB-file bound; main thread waited {st.main_wait_s:.1f} s of {st.seconds:.1f} s")
+            shutil.rmtree(out, ignore_errors=True)
+        except Exception as e:  # noqa: BLE001
+            failed(f"capture + files, {n_writers} writers", e)
+        cap.close()
     return model, rows
+
+
+def file_ceiling(d: Path, seq: int, layers: int, hidden: int, threads: int, gib: float, smoke: bool) -> float:
+    """Bytes/s of `threads` threads writing sample-sized files exactly as the extraction does
+    (hidden_capture.write_safetensors: temp file, write, fsync, rename), from memory, no GPU."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from eagle import hidden_capture as hc
+
+    d.mkdir(parents=True, exist_ok=True)
+    hs = torch.randn(seq, layers, hidden).to(torch.bfloat16)
+    tid = torch.zeros(seq, dtype=torch.int64)
+    per = hs.numel() * 2 + seq * 8
+    n = max(2 * threads, int(gib * (1 << 30) / per)) if not smoke else 2 * threads
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        total = sum(pool.map(lambda i: hc.write_safetensors(d / f"hs_{i}.safetensors",
+                                                             {"hidden_states": hs, "token_ids": tid}) or per, range(n)))
+    rate = total / (time.perf_counter() - t0)
+    shutil.rmtree(d, ignore_errors=True)
+    return rate
 
 
 # ---------------------------------------------------------------- 3. training
@@ -398,74 +425,51 @@ def training(model: Any, rows: list[list[int]], shape: dict[str, int], dev: torc
     except Exception as e:  # noqa: BLE001
         failed(name, e)
 
-    # (b) eagle.train's step (eagle/train.py + HiddenStates.batch), before and after moving to bf16 pinned
-    # batches and reading the loss only every 25 steps
-    def eagle_loop(fast: bool, order: list[list[int]] = order, prof: bool = False) -> tuple[float, list[list[float]]]:
+    # (b) eagle.train's own step (train.train_step, bf16 pinned batches, loss read once at the end): with
+    # speculators' packed [T, (k+1)T] sdpa mask (the step before per-document attention) and as `eagle train`
+    # runs it now (eagle/doc_attention.py: attention per document; the next batch collated and pinned on a
+    # side thread, dataset.prefetched)
+    from eagle.train import train_step, use_doc_attention
+
+    def eagle_loop(per_doc: bool, prof: bool = False) -> tuple[float, list[list[float]]]:
         model_e = build()
+        if per_doc:
+            use_doc_attention(model_e)
         params = [p for p in model_e.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(len(order), int(len(order) * 0.05)))
         model_e.train()
+        hdt = torch.bfloat16 if dev.type == "cuda" else torch.float32
+
+        def batch_of(idx: list[int]) -> dict[str, torch.Tensor]:
+            b = dataset.collate([shifted[i] for i in idx], dtype=hdt, layout=per_doc)
+            return {k: (v.pin_memory() if dev.type == "cuda" else v).to(dev, non_blocking=True) for k, v in b.items()}
+
         accs_dev: list[torch.Tensor] = []
         loss_sum = torch.zeros((), device=dev)
         t0 = 0.0
-        for step, idx in enumerate(order):
+        for step, batch in enumerate(dataset.prefetched(batch_of, order)):
             if step == warmup:
                 sync(dev)
                 t0 = time.perf_counter()
-            if fast:
-                b = dataset.collate([shifted[i] for i in idx],
-                                    dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32)
-                batch = {k: (v.pin_memory() if dev.type == "cuda" else v).to(dev, non_blocking=True)
-                         for k, v in b.items()}
-            else:
-                b = dataset.collate([shifted[i] for i in idx])
-                batch = {k: v.to(dev, non_blocking=True) for k, v in b.items()}
-            with autocast:
-                loss, metrics = drafter.train_forward(model_e, batch, ttt, losses)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
-            if fast:
-                loss_sum += loss.detach()
-            else:
-                float(loss.detach())
+            loss, metrics = train_step(model_e, batch, opt, sched, params, ttt, losses, autocast)
+            loss_sum += loss
             accs_dev.append(torch.stack([metrics[f"full_acc_{k}_sum"] / metrics[f"full_acc_{k}_total"].clamp(min=1)
                                          for k in range(ttt)]).detach())
         sync(dev)
         tok_s = sum(sum(shifted[i]["input_ids"].shape[0] for i in idx) for idx in order[warmup:]) / (time.perf_counter() - t0)
         if prof and dev.type == "cuda":
-            kernel_profile(lambda: one_step(model_e, opt, sched, params, order[0]), dev)
+            kernel_profile(lambda: train_step(model_e, batch_of(order[0]), opt, None, params, ttt, losses, autocast), dev)
         return tok_s, [a.float().tolist() for a in accs_dev]
 
-    def one_step(model_e: Any, opt: Any, sched: Any, params: Any, idx: list[int]) -> None:
-        b = dataset.collate([shifted[i] for i in idx], dtype=torch.bfloat16)
-        batch = {k: v.pin_memory().to(dev, non_blocking=True) for k, v in b.items()}
-        with autocast:
-            loss, _ = drafter.train_forward(model_e, batch, ttt, losses)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-
-    for label, fast in (("eagle step before 2026-11-29 (float32 pageable batch, loss read every step)", False),
-                        ("eagle train step (bf16 pinned batch, loss read every 25 steps)", True)):
+    for label, per_doc in (("eagle train step, packed-mask sdpa (before)", False),
+                           ("eagle train step, per-document attention (now)", True)):
         try:
-            tok_s, accs = eagle_loop(fast, prof=fast)
+            tok_s, accs = eagle_loop(per_doc, prof=True)
             results[label] = tok_s
             report(label, tok_s, accs, "speculators Trainer")
         except Exception as e:  # noqa: BLE001
             failed(label, e)
-    # the dense sdpa mask makes attention cost grow with the packed length: one 2047-token sample a step
-    label = "eagle step (fast), 1 sample (2047 tokens) a step"
-    try:
-        single = [[(k * per_step + j) % len(shifted)] for k in range(warmup + steps) for j in range(per_step)]
-        tok_s, accs = eagle_loop(True, order=single[: (warmup + steps) * 2])
-        report(label, tok_s, accs, "speculators Trainer")
-    except Exception as e:  # noqa: BLE001
-        failed(label, e)
 
 
 # ---------------------------------------------------------------- output

@@ -128,15 +128,36 @@ def shift_sample(raw: dict[str, torch.Tensor], budget: int) -> dict[str, torch.T
     }
 
 
-def collate(samples: list[dict[str, torch.Tensor]], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """Pack shifted samples into one row: every tensor gets a leading batch dim of 1."""
+def collate(samples: list[dict[str, torch.Tensor]], dtype: torch.dtype = torch.float32,
+            layout: bool = False) -> dict[str, torch.Tensor]:
+    """Pack shifted samples into one row: every tensor gets a leading batch dim of 1.
+
+    layout=True adds `doc_index` [B, Lmax] and `doc_valid` [B, Lmax] (eagle/doc_attention.py): where
+    each document sits in the row, so attention can run per document instead of over the pack."""
     out = {k: torch.cat([s[k] for s in samples], dim=0).unsqueeze(0)
            for k in ("input_ids", "loss_mask", "position_ids")}
     for k in ("hidden_states", "verifier_last_hidden_states"):
         out[k] = torch.cat([s[k] for s in samples], dim=0).to(dtype).unsqueeze(0)
     out["document_ids"] = torch.cat(
         [torch.full((s["input_ids"].shape[0],), d, dtype=torch.long) for d, s in enumerate(samples)]).unsqueeze(0)
+    if layout:
+        from eagle.doc_attention import layout as doc_layout
+
+        out["doc_index"], out["doc_valid"] = doc_layout([s["input_ids"].shape[0] for s in samples])
     return out
+
+
+def prefetched(make, items: list):  # noqa: ANN001, ANN201 - make(item) -> batch
+    """Yield make(item) for each item, building the next one on a side thread while the caller
+    uses this one (collating and pinning a batch overlaps the GPU's step)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        nxt = pool.submit(make, items[0]) if items else None
+        for k in range(len(items)):
+            cur = nxt.result()
+            nxt = pool.submit(make, items[k + 1]) if k + 1 < len(items) else None
+            yield cur
 
 
 class HiddenStates:
@@ -178,8 +199,9 @@ class HiddenStates:
             self._cached_bytes += size
         return s
 
-    def batch(self, indices: list[int], device: torch.device, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-        b = collate([self.sample(i) for i in indices], dtype=dtype)
+    def batch(self, indices: list[int], device: torch.device, dtype: torch.dtype = torch.float32,
+              layout: bool = False) -> dict[str, torch.Tensor]:
+        b = collate([self.sample(i) for i in indices], dtype=dtype, layout=layout)
         pin = torch.device(device).type == "cuda"  # pinned: the copy runs async, the CPU prepares the next batch
         return {k: (v.pin_memory() if pin else v).to(device, non_blocking=True) for k, v in b.items()}
 

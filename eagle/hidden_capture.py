@@ -333,7 +333,7 @@ class CapturePipeline:
 def extract_rows(model: Any, rows: Sequence[Sequence[int]], todo: Sequence[int], layer_ids: Sequence[int],
                  out_dir: str | os.PathLike[str] | None, *, batch_tokens: int = 16384,
                  compile: bool | None = None, pad_multiple: int | None = None, depth: int | None = None,
-                 writers: int = 4, fsync: bool = True, sink: Sink | None = None) -> CaptureStats:
+                 writers: int = 8, fsync: bool = True, sink: Sink | None = None) -> CaptureStats:
     """Capture rows `todo` of `rows` and (with `out_dir`) write their hs files; the whole engine in one call.
 
     compile / pad_multiple default to (True, 64) on CUDA and (False, 1) on CPU. A `sink` given

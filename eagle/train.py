@@ -99,6 +99,47 @@ def lr_lambda(total_steps: int, warmup_steps: int):
     return f
 
 
+# ---------------------------------------------------------------- one step
+def forward(model: Any, batch: dict[str, Any], ttt_steps: int, losses: Any) -> tuple[Any, dict[str, Any]]:
+    """(loss, metrics) of one packed batch; per-document attention when the batch carries its
+    layout (dataset.collate(layout=True)) and the model uses eagle/doc_attention.py's backend."""
+    from eagle import drafter
+
+    if "doc_index" not in batch:
+        return drafter.train_forward(model, batch, ttt_steps, losses)
+    _, loss, metrics = model(
+        hidden_states=batch["hidden_states"], input_ids=batch["input_ids"], document_ids=batch["document_ids"],
+        loss_mask=batch["loss_mask"], position_ids=batch["position_ids"],
+        verifier_last_hidden_states=batch["verifier_last_hidden_states"], ttt_steps=ttt_steps,
+        loss_config=losses, doc_index=batch["doc_index"], doc_valid=batch["doc_valid"])
+    return loss, metrics
+
+
+def train_step(model: Any, batch: dict[str, Any], opt: Any, sched: Any, params: list[Any], ttt_steps: int,
+               losses: Any, autocast: Any) -> tuple[Any, dict[str, Any]]:
+    """One optimisation step of `eagle train` (forward, backward, clip 1.0, AdamW, schedule).
+
+    Returns the detached loss and the metrics as device tensors: nothing here waits for the GPU."""
+    import torch
+
+    with autocast:
+        loss, metrics = forward(model, batch, ttt_steps, losses)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    if sched is not None:
+        sched.step()
+    return loss.detach(), metrics
+
+
+def use_doc_attention(model: Any) -> None:
+    """Switch the drafter to per-document attention (same results, attention cost per document)."""
+    from eagle import doc_attention, drafter
+
+    drafter.set_attn_impl(model, doc_attention.register())
+
+
 # ---------------------------------------------------------------- distributed
 class Dist(BaseModel):
     rank: int = 0
@@ -254,6 +295,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     model.config.speculators_config.verifier.name_or_path = str(model_dir)
     model.config.speculators_config.proposal_methods[0].speculative_tokens = args.ttt_steps
     model.to(device)
+    use_doc_attention(model)
 
     train_idx, val_idx = dataset.split_indices(len(data), args.val_fraction, args.seed)
     if not train_idx:
@@ -312,16 +354,10 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
         t0, tokens, loss_sum = time.perf_counter(), 0, 0.0
         bar = progress(total=len(batches), desc=f"epoch {epoch}/{args.epochs}", unit="step",
                        disable=None if dist.main else True)
-        for step, idx in enumerate(batches):
-            batch = data.batch(idx, device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
-            with autocast:
-                loss, _ = drafter.train_forward(ddp_model, batch, args.ttt_steps, losses)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
-            loss_sum += loss.detach()  # a device tensor: no host sync per step
+        hdt = torch.bfloat16 if device.type == "cuda" else torch.float32
+        for step, batch in enumerate(dataset.prefetched(lambda idx, hdt=hdt: data.batch(idx, device, hdt, layout=True), batches)):
+            loss, _ = train_step(ddp_model, batch, opt, sched, params, args.ttt_steps, losses, autocast)
+            loss_sum += loss  # a device tensor: no host sync per step
             tokens += batch["input_ids"].shape[1]
             rate = tokens * dist.world / max(time.perf_counter() - t0, 1e-9)
             bar.update(1)
