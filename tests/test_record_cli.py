@@ -290,3 +290,14 @@ def _git_identity(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GIT_COMMITTER_EMAIL", "t@example.com")
     monkeypatch.delenv("EDITOR", raising=False)
     os.environ.pop("VISUAL", None)
+
+
+def test_commit_subject_leads_with_the_metrics_the_criterion_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = make_repo(tmp_path)
+    save_run(repo / "state", a_run("20261129-110000-bbbb", "phase-1", "1", "fail",
+                                   {"accept_len": 1.31, "train_loss": 1.9, "aaa_bytes": 7.0}, commit="deadbeef00112233"))
+    result = run_record(repo, monkeypatch, "Fine-tune", "--run", "last", "--metric", "abc=2")
+    assert result.exit_code == 0, result.output
+    subject = subprocess.run(["git", "log", "-1", "--format=%s"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    # Phase 1's `Pass:` names accept_len and train_loss: those come first, whatever their names sort as
+    assert subject == "runbook: record Fine-tune (accept_len=1.31, train_loss=1.9, aaa_bytes=7)", subject

@@ -289,10 +289,20 @@ def write_record(
     )
 
 
+def _headline_metrics(ctx: PlanContext, milestone: Milestone) -> list[str]:
+    """Metric names for the commit subject: those the run's `Pass:` names first, then the rest."""
+    from runbook.criteria import metric_names
+
+    phase = ctx.plan.find_phase(milestone.phase) if milestone.phase else None
+    judged = metric_names(phase.criterion.expr) if phase is not None and phase.criterion is not None else []
+    first = [name for name in judged if name in milestone.metrics]
+    return first + [name for name in milestone.metrics if name not in first]
+
+
 def _commit(ctx: PlanContext, notes_rel: str, milestone: Milestone, outcome: RecordOutcome) -> str | None:
     from runbook.gitops import GitStateError, commit_paths
 
-    shown = ", ".join(f"{k}={v:g}" for k, v in list(milestone.metrics.items())[:3])
+    shown = ", ".join(f"{k}={milestone.metrics[k]:g}" for k in _headline_metrics(ctx, milestone)[:3])
     subject = f"runbook: record {milestone.title}" + (f" ({shown})" if shown else "")
     details = [f"Notes: {notes_rel}"]
     if milestone.run_id:
