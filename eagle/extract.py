@@ -84,24 +84,6 @@ def parse_layer_ids(spec: str | Sequence[int] | None, num_layers: int) -> list[i
     return ids
 
 
-def plan_batches(lengths: Sequence[int], todo: Sequence[int], batch_tokens: int) -> list[list[int]]:
-    """Group sample indices into batches of similar length whose padded size fits `batch_tokens`.
-
-    Sorted by length (then index) so padding is minimal; a sample longer than the budget runs alone.
-    """
-    order = sorted(todo, key=lambda i: (lengths[i], i))
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        if cur and lengths[i] * (len(cur) + 1) > batch_tokens:  # sorted: lengths[i] is the batch max
-            batches.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        batches.append(cur)
-    return batches
-
-
 def parse_shard(spec: str | None, env: dict[str, str]) -> tuple[int, int]:
     """(K, N) from --shard K/N, else from torchrun's RANK/WORLD_SIZE in `env`, else (0, 1)."""
     if spec:

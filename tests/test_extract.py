@@ -41,21 +41,6 @@ def test_explicit_layer_ids_pass():
     assert extract.parse_layer_ids([1, 2], 8) == [1, 2]
 
 
-def test_plan_batches_respects_budget_and_covers_everything():
-    rng = random.Random(0)
-    lengths = [rng.randint(5, 60) for _ in range(50)]
-    todo = [i for i in range(50) if i % 7]
-    batches = extract.plan_batches(lengths, todo, 128)
-    flat = [i for b in batches for i in b]
-    assert sorted(flat) == todo
-    for b in batches:
-        assert len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 128
-    # sorted by length: padding waste is small
-    waste = sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in batches)
-    assert waste < 0.1 * sum(lengths[i] for i in todo)
-    assert extract.plan_batches([500, 3], [0, 1], 100) == [[1], [0]]  # a long sample runs alone
-
-
 def test_disk_check_names_sizes_and_path(tmp_path):
     extract.check_disk(tmp_path, 1000, 0)
     with pytest.raises(EagleError, match=r"needs 0\.00 GB .* GB free at " + re.escape(str(tmp_path))):

@@ -119,3 +119,13 @@ def test_nan_rows_are_reported_not_written(tmp_path):
     stats = hc.extract_rows(model, rows, [0, 1], [1, 2], tmp_path)
     assert sorted(stats.bad_rows) == [0, 1]
     assert not any(hidden_io.hs_path(tmp_path, i).exists() for i in (0, 1))
+
+
+def test_plan_buckets_keeps_padding_waste_small():
+    rng = random.Random(0)
+    lengths = [rng.randint(5, 60) for _ in range(50)]
+    todo = [i for i in range(50) if i % 7]
+    batches = hc.plan_buckets(lengths, todo, 128)
+    assert sorted(i for b in batches for i in b) == todo
+    waste = sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in batches)
+    assert waste < 0.1 * sum(lengths[i] for i in todo)  # sorted by length: little padding
