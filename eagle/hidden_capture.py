@@ -280,6 +280,11 @@ class CapturePipeline:
         threads = [threading.Thread(target=writer, daemon=True) for _ in range(self.writers if self.cuda else 0)]
         for t in threads:
             t.start()
+        if self.cuda:
+            # Streams, events and compiled kernels follow the *current* device: under torchrun,
+            # rank R works on cuda:R, so make that current (an event recorded on cuda:0's stream
+            # would let the copy read hidden states before cuda:R has computed them).
+            torch.cuda.set_device(self.device)
         copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
         t0 = time.perf_counter()
         try:
@@ -307,7 +312,7 @@ class CapturePipeline:
                 host = self._slot(slot, hs.numel())[: hs.numel()].view(hs.shape)
                 bad = torch.empty(bad_dev.shape, dtype=torch.bool, pin_memory=True)
                 ready = torch.cuda.Event()
-                ready.record()
+                ready.record(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(copy_stream):
                     copy_stream.wait_event(ready)
                     host.copy_(hs, non_blocking=True)

@@ -496,6 +496,10 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float, ttt_step
     if int(os.environ.get("RANK", "0")) != 0:
         return
     metrics = summary_metrics(log)
+    diverged = sorted(name for name, value in metrics.items() if not math.isfinite(value))
+    if diverged:
+        fail(f"training diverged: {', '.join(diverged)} not finite (see {Path(args.out) / 'train_log.json'}); "
+             f"lower --lr (now {lr:g}) or check the hidden states with `eagle extract` (it validates them)")
     write_metrics(metrics)
     if as_json:
         click.echo(json.dumps(metrics, indent=1, sort_keys=True))
