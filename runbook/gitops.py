@@ -139,6 +139,7 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -
             f"{index_lock} exists: another git command is running in this repository; wait for it "
             "to finish, or remove the file if no git process is running"
         )
+    _remove_dead_temp_indexes(gdir)
     tmp_index = gdir / f"index.runbook.{os.getpid()}"
     with contextlib.suppress(FileNotFoundError):
         tmp_index.unlink()
@@ -177,6 +178,25 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -
                 f"{', '.join(present)}: {_detail(exc)}; run `git reset -q -- {' '.join(present)}`"
             ) from exc
     return commit
+
+
+def _remove_dead_temp_indexes(gdir: Path) -> None:
+    """Delete temporary indexes (`index.runbook.<pid>`) left by runbook processes that were killed."""
+    for leftover in gdir.glob("index.runbook.*"):
+        pid = leftover.name.rsplit(".", 1)[-1]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _detail(exc: Exception) -> str:
