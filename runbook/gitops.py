@@ -182,21 +182,13 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -
 
 def _remove_dead_temp_indexes(gdir: Path) -> None:
     """Delete temporary indexes (`index.runbook.<pid>`) left by runbook processes that were killed."""
+    from runbook.lock import pid_alive
+
     for leftover in gdir.glob("index.runbook.*"):
         pid = leftover.name.rsplit(".", 1)[-1]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _detail(exc: Exception) -> str:
