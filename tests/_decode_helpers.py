@@ -5,7 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: threads only add contention on a shared CPU. Use as `_one_thread = helpers.one_thread`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def write_prompts(path: Path, n: int, salt: int = 7) -> Path:

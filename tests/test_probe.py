@@ -18,12 +18,7 @@ helpers = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(helpers)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: threads only add contention on a shared CPU
-    yield
-    torch.set_num_threads(before)
+_one_thread = helpers.one_thread  # autouse, module scope: one torch thread for these tiny models
 
 
 @pytest.fixture(scope="module")
