@@ -46,6 +46,12 @@ class ExtractResult(BaseModel):
     shard: str = "0/1"  # K/N: this process handled the samples with index % N == K ("all/N": merged)
     shard_tokens: list[int] = []  # merged results only: new tokens of each shard
     shard_tok_s: list[float] = []  # merged results only: tok/s of each shard
+    # `seconds` (and tok_s) run from before the model load to the last file written; these split it.
+    # Defaults keep results written before they existed valid (0.0 = not measured).
+    capture_seconds: float = 0.0  # the capture loop alone: first batch launched to last file written
+    load_seconds: float = 0.0  # the rest of `seconds`: model load, hooks, writer threads
+    capture_tok_s: float = 0.0  # new_tokens / capture_seconds (merged: all shards' / the slowest one's)
+    shard_capture_tok_s: list[float] = []  # merged results only: capture tok/s of each shard
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -105,18 +111,26 @@ def shard_device(device: str, env: dict[str, str], cuda: bool) -> str:
     return device
 
 
+def _rate(tokens: int, seconds: float) -> float:
+    return round(tokens / seconds, 1) if tokens and seconds > 0 else 0.0
+
+
 def merge_results(results: Sequence[ExtractResult]) -> ExtractResult:
-    """One summary of every shard's result: counts add up, seconds is the slowest shard's."""
+    """One summary of every shard's result: counts add up; seconds, capture_seconds and load_seconds
+    are each the slowest shard's, and the rates are all shards' new tokens over those."""
     seconds = max(r.seconds for r in results)
+    capture = max(r.capture_seconds for r in results)
     new_tokens = sum(r.new_tokens for r in results)
     return ExtractResult(
         out=results[0].out, layer_ids=results[0].layer_ids, samples=sum(r.samples for r in results),
         extracted=sum(r.extracted for r in results), skipped=sum(r.skipped for r in results),
         tokens=sum(r.tokens for r in results), new_tokens=new_tokens, seconds=seconds,
-        tok_s=round(new_tokens / seconds, 1) if new_tokens and seconds > 0 else 0.0,
+        tok_s=_rate(new_tokens, seconds),
         bytes_written=sum(r.bytes_written for r in results), total_bytes=sum(r.total_bytes for r in results),
         shard=f"all/{len(results)}", shard_tokens=[r.new_tokens for r in results],
-        shard_tok_s=[r.tok_s for r in results])
+        shard_tok_s=[r.tok_s for r in results], capture_seconds=capture,
+        load_seconds=max(r.load_seconds for r in results), capture_tok_s=_rate(new_tokens, capture),
+        shard_capture_tok_s=[r.capture_tok_s for r in results])
 
 
 def bytes_per_sample(seq_len: int, num_aux: int, hidden: int) -> int:
@@ -153,9 +167,11 @@ def vllm_samples(model: Path, rows: list[list[int]], todo: list[int], layer_ids:
 
 
 def _extract_hf(model: Path, device: str, dtype: str, rows: list[list[int]], todo: list[int], ids: list[int],
-                out: Path, hidden: int, batch_tokens: int, echo: bool) -> tuple[int, int]:
-    """(bytes written, tokens) of the hf backend: capture + file writes overlapped (eagle/hidden_capture.py);
-    each file is written atomically, then read back and validated, on the engine's writer threads."""
+                out: Path, hidden: int, batch_tokens: int, echo: bool) -> tuple[int, int, float]:
+    """(bytes written, tokens, capture seconds) of the hf backend: capture + file writes overlapped
+    (eagle/hidden_capture.py); each file is written atomically, then read back and validated, on the
+    engine's writer threads. Capture seconds: CaptureStats.seconds, the loop from the first batch
+    launched to the last file written (model load and setup excluded; a lazy torch.compile included)."""
     import threading
 
     from eagle import hidden_capture
@@ -182,7 +198,7 @@ def _extract_hf(model: Path, device: str, dtype: str, rows: list[list[int]], tod
     if stats.bad_rows:
         raise EagleError(f"sample {min(stats.bad_rows)}: hidden_states has NaN/Inf values (nothing written for it; "
                          "a target in float16 may overflow: try --dtype bfloat16)")
-    return stats.bytes_written, stats.tokens
+    return stats.bytes_written, stats.tokens, stats.seconds
 
 
 def _target_config(model: Path) -> Any:
@@ -274,9 +290,11 @@ def extract(model: Path, data: Path, out: Path | None = None, layer_ids: str | S
 
     written = 0
     new_tokens = 0
+    capture = 0.0
     t0 = time.time()
     if todo and backend == "hf":  # the fast engine: eagle/hidden_capture.py (writes on its own threads)
-        written, new_tokens = _extract_hf(model, device, dtype, rows, todo, ids, out, hidden, batch_tokens, echo)
+        written, new_tokens, capture = _extract_hf(model, device, dtype, rows, todo, ids, out, hidden,
+                                                   batch_tokens, echo)
     elif todo:
         if backend == "vllm":
             stream = vllm_samples(model, rows, todo, ids, tensor_parallel_size)
@@ -284,6 +302,7 @@ def extract(model: Path, data: Path, out: Path | None = None, layer_ids: str | S
             raise EagleError(f"unknown --backend {backend!r}; use hf or vllm")
         bar = progress(total=sum(lengths[i] for i in todo), desc="extract", unit="tok",
                        disable=None if echo else True)
+        c0 = time.perf_counter()  # vLLM's server starts lazily inside the stream: its start counts here
         for i, hs in stream:
             tid = torch.tensor(rows[i], dtype=torch.int64)
             problems = hidden_io.check_sample({"hidden_states": hs.to(torch.bfloat16), "token_ids": tid},
@@ -300,15 +319,19 @@ def extract(model: Path, data: Path, out: Path | None = None, layer_ids: str | S
             new_tokens += lengths[i]
             bar.update(lengths[i])
             bar.set_postfix_str(f"{new_tokens / max(1e-9, time.time() - t0):,.0f} tok/s")
+        capture = time.perf_counter() - c0
         bar.close()
     seconds = time.time() - t0
+    capture = min(capture, seconds)  # two clocks: never report more capture than the whole
     total_bytes = sum(hidden_io.hs_path(out, i).stat().st_size for i in mine
                       if hidden_io.hs_path(out, i).is_file())
     return ExtractResult(
         out=str(out), layer_ids=ids, samples=len(mine), extracted=len(todo), skipped=len(done),
         tokens=sum(lengths[i] for i in mine), new_tokens=new_tokens, seconds=round(seconds, 3),
-        tok_s=round(new_tokens / seconds, 1) if new_tokens and seconds > 0 else 0.0,
+        tok_s=_rate(new_tokens, seconds),
         bytes_written=written, total_bytes=total_bytes, shard=f"{k_shard}/{n_shard}",
+        capture_seconds=round(capture, 3), load_seconds=round(seconds - capture, 3),
+        capture_tok_s=_rate(new_tokens, capture),
     )
 
 
@@ -336,20 +359,24 @@ def gather_results(res: ExtractResult) -> list[ExtractResult] | None:
 
 
 def summary_metrics(res: ExtractResult, ranks: Sequence[ExtractResult] | None) -> dict[str, float]:
-    """Unsharded: extract_tokens/_bytes/_tok_s. Merged over ranks: the same for the whole run plus
-    extract_rank{K}_tokens/_tok_s. A lone --shard K/N: extract_shard{K}_tokens/_bytes/_tok_s."""
+    """Unsharded: extract_tokens/_bytes/_tok_s/_capture_tok_s. Merged over ranks: the same for the whole
+    run plus extract_rank{K}_tokens/_tok_s/_capture_tok_s. A lone --shard K/N:
+    extract_shard{K}_tokens/_bytes/_tok_s/_capture_tok_s. The rates only when something was extracted."""
     if res.shard != "0/1" and ranks is None:
         k = res.shard.split("/")[0]
         named = {f"extract_shard{k}_tokens": res.tokens, f"extract_shard{k}_bytes": res.total_bytes}
         if res.new_tokens:
             named[f"extract_shard{k}_tok_s"] = res.tok_s
+            named[f"extract_shard{k}_capture_tok_s"] = res.capture_tok_s
         return named
     metrics: dict[str, float] = {"extract_tokens": res.tokens, "extract_bytes": res.total_bytes}
     if res.new_tokens:
         metrics["extract_tok_s"] = res.tok_s
+        metrics["extract_capture_tok_s"] = res.capture_tok_s
     for k, r in enumerate(ranks or []):
         metrics[f"extract_rank{k}_tokens"] = r.new_tokens
         metrics[f"extract_rank{k}_tok_s"] = r.tok_s
+        metrics[f"extract_rank{k}_capture_tok_s"] = r.capture_tok_s
     return metrics
 
 
@@ -384,15 +411,19 @@ def command(model: Path, data: Path, out: Path | None, layer_ids: str | None, ba
     ascending, then the pre-norm last layer; token_ids [T]) and DATA/eagle_data.json. Re-running
     skips samples whose file is already valid, so an interrupted run resumes. Refuses to start
     when the disk cannot hold what it will write.
-    Metrics: extract_tokens (tokens with hidden states on disk), extract_tok_s (this run),
-    extract_bytes (bytes of hidden-state files on disk).
+    Metrics: extract_tokens (tokens with hidden states on disk), extract_tok_s (new tokens / seconds
+    of this run from before the model load to the last file written), extract_capture_tok_s (new
+    tokens / seconds of the capture loop alone, from the first batch to the last file written: model
+    load excluded, a GPU's lazy torch.compile of the first batches included; vllm: the server's start
+    included), extract_bytes (bytes of hidden-state files on disk).
 
     \b
     Data parallel (no NCCL; every process writes its own samples' files and the same eagle_data.json):
       torchrun --nproc-per-node 2 -m eagle.cli extract --model ... --data ...   # rank R on cuda:R
       eagle extract ... --shard 0/2 & eagle extract ... --shard 1/2 --device cuda:1
-    Under torchrun rank 0 reports the whole run (extract_tok_s = all tokens / slowest rank) plus
-    extract_rank{K}_tokens and extract_rank{K}_tok_s; a lone --shard K/N writes extract_shard{K}_*.
+    Under torchrun rank 0 reports the whole run (extract_tok_s and extract_capture_tok_s = all tokens
+    / the slowest rank's seconds) plus extract_rank{K}_tokens, _tok_s and _capture_tok_s; a lone
+    --shard K/N writes extract_shard{K}_*.
     """
     import torch
 
@@ -421,8 +452,12 @@ def command(model: Path, data: Path, out: Path | None, layer_ids: str | None, ba
         "samples": res.samples,
         "extracted / skipped": f"{res.extracted} / {res.skipped}",
         "tokens": res.tokens,
-        "tok/s": res.tok_s,
+        "seconds": f"{res.seconds:,.1f} ({res.load_seconds:,.1f} load + {res.capture_seconds:,.1f} capture)",
+        "tok/s": f"{res.tok_s:,.1f} (load included)",
+        "capture tok/s": f"{res.capture_tok_s:,.1f} (load excluded)",
         **({"tok/s per rank": " ".join(f"{t:,.1f}" for t in res.shard_tok_s)} if res.shard_tok_s else {}),
+        **({"capture tok/s per rank": " ".join(f"{t:,.1f}" for t in res.shard_capture_tok_s)}
+           if res.shard_capture_tok_s else {}),
         "written": human_bytes(res.bytes_written),
         "on disk": human_bytes(res.total_bytes),
     })

@@ -109,6 +109,12 @@ def test_extract_equals_a_direct_transformers_forward(toy_target, extracted):
 
     out, res = extracted
     assert res.layer_ids == [2, 4, 5] and res.extracted == res.samples == 6 and res.skipped == 0
+    # the capture loop is part of the run; the rest (model load, setup) is load_seconds
+    assert 0 < res.capture_seconds <= res.seconds and res.load_seconds > 0
+    assert abs(res.capture_seconds + res.load_seconds - res.seconds) < 2e-3
+    assert res.capture_tok_s >= res.tok_s > 0
+    # capture_seconds is rounded to ms, the rate comes from the unrounded time
+    assert res.new_tokens / (res.capture_seconds + 6e-4) <= res.capture_tok_s <= res.new_tokens / (res.capture_seconds - 6e-4)
     model = LlamaForCausalLM.from_pretrained(str(toy_target)).eval()
     n = model.config.num_hidden_layers
     for i in hidden_io.list_samples(out):
@@ -164,6 +170,7 @@ def test_resume_skips_valid_files_and_redoes_damaged_ones(toy_target, prepared, 
     stamp = {i: hidden_io.hs_path(out, i).stat().st_mtime_ns for i in range(6)}
     again = extract.extract(toy_target, out, echo=False)
     assert (again.extracted, again.skipped, again.new_tokens) == (0, 6, 0)
+    assert (again.capture_seconds, again.capture_tok_s, again.tok_s) == (0.0, 0.0, 0.0)  # nothing captured
     assert all(hidden_io.hs_path(out, i).stat().st_mtime_ns == stamp[i] for i in range(6))
     # damage: a NaN in one file, a truncated second, a missing third
     from safetensors.torch import load_file, save_file
@@ -210,6 +217,9 @@ def test_cli_out_dir_metrics_and_errors(toy_target, prepared, tmp_path):
     m = json.loads(metrics.read_text())
     assert m["extract_tokens"] == sum(hidden_io.open_prepared(prepared).with_format(None)["seq_len"])
     assert m["extract_tok_s"] > 0 and m["extract_bytes"] > 0
+    assert m["extract_capture_tok_s"] >= m["extract_tok_s"]
+    assert re.search(r"seconds\s+[\d.,]+ \([\d.,]+ load \+ [\d.,]+ capture\)", r.stdout), r.stdout
+    assert re.search(r"capture tok/s\s+[\d.,]+ \(load excluded\)", r.stdout), r.stdout
     assert not (prepared / "hidden_states").exists()  # --out leaves the prepared dir alone
     assert hidden_io.list_samples(out) == list(range(6))  # OUT is a complete data dir
     for args, why in [

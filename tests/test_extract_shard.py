@@ -48,24 +48,37 @@ def test_shard_device():
     assert extract.shard_device("auto", {}, cuda=True) == "auto"  # not under torchrun
 
 
-def _result(shard: str, new_tokens: int, seconds: float) -> extract.ExtractResult:
+def _result(shard: str, new_tokens: int, seconds: float, capture: float) -> extract.ExtractResult:
     return extract.ExtractResult(out="o", layer_ids=[2, 4, 5], samples=3, extracted=3, skipped=0, tokens=new_tokens,
                                  new_tokens=new_tokens, seconds=seconds, tok_s=new_tokens / seconds, bytes_written=10,
-                                 total_bytes=10, shard=shard)
+                                 total_bytes=10, shard=shard, capture_seconds=capture, load_seconds=seconds - capture,
+                                 capture_tok_s=new_tokens / capture)
 
 
 def test_merge_results_and_metrics():
-    a, b = _result("0/2", 300, 2.0), _result("1/2", 100, 4.0)
+    # rank 0 is slower overall (long load), rank 1 has the slower capture: each maximum is taken on its own
+    a, b = _result("0/2", 300, 5.0, 1.0), _result("1/2", 100, 4.0, 2.0)
     m = extract.merge_results([a, b])
-    assert (m.samples, m.tokens, m.new_tokens, m.seconds, m.total_bytes) == (6, 400, 400, 4.0, 20)
-    assert m.tok_s == 100.0  # all tokens over the slowest shard's time
-    assert (m.shard, m.shard_tokens, m.shard_tok_s) == ("all/2", [300, 100], [150.0, 25.0])
+    assert (m.samples, m.tokens, m.new_tokens, m.seconds, m.total_bytes) == (6, 400, 400, 5.0, 20)
+    assert m.tok_s == 80.0  # all tokens over the slowest shard's time
+    assert (m.capture_seconds, m.load_seconds, m.capture_tok_s) == (2.0, 4.0, 200.0)  # slowest capture: rank 1's
+    assert (m.shard, m.shard_tokens, m.shard_tok_s, m.shard_capture_tok_s) == ("all/2", [300, 100], [60.0, 25.0],
+                                                                              [300.0, 50.0])
     metrics = extract.summary_metrics(m, [a, b])
-    assert metrics == {"extract_tokens": 400, "extract_bytes": 20, "extract_tok_s": 100.0,
-                       "extract_rank0_tokens": 300, "extract_rank0_tok_s": 150.0,
-                       "extract_rank1_tokens": 100, "extract_rank1_tok_s": 25.0}
+    assert metrics == {"extract_tokens": 400, "extract_bytes": 20, "extract_tok_s": 80.0,
+                       "extract_capture_tok_s": 200.0,
+                       "extract_rank0_tokens": 300, "extract_rank0_tok_s": 60.0, "extract_rank0_capture_tok_s": 300.0,
+                       "extract_rank1_tokens": 100, "extract_rank1_tok_s": 25.0, "extract_rank1_capture_tok_s": 50.0}
     assert extract.summary_metrics(b, None) == {"extract_shard1_tokens": 100, "extract_shard1_bytes": 10,
-                                                "extract_shard1_tok_s": 25.0}
+                                                "extract_shard1_tok_s": 25.0, "extract_shard1_capture_tok_s": 50.0}
+
+
+def test_results_of_older_runs_still_validate():
+    old = _result("0/1", 30, 1.0, 1.0).model_dump()
+    for k in ("capture_seconds", "load_seconds", "capture_tok_s", "shard_capture_tok_s"):
+        del old[k]
+    r = extract.ExtractResult.model_validate(old)
+    assert (r.capture_seconds, r.load_seconds, r.capture_tok_s, r.shard_capture_tok_s) == (0.0, 0.0, 0.0, [])
 
 
 # ---------------------------------------------------------------- real runs on a tiny target
@@ -128,6 +141,8 @@ def test_two_shards_write_the_same_files_as_one_process(tiny, tmp_path):
     assert [r.tokens for r in res] == [sum(lengths[0::2]), sum(lengths[1::2])]
     m1 = json.loads((tmp_path / "m1.json").read_text())
     assert m1["extract_shard1_tokens"] == sum(lengths[1::2]) and m1["extract_shard1_tok_s"] > 0
+    assert m1["extract_shard1_capture_tok_s"] >= m1["extract_shard1_tok_s"]
+    assert all(0 < r.capture_seconds <= r.seconds and r.load_seconds > 0 for r in res)
 
     # resume is per shard: shard 1 again finds all its files valid; a deleted file of shard 0 is redone alone
     again = extract.extract(tiny[0], tiny[1], tmp_path / "two", device="cpu", batch_tokens=1, keep_free_gb=0,
@@ -153,6 +168,13 @@ def test_torchrun_two_ranks_report_the_whole_run(tiny, tmp_path):
     m = json.loads(metrics.read_text())
     assert m["extract_tokens"] == sum(lengths) and m["extract_rank1_tokens"] == sum(lengths[1::2])
     assert m["extract_tok_s"] > 0 and m["extract_rank0_tok_s"] > 0
+    # the whole run's capture rate: all tokens over the slowest rank's capture loop (model load excluded)
+    assert 0 < merged.capture_seconds <= merged.seconds
+    assert merged.capture_tok_s == round(sum(lengths) / merged.capture_seconds, 1)
+    assert m["extract_capture_tok_s"] == merged.capture_tok_s >= m["extract_tok_s"]
+    assert [m["extract_rank0_capture_tok_s"], m["extract_rank1_capture_tok_s"]] == merged.shard_capture_tok_s
+    assert all(m[f"extract_rank{k}_capture_tok_s"] >= m[f"extract_rank{k}_tok_s"] for k in range(2))
+    assert m["extract_capture_tok_s"] <= sum(merged.shard_capture_tok_s)  # the slowest rank bounds the whole
     assert sorted(hidden_io.list_samples(tmp_path / "tr")) == list(range(N_SAMPLES))
 
 
