@@ -9,6 +9,9 @@ unused ids fill the rest (speculators' convention). Then
 
 written to DATA/vocab.safetensors (tensors d2t, t2d, counts [V] int64) and DATA/vocab.json. A
 missing or wrong d2t collapses acceptance silently, so `check_maps` verifies the pair.
+
+`--from-draft DRAFT` instead takes d2t / t2d from an existing drafter checkpoint (to fine-tune it,
+its vocabulary must not change) and counts this data's tokens only for `counts` and the coverage.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class VocabResult(BaseModel):
     distinct_tokens: int
     coverage: float  # fraction of loss-masked tokens whose id is in the draft vocab
     path: str
+    from_draft: str | None = None  # the drafter checkpoint whose d2t/t2d were kept (--from-draft)
 
 
 # ---------------------------------------------------------------- pure functions
@@ -126,30 +130,98 @@ def _vocab_size(data: Path, model: Path | None) -> int:
                          "(run `eagle extract` first) and no --model was given") from None
 
 
-def build_vocab(data: Path, draft_vocab: int, model: Path | None = None) -> VocabResult:
-    """Count, choose, build and write DATA/vocab.safetensors + vocab.json."""
+def draft_maps(draft: Path, vocab_size: int) -> tuple[Any, Any]:
+    """(d2t, t2d) of the drafter checkpoint in `draft`, checked against the target's vocab size.
+
+    Reads only those two tensors (the weights may be gigabytes); the checkpoint's tensor names and
+    shapes are validated against its config.json as `checkpoint.load_draft_state` does.
+    """
+    import torch
+    from safetensors import safe_open
+
+    from eagle import checkpoint
+
+    draft = Path(draft)
+    if not draft.is_dir():
+        raise EagleError(f"--from-draft {draft}: no such directory (give a drafter checkpoint: config.json + model.safetensors)")
+    cfg = checkpoint.read_draft_config(draft)
+    file = draft / checkpoint.WEIGHTS_FILE
+    if not file.is_file():
+        raise EagleError(f"{file}: not found (the checkpoint has a config.json but no weights)")
+    try:
+        with safe_open(str(file), "pt") as f:
+            names = set(f.keys())
+            if "d2t" not in names:
+                raise EagleError(f"{file}: has no d2t tensor (the draft-to-target vocabulary map), so its draft "
+                                 "vocabulary is unknown; add d2t to the checkpoint, or choose a new vocabulary "
+                                 "with `eagle vocab --draft-vocab N` and train a drafter from scratch")
+            problems = checkpoint.shape_problems(cfg, {k: tuple(f.get_slice(k).get_shape()) for k in names})
+            if problems:
+                raise EagleError(f"{file}: does not match its config.json: " + "; ".join(problems))
+            d2t = f.get_tensor("d2t")
+            t2d = f.get_tensor("t2d") if "t2d" in names else None
+    except EagleError:
+        raise
+    except Exception as exc:  # safetensors' own error for a truncated or foreign file
+        raise EagleError(f"{file}: not a readable safetensors file ({exc})") from None
+    if d2t.is_floating_point() or d2t.dtype == torch.bool:
+        raise EagleError(f"{file}: d2t is {d2t.dtype}, expected an integer tensor")
+    d2t = d2t.to(torch.int64)
+    if t2d is None:  # optional in the format: rebuild it from d2t over the config's target vocab
+        target_ids = d2t + torch.arange(d2t.shape[0])
+        if int(target_ids.min()) < 0 or int(target_ids.max()) >= cfg.vocab_size:
+            raise EagleError(f"{file}: d2t maps outside the target vocabulary of {cfg.vocab_size}")
+        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        t2d[target_ids] = True
+    t2d = t2d.to(torch.bool)
+    if t2d.shape[0] != vocab_size:
+        raise EagleError(f"{file}: the drafter's t2d covers {t2d.shape[0]} target tokens but this data's target "
+                         f"has a vocab of {vocab_size}: the drafter was trained for another tokenizer; "
+                         "choose a new vocabulary with `eagle vocab --draft-vocab N` instead")
+    problems = check_maps(d2t, t2d)
+    if problems:
+        raise EagleError(f"{file}: inconsistent d2t/t2d: " + "; ".join(problems))
+    return d2t, t2d
+
+
+def build_vocab(data: Path, draft_vocab: int | None = None, model: Path | None = None,
+                from_draft: Path | None = None) -> VocabResult:
+    """Count, choose (or take the drafter's), build and write DATA/vocab.safetensors + vocab.json."""
     from safetensors.torch import save_file
 
+    if (draft_vocab is None) == (from_draft is None):
+        raise EagleError("give exactly one of --draft-vocab N (choose a new vocabulary from this data) and "
+                         "--from-draft DRAFT (keep an existing drafter's vocabulary, to fine-tune it)")
     data = Path(data)
     ds = hidden_io.open_prepared(data).with_format(None)
     vocab_size = _vocab_size(data, model)
+    if from_draft is not None:
+        d2t, t2d = draft_maps(from_draft, vocab_size)
     counts = count_tokens(zip(ds["input_ids"], ds["loss_mask"], strict=True), vocab_size)
-    selected = choose_top(counts, draft_vocab)
-    d2t, t2d = build_maps(selected, vocab_size)
+    if from_draft is None:
+        d2t, t2d = build_maps(choose_top(counts, draft_vocab), vocab_size)
     problems = check_maps(d2t, t2d)
-    if problems:  # cannot happen for maps we built; guards future edits
+    if problems:  # cannot happen for maps we built or checked; guards future edits
         raise EagleError("; ".join(problems))
+    draft_vocab = int(d2t.shape[0])
     total = int(counts.sum())
     covered = int(counts[t2d].sum())
     out = data / VOCAB_FILE
+    meta = {"draft_vocab": str(draft_vocab), "vocab_size": str(vocab_size)}
+    if from_draft is not None:
+        meta["from_draft"] = str(from_draft)
     tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
-    save_file({"d2t": d2t, "t2d": t2d, "counts": counts}, str(tmp),
-              metadata={"draft_vocab": str(draft_vocab), "vocab_size": str(vocab_size)})
-    os.replace(tmp, out)
+    try:
+        save_file({"d2t": d2t, "t2d": t2d, "counts": counts}, str(tmp), metadata=meta)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     res = VocabResult(draft_vocab=draft_vocab, vocab_size=vocab_size, loss_tokens=total,
                       distinct_tokens=int((counts > 0).sum()), coverage=covered / total if total else 0.0,
-                      path=str(out))
-    (data / VOCAB_JSON).write_text(json.dumps(res.model_dump(), indent=1) + "\n")
+                      path=str(out), from_draft=None if from_draft is None else str(from_draft))
+    tmp_json = data / f".tmp-{VOCAB_JSON}-{os.getpid()}"
+    tmp_json.write_text(json.dumps(res.model_dump(), indent=1) + "\n")
+    os.replace(tmp_json, data / VOCAB_JSON)
     return res
 
 
@@ -169,23 +241,30 @@ def read_vocab(data: Path) -> tuple[Any, Any]:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--data", type=click.Path(path_type=Path), required=True, help="Prepared (and extracted) data dir.")
-@click.option("--draft-vocab", type=int, required=True, help="Draft vocabulary size DV (e.g. 256 for the toy, 32000 for real targets).")
+@click.option("--draft-vocab", type=int, default=None,
+              help="Choose a new draft vocabulary of this size DV (e.g. 256 for the toy, 32000 for real targets).")
+@click.option("--from-draft", type=click.Path(path_type=Path), default=None,
+              help="Keep this drafter checkpoint's vocabulary (its d2t/t2d), to fine-tune it on DATA.")
 @click.option("--model", type=click.Path(path_type=Path), default=None,
               help="Target dir, for its vocab size [default: from DATA/eagle_data.json].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def command(data: Path, draft_vocab: int, model: Path | None, as_json: bool) -> None:
-    """Choose the draft vocabulary: the DV most frequent assistant tokens.
+def command(data: Path, draft_vocab: int | None, from_draft: Path | None, model: Path | None, as_json: bool) -> None:
+    """Choose the draft vocabulary: the DV most frequent assistant tokens, or an existing drafter's.
 
     \b
-    eagle vocab --data work/data --draft-vocab 256
+    eagle vocab --data work/data --draft-vocab 256                 # new drafter
+    eagle vocab --data work/data-v2 --from-draft work/draft-v1     # fine-tune work/draft-v1
 
-    Counts token ids where loss_mask is 1, takes the top DV (ties by id), sorts them and writes
-    DATA/vocab.safetensors (d2t int64 [DV]: target_id - draft_id; t2d bool [V]; counts) where
-    `eagle train` finds it. Metric: vocab_coverage (share of assistant tokens the draft vocab covers).
+    With --draft-vocab: counts token ids where loss_mask is 1, takes the top DV (ties by id), sorts
+    them. With --from-draft: takes the drafter's d2t/t2d unchanged (`eagle train --init-from`
+    refuses data whose d2t differs from the drafter's) and checks them against the target's vocab.
+    Either way writes DATA/vocab.safetensors (d2t int64 [DV]: target_id - draft_id; t2d bool [V];
+    counts of this data) where `eagle train` finds it. Metric: vocab_coverage (share of this data's
+    assistant tokens the draft vocab covers).
     """
     quiet_hf()
     try:
-        res = build_vocab(data, draft_vocab, model)
+        res = build_vocab(data, draft_vocab, model, from_draft)
     except EagleError as e:
         fail(str(e))
     write_metrics({"vocab_coverage": res.coverage})
@@ -194,6 +273,7 @@ def command(data: Path, draft_vocab: int, model: Path | None, as_json: bool) -> 
         return
     print_kv({
         "written": res.path,
+        "vocabulary": f"kept from {res.from_draft}" if res.from_draft else "top tokens of this data",
         "draft vocab / target vocab": f"{res.draft_vocab} / {res.vocab_size}",
         "assistant tokens counted": res.loss_tokens,
         "distinct assistant tokens": res.distinct_tokens,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,3 +129,120 @@ def test_toy_data_fixture_end_to_end(toy_data):
     chosen = set((d2t + torch.arange(256)).tolist())
     masked = s["input_ids"][s["loss_mask"].bool()].tolist()
     assert set(masked) <= chosen or len(set(masked) - chosen) <= 2
+
+
+# ---------------------------------------------------------------- --from-draft: keep a drafter's vocabulary
+
+_spec = importlib.util.spec_from_file_location("_train_data", Path(__file__).with_name("_train_data.py"))
+td = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(td)
+
+
+@pytest.fixture(scope="module")
+def tiny_drafter(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real drafter checkpoint (speculators model, our writer) whose vocabulary is the even ids."""
+    from eagle import drafter
+
+    root = tmp_path_factory.mktemp("drafter")
+    target = td.make_target(root / "target")
+    t2d = torch.zeros(td.VOCAB, dtype=torch.bool)
+    t2d[::2] = True
+    d2t = torch.nonzero(t2d).squeeze(1) - torch.arange(td.DRAFT_VOCAB)
+    model = drafter.build_drafter(target, layer_ids=td.LAYER_IDS, d2t=d2t, t2d=t2d, ttt_steps=3)
+    drafter.save(model, root / "draft")
+    return root / "draft"
+
+
+def _prepared(d: Path, vocab_size: int = td.VOCAB) -> Path:
+    from datasets import Dataset
+
+    rows = {"input_ids": [[1, 2, 2, 3, 4], [4, 4, 5, 127, 9]], "loss_mask": [[0, 1, 1, 1, 1], [1, 1, 1, 1, 0]],
+            "seq_len": [5, 5]}
+    Dataset.from_dict(rows).save_to_disk(str(d))
+    hidden_io.write_data_meta(d, hidden_io.DataMeta(target="t", layer_ids=td.LAYER_IDS, hidden_size=td.HIDDEN,
+                                                    vocab_size=vocab_size, num_layers=td.LAYERS, num_samples=2))
+    return d
+
+
+def _copy_drafter(src: Path, dst: Path, edit) -> Path:
+    """A copy of the checkpoint in `src` whose tensors went through `edit(dict)`."""
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir()
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    state = load_file(str(src / "model.safetensors"))
+    edit(state)
+    save_file(state, str(dst / "model.safetensors"))
+    return dst
+
+
+def test_from_draft_keeps_the_drafters_vocabulary(tiny_drafter, tmp_path):
+    from safetensors.torch import load_file
+
+    from eagle import checkpoint, dataset
+
+    data = _prepared(tmp_path / "data")
+    ckpt = checkpoint.load_draft_state(tiny_drafter)
+    runner = CliRunner()
+    metrics = tmp_path / "m.json"
+    r = runner.invoke(vocab.command, ["--data", str(data), "--from-draft", str(tiny_drafter), "--json"],
+                      env={"RUNBOOK_METRICS": str(metrics)})
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    blob = load_file(str(data / "vocab.safetensors"))
+    assert torch.equal(blob["d2t"], ckpt["d2t"]) and blob["d2t"].dtype == torch.int64
+    assert torch.equal(blob["t2d"], ckpt["t2d"])
+    # counts and coverage are this data's: loss-masked tokens 2 2 3 4 | 4 4 5 127 -> even ids 2,2,4,4,4 of 8
+    assert blob["counts"].tolist()[:6] == [0, 0, 2, 1, 3, 1] and int(blob["counts"][127]) == 1
+    assert int(blob["counts"].sum()) == 8 and int(blob["counts"][9]) == 0  # 9 is masked out
+    assert res["draft_vocab"] == td.DRAFT_VOCAB and res["vocab_size"] == td.VOCAB
+    assert res["loss_tokens"] == 8 and res["distinct_tokens"] == 5
+    assert res["coverage"] == pytest.approx(5 / 8) and res["from_draft"] == str(tiny_drafter)
+    assert json.loads((data / "vocab.json").read_text()) == res
+    assert json.loads(metrics.read_text())["vocab_coverage"] == pytest.approx(5 / 8)
+    # what `eagle train --init-from` compares: the training reader sees the drafter's d2t
+    rd2t, _ = dataset.read_vocab(data)
+    assert torch.equal(rd2t, ckpt["d2t"])
+    # ... which choosing from this data would not have given
+    chosen, _ = vocab.build_maps(vocab.choose_top(blob["counts"], td.DRAFT_VOCAB), td.VOCAB)
+    assert not torch.equal(chosen, ckpt["d2t"])
+    assert not list(data.glob(".tmp-*"))
+
+
+def test_from_draft_without_t2d_rebuilds_it(tiny_drafter, tmp_path):
+    data = _prepared(tmp_path / "data")
+    src = _copy_drafter(tiny_drafter, tmp_path / "no-t2d", lambda s: s.pop("t2d"))
+    vocab.build_vocab(data, from_draft=src)
+    d2t, t2d = vocab.read_vocab(data)
+    assert t2d.nonzero().flatten().tolist() == list(range(0, td.VOCAB, 2))
+
+
+def _fails(args: list[str], *needles: str) -> None:
+    r = CliRunner().invoke(vocab.command, args)
+    assert r.exit_code == 1, r.output
+    assert "Traceback" not in r.output
+    for needle in needles:
+        assert needle in r.stderr, r.stderr
+
+
+def test_from_draft_errors(tiny_drafter, tmp_path):
+    data = _prepared(tmp_path / "data")
+    _fails(["--data", str(data), "--from-draft", str(tiny_drafter), "--draft-vocab", "8"], "exactly one of --draft-vocab")
+    _fails(["--data", str(data)], "exactly one of --draft-vocab", "--from-draft")
+    _fails(["--data", str(data), "--from-draft", str(tmp_path / "nope")], f"--from-draft {tmp_path / 'nope'}: no such directory")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _fails(["--data", str(data), "--from-draft", str(empty)], str(empty / "config.json"), "not found")
+    no_d2t = _copy_drafter(tiny_drafter, tmp_path / "no-d2t", lambda s: s.pop("d2t"))
+    _fails(["--data", str(data), "--from-draft", str(no_d2t)], str(no_d2t / "model.safetensors"), "has no d2t",
+           "--draft-vocab N")
+
+    def break_t2d(s):
+        s["t2d"][1] = True
+
+    bad = _copy_drafter(tiny_drafter, tmp_path / "bad-t2d", break_t2d)
+    _fails(["--data", str(data), "--from-draft", str(bad)], str(bad / "model.safetensors"), "t2d does not mark exactly")
+    other = _prepared(tmp_path / "other-vocab", vocab_size=256)
+    _fails(["--data", str(other), "--from-draft", str(tiny_drafter)], str(tiny_drafter / "model.safetensors"),
+           "covers 128 target tokens", "vocab of 256")
+    assert not (data / "vocab.safetensors").exists() and not (other / "vocab.safetensors").exists()
