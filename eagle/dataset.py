@@ -18,6 +18,7 @@ than the budget is truncated to it. Which samples go into which batch is a pure 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -129,15 +130,22 @@ def shift_sample(raw: dict[str, torch.Tensor], budget: int) -> dict[str, torch.T
 
 
 def collate(samples: list[dict[str, torch.Tensor]], dtype: torch.dtype = torch.float32,
-            layout: bool = False) -> dict[str, torch.Tensor]:
+            layout: bool = False, pin: bool = False) -> dict[str, torch.Tensor]:
     """Pack shifted samples into one row: every tensor gets a leading batch dim of 1.
 
     layout=True adds `doc_index` [B, Lmax] and `doc_valid` [B, Lmax] (eagle/doc_attention.py): where
-    each document sits in the row, so attention can run per document instead of over the pack."""
+    each document sits in the row, so attention can run per document instead of over the pack.
+    pin=True gathers the hidden states straight into pinned host memory (one copy, and the copy to
+    a GPU can then run asynchronously)."""
     out = {k: torch.cat([s[k] for s in samples], dim=0).unsqueeze(0)
            for k in ("input_ids", "loss_mask", "position_ids")}
     for k in ("hidden_states", "verifier_last_hidden_states"):
-        out[k] = torch.cat([s[k] for s in samples], dim=0).to(dtype).unsqueeze(0)
+        parts = [s[k] for s in samples]
+        if pin and all(p.dtype == dtype for p in parts):
+            buf = torch.empty((sum(p.shape[0] for p in parts), *parts[0].shape[1:]), dtype=dtype, pin_memory=True)
+            out[k] = torch.cat(parts, dim=0, out=buf).unsqueeze(0)
+        else:
+            out[k] = torch.cat(parts, dim=0).to(dtype).unsqueeze(0)
     out["document_ids"] = torch.cat(
         [torch.full((s["input_ids"].shape[0],), d, dtype=torch.long) for d, s in enumerate(samples)]).unsqueeze(0)
     if layout:
@@ -147,17 +155,30 @@ def collate(samples: list[dict[str, torch.Tensor]], dtype: torch.dtype = torch.f
     return out
 
 
-def prefetched(make, items: list):  # noqa: ANN001, ANN201 - make(item) -> batch
-    """Yield make(item) for each item, building the next one on a side thread while the caller
-    uses this one (collating and pinning a batch overlaps the GPU's step)."""
+def prefetched(make, items: list, workers: int = 1):  # noqa: ANN001, ANN201 - make(item) -> batch
+    """Yield make(item) for each item in order, building the next `workers` ones on side threads
+    while the caller uses this one (reading, checking and collating batches overlaps the GPU's
+    step; torch's copies release the GIL, so several workers use several cores)."""
+    from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(1) as pool:
-        nxt = pool.submit(make, items[0]) if items else None
+    workers = max(1, workers)
+    with ThreadPoolExecutor(workers) as pool:
+        ahead = deque(pool.submit(make, item) for item in items[:workers])
         for k in range(len(items)):
-            cur = nxt.result()
-            nxt = pool.submit(make, items[k + 1]) if k + 1 < len(items) else None
+            cur = ahead.popleft().result()
+            if k + workers < len(items):
+                ahead.append(pool.submit(make, items[k + workers]))
             yield cur
+
+
+def loader_workers(device: torch.device) -> int:
+    """Batch-building threads for `eagle train`: on a GPU enough to keep up with the step (a
+    1.1B-shape batch of 8k tokens is 128 MB to read, check and gather); one on a CPU, whose cores
+    the training itself uses."""
+    if torch.device(device).type != "cuda":
+        return 1
+    return max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
 class HiddenStates:
@@ -176,6 +197,7 @@ class HiddenStates:
         self.cache_bytes = cache_bytes
         self._cache: dict[int, dict[str, torch.Tensor]] = {}
         self._cached_bytes = 0
+        self._lock = threading.Lock()  # batches are built on several threads
         first = load_raw(self.data_dir, self.rows[0])["hidden_states"]
         self.num_aux = first.shape[1] - 1
         self.hidden_size = first.shape[2]
@@ -194,16 +216,18 @@ class HiddenStates:
                              f"expected [T, {self.num_aux + 1}, {self.hidden_size}] like sample 0")
         s = shift_sample(raw, self.budget)
         size = sum(v.numel() * v.element_size() for v in s.values())
-        if self._cached_bytes + size <= self.cache_bytes:
-            self._cache[i] = s
-            self._cached_bytes += size
+        with self._lock:
+            if i not in self._cache and self._cached_bytes + size <= self.cache_bytes:
+                self._cache[i] = s
+                self._cached_bytes += size
         return s
 
     def batch(self, indices: list[int], device: torch.device, dtype: torch.dtype = torch.float32,
               layout: bool = False) -> dict[str, torch.Tensor]:
-        b = collate([self.sample(i) for i in indices], dtype=dtype, layout=layout)
         pin = torch.device(device).type == "cuda"  # pinned: the copy runs async, the CPU prepares the next batch
-        return {k: (v.pin_memory() if pin else v).to(device, non_blocking=True) for k, v in b.items()}
+        b = collate([self.sample(i) for i in indices], dtype=dtype, layout=layout, pin=pin)
+        return {k: (v if not pin or v.is_pinned() else v.pin_memory()).to(device, non_blocking=True)
+                for k, v in b.items()}
 
     def tokens(self, indices: list[int]) -> int:
         return sum(min(max(self.lengths[i] - 1, 0), self.budget) for i in indices)

@@ -154,6 +154,18 @@ def _prepared(data_dir: str | os.PathLike[str]) -> Any:
 # ---------------------------------------------------------------- one file
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """No NaN/Inf in a non-empty float tensor. One min/max pass (NaN propagates into both, an Inf
+    becomes one of them): ~40x faster on CPU than isfinite(t).all() on bf16, which costs most of the
+    time of reading a training sample otherwise."""
+    import math
+
+    import torch
+
+    lo, hi = torch.aminmax(t)
+    return math.isfinite(float(lo)) and math.isfinite(float(hi))
+
+
 def check_sample(tensors: dict[str, torch.Tensor], input_ids: torch.Tensor | list[int] | None = None,
                  num_layers: int | None = None, hidden_size: int | None = None) -> list[str]:
     """Problems with one sample's tensors ([] when valid). Pure: no I/O."""
@@ -176,7 +188,7 @@ def check_sample(tensors: dict[str, torch.Tensor], input_ids: torch.Tensor | lis
         problems.append(f"hidden_states has {hs.shape[1]} layers, expected {num_layers} (aux + last)")
     if hidden_size is not None and hs.shape[2] != hidden_size:
         problems.append(f"hidden size {hs.shape[2]}, expected {hidden_size}")
-    if hs.numel() and not bool(torch.isfinite(hs).all()):
+    if hs.numel() and not all_finite(hs):
         bad = int((~torch.isfinite(hs)).sum())
         problems.append(f"hidden_states has {bad} NaN/Inf values")
     if input_ids is not None and not problems:
