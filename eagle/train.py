@@ -1,7 +1,9 @@
-"""`eagle train`: train (or fine-tune) the EAGLE-3 drafter on offline hidden states.
+"""`eagle train`: train (or fine-tune) the EAGLE-3 drafter on the target's hidden states.
 
 Our own loop around speculators' Eagle3DraftModel (eagle/drafter.py): AdamW, linear warm-up then
 cosine decay, bf16 autocast on GPU, DDP under torchrun (gloo on CPU, nccl on GPU; rank 0 writes).
+The hidden states come from `eagle extract`'s files (eagle/dataset.py) or, with --online, from the
+target itself, run beside the drafter on each batch (eagle/online.py).
 
 OUT/
     config.json, model.safetensors   the servable checkpoint of the best epoch (lowest val loss)
@@ -28,7 +30,8 @@ from eagle.common import EagleError, fail, pick_device, print_table, progress, w
 STATE_FILE = "state.pt"
 LOG_FILE = "train_log.json"
 # Arguments a resumed run must share with the run it continues (epochs may grow).
-RESUME_FIELDS = ("model", "data", "ttt_steps", "batch_tokens", "val_fraction", "seed", "lr", "init_from", "world_size")
+RESUME_FIELDS = ("model", "data", "ttt_steps", "batch_tokens", "val_fraction", "seed", "lr", "init_from", "world_size",
+                 "online", "layer_ids")
 
 
 class TrainArgs(BaseModel):
@@ -46,6 +49,8 @@ class TrainArgs(BaseModel):
     resume: bool = False
     warmup_fraction: float = 0.05
     world_size: int = 1
+    online: bool = False  # hidden states from the target on the fly (eagle/online.py), not from files
+    layer_ids: list[int] | None = None  # --online: aux layers (None: eagle extract's default)
 
 
 class EpochRecord(BaseModel):
@@ -58,6 +63,8 @@ class EpochRecord(BaseModel):
     step_ms: float
     steps: int
     seconds: float
+    data_wait_s: float = 0.0  # of `seconds`: the loop waiting for its next batch (loader-bound when large)
+    target_s: float | None = None  # --online: the target's forwards (GPU time on CUDA), part of `seconds`
 
 
 class TrainLog(BaseModel):
@@ -232,6 +239,16 @@ def _check_resume_args(saved: TrainArgs, now: TrainArgs, where: Path) -> None:
 
 
 # ---------------------------------------------------------------- the run
+def _online_states(args: TrainArgs, model_dir: Path, n_layers: int, device: Any) -> tuple[Any, list[int]]:
+    """--online: the target loaded beside the drafter and the prepared rows it runs on."""
+    from eagle import online
+    from eagle.extract import parse_layer_ids
+
+    layer_ids = parse_layer_ids(args.layer_ids, n_layers)
+    target = online.load_target(model_dir, device)
+    return online.OnlineStates(args.data, target, layer_ids, args.batch_tokens), layer_ids
+
+
 def _target_config(model_dir: Path) -> dict[str, Any]:
     file = model_dir / "config.json"
     if not file.exists():
@@ -266,10 +283,21 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
         raise EagleError("--epochs and --ttt-steps must be >= 1 and --lr > 0")
 
     target_cfg = _target_config(model_dir)
-    data = dataset.HiddenStates(data_dir, args.batch_tokens)
-    d2t, t2d = dataset.read_vocab(data_dir)
     n_layers = int(target_cfg["num_hidden_layers"])
-    layer_ids = dataset.read_layer_ids(data_dir)
+    if args.online:  # cheap checks first (dataset, vocabulary), then the target's load
+        from eagle.hidden_io import open_prepared
+
+        open_prepared(data_dir)
+        d2t, t2d = dataset.read_vocab(data_dir)
+        data, layer_ids = _online_states(args, model_dir, n_layers, device)
+        args = args.model_copy(update={"layer_ids": layer_ids})
+    elif args.layer_ids is not None:
+        raise EagleError("--layer-ids goes with --online; offline hidden states carry their layers in "
+                         f"{data_dir}/eagle_data.json (choose them in `eagle extract --layer-ids`)")
+    else:
+        data = dataset.HiddenStates(data_dir, args.batch_tokens)
+        layer_ids = dataset.read_layer_ids(data_dir)
+        d2t, t2d = dataset.read_vocab(data_dir)
     problems = []
     if max(layer_ids) > n_layers or min(layer_ids) < 0 or len(set(layer_ids)) != len(layer_ids):
         problems.append(f"layer ids {layer_ids} (eagle_data.json) must be distinct and within [0, {n_layers}]")
@@ -355,7 +383,15 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
         bar = progress(total=len(batches), desc=f"epoch {epoch}/{args.epochs}", unit="step",
                        disable=None if dist.main else True)
         hdt = torch.bfloat16 if device.type == "cuda" else torch.float32
-        for step, batch in enumerate(dataset.prefetched(lambda idx, hdt=hdt: data.batch(idx, device, hdt, layout=True), batches)):
+
+        def make(idx: list[int], hdt: Any = hdt) -> dict[str, Any]:
+            return data.batch(idx, device, hdt, layout=True)
+
+        stream = (dataset.prefetched(make, batches, dataset.loader_workers(device))
+                  if getattr(data, "prefetch", True) else map(make, batches))
+        wait, w0 = 0.0, time.perf_counter()
+        for step, batch in enumerate(stream):
+            wait += time.perf_counter() - w0
             loss, _ = train_step(ddp_model, batch, opt, sched, params, args.ttt_steps, losses, autocast)
             loss_sum += loss  # a device tensor: no host sync per step
             tokens += batch["input_ids"].shape[1]
@@ -363,17 +399,21 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
             bar.update(1)
             if step % 25 == 24 or step == len(batches) - 1:  # reading the loss waits for the GPU
                 bar.set_postfix(loss=f"{float(loss_sum) / (step + 1):.4f}", tok_s=f"{rate:,.0f}")
+            w0 = time.perf_counter()
         bar.close()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - t0
+        target_s = data.take_target_seconds() if hasattr(data, "take_target_seconds") else None
         n_steps, loss_total, tok_total = all_sum([len(batches), float(loss_sum), tokens], dist, device)
         val_loss, val_acc = evaluate(model, data, val_idx, args, dist, device, losses, autocast)
+        if target_s is not None:
+            data.take_target_seconds()  # validation's forwards are not training time
         record = EpochRecord(
             epoch=epoch, train_loss=loss_total / max(n_steps, 1), val_loss=val_loss, val_acc=val_acc,
             est_accept_len=est_accept_len(val_acc) if val_acc else None,
             train_tok_s=tok_total / max(seconds, 1e-9), step_ms=1000 * seconds / max(len(batches), 1),
-            steps=int(n_steps), seconds=seconds)
+            steps=int(n_steps), seconds=seconds, data_wait_s=wait, target_s=target_s)
         log.epochs.append(record)
         score = record.val_loss if record.val_loss is not None else record.train_loss
         prev = next((r for r in log.epochs if r.epoch == log.best_epoch), None)
@@ -393,9 +433,20 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
             say(f"epoch {epoch}: train_loss {record.train_loss:.4f}  val_loss "
                 f"{record.val_loss if record.val_loss is not None else float('nan'):.4f}  val_acc [{acc}]  "
                 f"est_accept_len {record.est_accept_len or float('nan'):.2f}  {record.train_tok_s:,.0f} tok/s  "
-                f"{record.step_ms:.0f} ms/step{'  *best' if best else ''}")
+                f"{record.step_ms:.0f} ms/step  (data wait {record.data_wait_s / max(seconds, 1e-9):.0%}"
+                + (f", target {record.target_s / max(seconds, 1e-9):.0%}" if record.target_s is not None else "")
+                + f"){'  *best' if best else ''}")
         barrier(dist)
     return log
+
+
+def _layer_id_list(spec: str | None) -> list[int] | None:
+    if spec is None:
+        return None
+    try:
+        return [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise EagleError(f"--layer-ids {spec!r}: expected comma-separated integers like 2,4,5") from None
 
 
 def _score(r: EpochRecord) -> float:
@@ -453,7 +504,8 @@ def summary_metrics(log: TrainLog) -> dict[str, float]:
               help="Target model directory (transformers; its embeddings, lm_head and final norm are read "
                    "from its safetensors, the rest of it is never loaded).")
 @click.option("--data", required=True, type=click.Path(path_type=Path),
-              help="Data directory from `eagle prepare` + `eagle extract` + `eagle vocab`.")
+              help="Data directory from `eagle prepare` + `eagle extract` + `eagle vocab` "
+                   "(with --online: `eagle prepare` + `eagle vocab --model`, no extraction).")
 @click.option("--out", required=True, type=click.Path(path_type=Path),
               help="Output: the servable checkpoint of the best epoch, plus checkpoints/epoch-N/ states.")
 @click.option("--epochs", default=TrainArgs.model_fields["epochs"].default, show_default=True, type=int)
@@ -468,17 +520,25 @@ def summary_metrics(log: TrainLog) -> dict[str, float]:
 @click.option("--resume", is_flag=True, help="Continue from the last OUT/checkpoints/epoch-N (exactly: same losses).")
 @click.option("--init-from", type=click.Path(path_type=Path), default=None,
               help="Fine-tune this drafter checkpoint instead of starting from scratch (must fit the target).")
+@click.option("--online", is_flag=True,
+              help="Compute the target's hidden states in the training loop (the target sits beside the "
+                   "drafter on the device) instead of reading `eagle extract`'s files: no disk, no extraction "
+                   "step, one target forward per step.")
+@click.option("--layer-ids", default=None, metavar="A,B,C",
+              help="With --online: the target's aux layers, ascending [default: 2,N//2,N-3, as eagle extract].")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary metrics as JSON.")
 def command(model: Path, data: Path, out: Path, epochs: int, lr: float, ttt_steps: int, batch_tokens: int,
-            val_fraction: float, resume: bool, init_from: Path | None, seed: int, device: str, as_json: bool) -> None:
+            val_fraction: float, resume: bool, init_from: Path | None, online: bool, layer_ids: str | None,
+            seed: int, device: str, as_json: bool) -> None:
     """Train the EAGLE-3 drafter (speculators' Eagle3 draft model, our own loop).
 
     \b
     Example:
       eagle train --model work/target --data work/data --out work/draft
       torchrun --nproc-per-node 2 -m eagle.cli train --model ... --data ... --out ...   # DDP
+      eagle train --model work/target --data work/data --out work/draft --online  # no eagle extract
     \b
     Writes OUT/config.json + OUT/model.safetensors (vLLM loads OUT as the drafter), and the
     metrics train_loss, val_loss, val_acc_0..k-1, est_accept_len, train_tok_s to $RUNBOOK_METRICS.
@@ -486,10 +546,11 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float, ttt_step
     """
     from eagle.metrics import write_metrics
 
-    args = TrainArgs(model=str(model), data=str(data), out=str(out), epochs=epochs, lr=lr, ttt_steps=ttt_steps,
-                     batch_tokens=batch_tokens, val_fraction=val_fraction, seed=seed,
-                     init_from=str(init_from) if init_from else None, device=device, resume=resume)
     try:
+        args = TrainArgs(model=str(model), data=str(data), out=str(out), epochs=epochs, lr=lr, ttt_steps=ttt_steps,
+                         batch_tokens=batch_tokens, val_fraction=val_fraction, seed=seed,
+                         init_from=str(init_from) if init_from else None, device=device, resume=resume,
+                         online=online, layer_ids=_layer_id_list(layer_ids))
         log = train(args)
     except EagleError as exc:
         fail(str(exc))
