@@ -12,11 +12,13 @@ Measures, in this order, and prints one table at the end (also $OUT/gpu_throughp
    (<= --write-gib), against the disk bound (disk bytes/s / bytes per token).
 3. drafter training (speculators' Eagle3DraftModel, 1 layer, draft vocab 8000, ttt 3, sdpa, eager
    kl_div loss, bf16 autocast) on the same packed batches (hidden states captured from the target,
-   4 x 2047 tokens a step): eagle.train's step as written, speculators' own Trainer (its defaults:
-   log_freq 1, linear warm-up), and a variant of our step with bf16 pinned inputs and no per-step
-   host sync. Tokens/s after warm-up, model FLOP utilisation against the measured matmul rate,
-   per-step accuracies (rate of "steps 0..k all right", as conditional per-step accuracy) averaged
-   over the last 10 steps.
+   4 x 2047 tokens a step, the same shape every step): speculators' own Trainer (its defaults:
+   log_freq 1, linear warm-up), then eagle.train's step as written with speculators' packed-mask sdpa
+   and with eagle/doc_attention.py's per-document attention (what `eagle train` uses), batches
+   prefetched on a side thread. Tokens/s after warm-up, model FLOP utilisation against the measured
+   matmul rate, per-step accuracies (rate of "steps 0..k all right", as conditional per-step
+   accuracy) averaged over the last 10 steps. Fixed shapes: the real loop on variable-length packs
+   is slower (bench/train_step_profile.py, docs/benchmarks.md).
 """
 
 from __future__ import annotations

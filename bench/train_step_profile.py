@@ -1,0 +1,143 @@
+"""Per-step times of `eagle train`'s drafter step on packed variable-length batches, under torch.compile
+settings: why the real loop runs slower than bench/gpu_throughput.py's fixed-shape step.
+
+    python bench/train_step_profile.py              # on the H200: 1.1B Llama shape (random bf16), --online data
+    python bench/train_step_profile.py --smoke      # tiny shapes on the CPU (a check of the code)
+
+Each mode runs `eagle.train.train` in its own process (fresh torch.compile caches) with --online
+hidden states (no extraction needed), timing every `train_step` with a device sync before and
+after it (the target's forward is outside the timed region). Modes:
+  compiled        as `eagle train` runs today (speculators compiles the drafter's forward on CUDA)
+  limit256        the same with torch._dynamo's recompile limit raised from 8 to 256
+  eager           torch._dynamo disabled: the drafter runs eagerly (no compile, no recompiles)
+Prints per epoch: median / max step ms, steps over 2x the median, and real tokens per second of
+the median step. Writes OUT/train_step_profile.json (OUT: --out, else $OUT) after each mode, with
+every step's time, tokens and document layout [B, Lmax] (to correlate slow steps with shapes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
+sys.path.insert(0, str(BENCH))
+
+MODES = ("compiled", "limit256", "eager")
+
+
+def child(mode: str, target: str, data: str, out: str, epochs: int, batch_tokens: int) -> None:
+    """One mode in this process; prints one JSON line with the step times."""
+    import torch
+
+    import eagle.train as train_mod
+    from eagle.train import TrainArgs
+
+    if mode == "limit256":
+        torch._dynamo.config.recompile_limit = 256
+    elif mode == "eager":
+        torch._dynamo.config.disable = True
+    cuda = torch.cuda.is_available()
+    times: list[tuple[int, float, int, list[int]]] = []  # (step, seconds, tokens, doc layout [B, Lmax])
+    original = train_mod.train_step
+
+    def timed(model: Any, batch: dict[str, Any], *a: Any, **k: Any) -> Any:
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        res = original(model, batch, *a, **k)
+        if cuda:
+            torch.cuda.synchronize()
+        layout = list(batch["doc_index"].shape) if "doc_index" in batch else []
+        times.append((len(times), time.perf_counter() - t0, int(batch["input_ids"].shape[1]), layout))
+        return res
+
+    train_mod.train_step = timed
+    log = train_mod.train(TrainArgs(model=target, data=data, out=out, epochs=epochs, batch_tokens=batch_tokens,
+                                    lr=3e-4, val_fraction=0.05, online=True, device="cuda" if cuda else "cpu"),
+                          echo=False)
+    steps = [r.steps for r in log.epochs]
+    print("RESULT " + json.dumps({"mode": mode, "steps_per_epoch": steps, "times": times,
+                                  "epoch_tok_s": [r.train_tok_s for r in log.epochs],
+                                  "train_loss": [r.train_loss for r in log.epochs]}), flush=True)
+
+
+def summarize(res: dict[str, Any]) -> list[dict[str, Any]]:
+    rows, k = [], 0
+    for e, n in enumerate(res["steps_per_epoch"], start=1):
+        chunk = res["times"][k:k + n]
+        k += n
+        secs = [t[1] for t in chunk]
+        med = statistics.median(secs)
+        toks = statistics.median([t[2] for t in chunk])
+        rows.append({"mode": res["mode"], "epoch": e, "steps": n, "median_ms": 1000 * med, "max_ms": 1000 * max(secs),
+                     "slow_steps": sum(t > 2 * med for t in secs), "median_tok_s": toks / med,
+                     "epoch_tok_s": res["epoch_tok_s"][e - 1], "train_loss": res["train_loss"][e - 1],
+                     "per_step": [{"ms": 1000 * t[1], "tokens": t[2], "docs_x_lmax": t[3]} for t in chunk]})
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--samples", type=int, default=None, help="[128; smoke 16]")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-tokens", type=int, default=None, help="[8192; smoke 96]")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--child", nargs=6, default=None, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        mode, target, data, out, epochs, batch_tokens = a.child
+        child(mode, target, data, out, int(epochs), int(batch_tokens))
+        return 0
+
+    import torch
+    from multi_gpu_scaling import SMOKE, TARGET_1B, make_data, make_target
+
+    from eagle.vocab import build_vocab
+
+    gpu = not a.smoke and torch.cuda.is_available()
+    samples = a.samples or (16 if a.smoke else 128)
+    batch_tokens = a.batch_tokens or (96 if a.smoke else 8192)
+    shape = SMOKE if a.smoke else TARGET_1B
+    out = a.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    work = Path(tempfile.mkdtemp(prefix="step-profile-"))
+    target = make_target(shape, work / "target", gpu)
+    data = make_data(shape["vocab_size"], samples, 48 if a.smoke else 2048, work / "data")
+    build_vocab(data=data, draft_vocab=64 if a.smoke else 8000, model=target)
+    if gpu:
+        torch.cuda.empty_cache()
+    rows: list[dict[str, Any]] = []
+    for mode in a.modes.split(","):
+        cmd = [sys.executable, __file__, "--child", mode, str(target), str(data), str(work / f"draft-{mode}"),
+               str(a.epochs), str(batch_tokens)]
+        t0 = time.perf_counter()
+        res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        line = next((x for x in res.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if res.returncode != 0 or line is None:
+            print(f"{mode}: FAILED rc {res.returncode}\n{res.stderr[-2000:]}", file=sys.stderr)
+            continue
+        for r in summarize(json.loads(line[len("RESULT "):])):
+            r["process_s"] = time.perf_counter() - t0
+            rows.append(r)
+            print(f"  {r['mode']:<9} epoch {r['epoch']}: median {r['median_ms']:7.1f} ms  max {r['max_ms']:8.1f} ms  "
+                  f"slow {r['slow_steps']:>2}/{r['steps']}  median-step {r['median_tok_s']:>9,.0f} tok/s  "
+                  f"epoch {r['epoch_tok_s']:>9,.0f} tok/s  loss {r['train_loss']:.4f}", file=sys.stderr, flush=True)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "train_step_profile.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
