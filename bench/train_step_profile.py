@@ -7,9 +7,15 @@ settings: why the real loop runs slower than bench/gpu_throughput.py's fixed-sha
 Each mode runs `eagle.train.train` in its own process (fresh torch.compile caches) with --online
 hidden states (no extraction needed), timing every `train_step` with a device sync before and
 after it (the target's forward is outside the timed region). Modes:
-  compiled        as `eagle train` runs today (speculators compiles the drafter's forward on CUDA)
-  limit256        the same with torch._dynamo's recompile limit raised from 8 to 256
+  compiled        as `eagle train` runs by default (speculators compiles the drafter's forward on CUDA)
+  bucket256       --layout-multiple 256: the per-document attention's width rounded up to 256, so
+                  packs share a few attention shapes (cuDNN builds an SDPA plan per new shape)
+  nocudnn         cuDNN's SDPA backend disabled (PyTorch picks another kernel; no per-shape plans)
+  limit256        torch._dynamo's recompile limit raised from 8 to 256
   eager           torch._dynamo disabled: the drafter runs eagerly (no compile, no recompiles)
+The first run (2026-11-29, compiled and limit256) found steps of either ~60 ms or ~375-570 ms; a
+cuDNN plan build per new shape (reported at ~400 ms elsewhere) is the suspect that bucket256 and
+nocudnn test. Default modes: compiled, bucket256, nocudnn (about 8 minutes on the H200).
 Prints per epoch: median / max step ms, steps over 2x the median, and real tokens per second of
 the median step. Writes OUT/train_step_profile.json (OUT: --out, else $OUT) after each mode, with
 every step's time, tokens and document layout [B, Lmax] (to correlate slow steps with shapes).
@@ -32,7 +38,8 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
 
-MODES = ("compiled", "limit256", "eager")
+MODES = ("compiled", "bucket256", "nocudnn", "limit256", "eager")
+DEFAULT_MODES = ("compiled", "bucket256", "nocudnn")
 
 
 def child(mode: str, target: str, data: str, out: str, epochs: int, batch_tokens: int) -> None:
@@ -42,10 +49,14 @@ def child(mode: str, target: str, data: str, out: str, epochs: int, batch_tokens
     import eagle.train as train_mod
     from eagle.train import TrainArgs
 
+    if mode not in MODES:
+        raise SystemExit(f"unknown mode {mode!r}; use {', '.join(MODES)}")
     if mode == "limit256":
         torch._dynamo.config.recompile_limit = 256
     elif mode == "eager":
         torch._dynamo.config.disable = True
+    elif mode == "nocudnn":
+        torch.backends.cuda.enable_cudnn_sdp(False)
     cuda = torch.cuda.is_available()
     times: list[tuple[int, float, int, list[int]]] = []  # (step, seconds, tokens, doc layout [B, Lmax])
     original = train_mod.train_step
@@ -63,7 +74,8 @@ def child(mode: str, target: str, data: str, out: str, epochs: int, batch_tokens
 
     train_mod.train_step = timed
     log = train_mod.train(TrainArgs(model=target, data=data, out=out, epochs=epochs, batch_tokens=batch_tokens,
-                                    lr=3e-4, val_fraction=0.05, online=True, device="cuda" if cuda else "cpu"),
+                                    lr=3e-4, val_fraction=0.05, online=True, device="cuda" if cuda else "cpu",
+                                    layout_multiple=256 if mode == "bucket256" else 1),
                           echo=False)
     steps = [r.steps for r in log.epochs]
     print("RESULT " + json.dumps({"mode": mode, "steps_per_epoch": steps, "times": times,
@@ -92,7 +104,7 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=None, help="[128; smoke 16]")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-tokens", type=int, default=None, help="[8192; smoke 96]")
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--child", nargs=6, default=None, help=argparse.SUPPRESS)
     a = p.parse_args()

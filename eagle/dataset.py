@@ -130,11 +130,12 @@ def shift_sample(raw: dict[str, torch.Tensor], budget: int) -> dict[str, torch.T
 
 
 def collate(samples: list[dict[str, torch.Tensor]], dtype: torch.dtype = torch.float32,
-            layout: bool = False, pin: bool = False) -> dict[str, torch.Tensor]:
+            layout: bool = False, pin: bool = False, layout_multiple: int = 1) -> dict[str, torch.Tensor]:
     """Pack shifted samples into one row: every tensor gets a leading batch dim of 1.
 
     layout=True adds `doc_index` [B, Lmax] and `doc_valid` [B, Lmax] (eagle/doc_attention.py): where
-    each document sits in the row, so attention can run per document instead of over the pack.
+    each document sits in the row, so attention can run per document instead of over the pack;
+    its longest-document width is rounded up to `layout_multiple`.
     pin=True gathers the hidden states straight into pinned host memory (one copy, and the copy to
     a GPU can then run asynchronously)."""
     out = {k: torch.cat([s[k] for s in samples], dim=0).unsqueeze(0)
@@ -151,7 +152,7 @@ def collate(samples: list[dict[str, torch.Tensor]], dtype: torch.dtype = torch.f
     if layout:
         from eagle.doc_attention import layout as doc_layout
 
-        out["doc_index"], out["doc_valid"] = doc_layout([s["input_ids"].shape[0] for s in samples])
+        out["doc_index"], out["doc_valid"] = doc_layout([s["input_ids"].shape[0] for s in samples], layout_multiple)
     return out
 
 
@@ -223,9 +224,10 @@ class HiddenStates:
         return s
 
     def batch(self, indices: list[int], device: torch.device, dtype: torch.dtype = torch.float32,
-              layout: bool = False) -> dict[str, torch.Tensor]:
+              layout: bool = False, layout_multiple: int = 1) -> dict[str, torch.Tensor]:
         pin = torch.device(device).type == "cuda"  # pinned: the copy runs async, the CPU prepares the next batch
-        b = collate([self.sample(i) for i in indices], dtype=dtype, layout=layout, pin=pin)
+        b = collate([self.sample(i) for i in indices], dtype=dtype, layout=layout, pin=pin,
+                    layout_multiple=layout_multiple)
         return {k: (v if not pin or v.is_pinned() else v.pin_memory()).to(device, non_blocking=True)
                 for k, v in b.items()}
 

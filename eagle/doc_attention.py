@@ -21,12 +21,15 @@ import torch
 IMPL = "eagle_doc_sdpa"
 
 
-def layout(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def layout(lengths: list[int], multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(doc_index [B, Lmax] long, doc_valid [B, Lmax] bool) of documents packed back to back.
+
+    `multiple` rounds Lmax up (the extra columns are padding, masked like the rest): packs of
+    varying document lengths then share a few attention shapes (cuDNN builds a plan per shape).
 
     doc_valid is stored as the flat positions of the real entries in the [B * Lmax] grid (long [T])
     so the attention can gather them back without a host sync; `valid_mask` turns it into the mask."""
-    lmax, starts = max(lengths), [0]
+    lmax, starts = -(-max(lengths) // max(1, multiple)) * max(1, multiple), [0]
     for n in lengths[:-1]:
         starts.append(starts[-1] + n)
     pos = torch.arange(lmax)

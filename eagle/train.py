@@ -49,6 +49,7 @@ class TrainArgs(BaseModel):
     resume: bool = False
     warmup_fraction: float = 0.05
     world_size: int = 1
+    layout_multiple: int = 1  # per-document attention width rounded up to this (fewer distinct shapes)
     online: bool = False  # hidden states from the target on the fly (eagle/online.py), not from files
     layer_ids: list[int] | None = None  # --online: aux layers (None: eagle extract's default)
 
@@ -279,8 +280,8 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     args = args.model_copy(update={"world_size": dist.world})
     out, data_dir, model_dir = Path(args.out), Path(args.data), Path(args.model)
     say = (lambda msg: click.echo(msg, err=True)) if (echo and dist.main) else (lambda msg: None)
-    if args.epochs < 1 or args.ttt_steps < 1 or args.lr <= 0:
-        raise EagleError("--epochs and --ttt-steps must be >= 1 and --lr > 0")
+    if args.epochs < 1 or args.ttt_steps < 1 or args.lr <= 0 or args.layout_multiple < 1:
+        raise EagleError("--epochs, --ttt-steps and --layout-multiple must be >= 1 and --lr > 0")
 
     target_cfg = _target_config(model_dir)
     n_layers = int(target_cfg["num_hidden_layers"])
@@ -385,7 +386,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
         hdt = torch.bfloat16 if device.type == "cuda" else torch.float32
 
         def make(idx: list[int], hdt: Any = hdt) -> dict[str, Any]:
-            return data.batch(idx, device, hdt, layout=True)
+            return data.batch(idx, device, hdt, layout=True, layout_multiple=args.layout_multiple)
 
         stream = (dataset.prefetched(make, batches, dataset.loader_workers(device))
                   if getattr(data, "prefetch", True) else map(make, batches))
@@ -526,12 +527,16 @@ def summary_metrics(log: TrainLog) -> dict[str, float]:
                    "step, one target forward per step.")
 @click.option("--layer-ids", default=None, metavar="A,B,C",
               help="With --online: the target's aux layers, ascending [default: 2,N//2,N-3, as eagle extract].")
+@click.option("--layout-multiple", default=1, show_default=True, type=int,
+              help="Round each batch's longest document up to a multiple of this in the per-document "
+                   "attention (same results; packs of varying lengths then share a few shapes, and cuDNN "
+                   "builds an attention plan per new shape). Try 128-256 on GPUs; see docs/benchmarks.md.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary metrics as JSON.")
 def command(model: Path, data: Path, out: Path, epochs: int, lr: float, ttt_steps: int, batch_tokens: int,
             val_fraction: float, resume: bool, init_from: Path | None, online: bool, layer_ids: str | None,
-            seed: int, device: str, as_json: bool) -> None:
+            layout_multiple: int, seed: int, device: str, as_json: bool) -> None:
     """Train the EAGLE-3 drafter (speculators' Eagle3 draft model, our own loop).
 
     \b
@@ -550,7 +555,7 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float, ttt_step
         args = TrainArgs(model=str(model), data=str(data), out=str(out), epochs=epochs, lr=lr, ttt_steps=ttt_steps,
                          batch_tokens=batch_tokens, val_fraction=val_fraction, seed=seed,
                          init_from=str(init_from) if init_from else None, device=device, resume=resume,
-                         online=online, layer_ids=_layer_id_list(layer_ids))
+                         online=online, layer_ids=_layer_id_list(layer_ids), layout_multiple=layout_multiple)
         log = train(args)
     except EagleError as exc:
         fail(str(exc))

@@ -118,6 +118,7 @@ def test_online_bad_input_is_named_and_writes_nothing(small: tuple[Path, Path, P
     assert "--layer-ids goes with --online" in run("--layer-ids", "2,4,5", data_dir=data)
     assert "out of range" in run("--online", "--layer-ids", "2,4,9")
     assert "comma-separated integers" in run("--online", "--layer-ids", "two")
+    assert "--layout-multiple must be >= 1" in run("--online", "--layout-multiple", "0")
     no_vocab = tmp_path / "no-vocab"
     shutil.copytree(bare, no_vocab, ignore=shutil.ignore_patterns("vocab.safetensors"))
     assert "vocab.safetensors" in run("--online", data_dir=no_vocab)
