@@ -154,10 +154,12 @@ def bench_train(target: Path, data: Path, work: Path, nproc: int, gpu: bool, a: 
 # ---------------------------------------------------------------- the table
 
 
-def table() -> str:
-    w = max(len(r["name"]) for r in ROWS)
+def table(rows: list[dict[str, Any]] | None = None) -> str:
+    """The rows (default: this bench's) as a plain-text table."""
+    rows = ROWS if rows is None else rows
+    w = max(len(r["name"]) for r in rows)
     lines = [f"{'measure':<{w}}  {'value':>14}  unit      note", "-" * (w + 40)]
-    for r in ROWS:
+    for r in rows:
         v = r["value"]
         text = f"{v:>14,.3f}" if isinstance(v, float) else f"{v!s:>14}"
         lines.append(f"{r['name']:<{w}}  {text}  {r['unit']:<8}  {r['note']}".rstrip())

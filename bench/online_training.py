@@ -36,6 +36,7 @@ sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
 
 from multi_gpu_scaling import SMOKE, TARGET_1B, make_data, make_target, run_cli  # noqa: E402
+from multi_gpu_scaling import table as rows_table  # noqa: E402
 
 ROWS: list[dict[str, Any]] = []
 META: dict[str, Any] = {}
@@ -50,13 +51,7 @@ def row(out: Path | None, name: str, value: float | str, unit: str = "", note: s
 
 
 def table() -> str:
-    w = max(len(r["name"]) for r in ROWS)
-    lines = [f"{'measure':<{w}}  {'value':>14}  unit      note", "-" * (w + 40)]
-    for r in ROWS:
-        v = r["value"]
-        text = f"{v:>14,.3f}" if isinstance(v, float) else f"{v!s:>14}"
-        lines.append(f"{r['name']:<{w}}  {text}  {r['unit']:<8}  {r['note']}".rstrip())
-    return "\n".join(lines)
+    return rows_table(ROWS)
 
 
 def capture_rate(target: Path, data: Path, gpu: bool, batch_tokens: int) -> float:

@@ -32,6 +32,20 @@ def make_target(out: Path, seed: int = 0, hidden: int = HIDDEN) -> Path:
     return out
 
 
+def make_drafter(root: Path) -> tuple[Path, Path]:
+    """(target, drafter) under root: a tiny target and an untrained drafter saved by eagle.drafter,
+    whose draft vocabulary is the even token ids."""
+    from eagle import drafter
+
+    target = make_target(root / "target")
+    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    t2d[::2] = True
+    d2t = torch.nonzero(t2d).squeeze(1) - torch.arange(DRAFT_VOCAB)
+    model = drafter.build_drafter(target, layer_ids=LAYER_IDS, d2t=d2t, t2d=t2d, ttt_steps=3)
+    drafter.save(model, root / "draft")
+    return target, root / "draft"
+
+
 def markov_sequences(n: int, length: int, seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     nxt = torch.randint(0, VOCAB, (VOCAB, 2), generator=g)

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
@@ -24,16 +23,7 @@ _spec.loader.exec_module(td)
 @pytest.fixture(scope="module")
 def drafter_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(target, drafter): a tiny target and an untrained drafter saved by eagle.drafter (read-only)."""
-    from eagle import drafter
-
-    root = tmp_path_factory.mktemp("check")
-    target = td.make_target(root / "target")
-    t2d = torch.zeros(td.VOCAB, dtype=torch.bool)
-    t2d[::2] = True
-    d2t = torch.nonzero(t2d).squeeze(1) - torch.arange(td.DRAFT_VOCAB)
-    model = drafter.build_drafter(target, layer_ids=td.LAYER_IDS, d2t=d2t, t2d=t2d, ttt_steps=3)
-    drafter.save(model, root / "draft")
-    return target, root / "draft"
+    return td.make_drafter(tmp_path_factory.mktemp("check"))
 
 
 def _copy(src: Path, dst: Path, config_edit=None, tensor_edit=None) -> Path:

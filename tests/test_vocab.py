@@ -141,16 +141,7 @@ _spec.loader.exec_module(td)
 @pytest.fixture(scope="module")
 def tiny_drafter(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real drafter checkpoint (speculators model, our writer) whose vocabulary is the even ids."""
-    from eagle import drafter
-
-    root = tmp_path_factory.mktemp("drafter")
-    target = td.make_target(root / "target")
-    t2d = torch.zeros(td.VOCAB, dtype=torch.bool)
-    t2d[::2] = True
-    d2t = torch.nonzero(t2d).squeeze(1) - torch.arange(td.DRAFT_VOCAB)
-    model = drafter.build_drafter(target, layer_ids=td.LAYER_IDS, d2t=d2t, t2d=t2d, ttt_steps=3)
-    drafter.save(model, root / "draft")
-    return root / "draft"
+    return td.make_drafter(tmp_path_factory.mktemp("drafter"))[1]
 
 
 def _prepared(d: Path, vocab_size: int = td.VOCAB) -> Path:
