@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import json
 import os
 import re
@@ -15,6 +16,10 @@ import pytest
 RUNBOOK = [str(Path(sys.executable).parent / "runbook")]
 if not Path(RUNBOOK[0]).exists():
     RUNBOOK = [sys.executable, "-m", "runbook.cli"]
+
+_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)
 
 PLAN = """\
 ---
@@ -55,21 +60,11 @@ Pass: acc > 0.5
 """
 
 
-def git(repo: Path, *args: str, check: bool = True) -> str:
-    return subprocess.run(["git", *args], cwd=repo, check=check, capture_output=True, text=True).stdout
+git = H.git
 
 
 def make_repo(tmp_path: Path, plan: str = PLAN) -> Path:
-    repo = tmp_path / "repo"
-    (repo / "plans").mkdir(parents=True)
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "config", "user.name", "Tester")
-    git(repo, "config", "user.email", "t@example.com")
-    (repo / ".gitignore").write_text("state/lock\nstate/write.lock\nstate/runs/*/\n")
-    (repo / "plans" / "plan.md").write_text(plan)
-    git(repo, "add", ".")
-    git(repo, "commit", "-qm", "init")
-    return repo
+    return H.make_repo(tmp_path / "repo", plan)
 
 
 def runbook(repo: Path, *args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -15,6 +16,10 @@ import pytest
 RUNBOOK = [str(Path(sys.executable).parent / "runbook")]
 if not Path(RUNBOOK[0]).exists():
     RUNBOOK = [sys.executable, "-m", "runbook.cli"]
+
+_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)
 
 # step-2 records its shell's pid, then waits until the file `ok` exists (at most 20 s)
 PLAN = """\
@@ -33,21 +38,14 @@ Pass: `n == 1`
 """
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+git = H.git
 
 
 @pytest.fixture
 def repo(tmp_path):
-    repo = tmp_path / "repo"
-    (repo / "plans").mkdir(parents=True)
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "config", "user.name", "Tester")
-    git(repo, "config", "user.email", "t@example.com")
-    (repo / ".gitignore").write_text("state/lock\nstate/write.lock\nstate/runs/*/\nstep2.pid\ncount.txt\nok\n")
-    (repo / "plans" / "plan.md").write_text(PLAN)
-    git(repo, "add", ".")
-    git(repo, "commit", "-qm", "init")
+    repo = H.make_repo(tmp_path / "repo", PLAN)
+    (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "step2.pid\ncount.txt\nok\n")
+    git(repo, "commit", "-qam", "ignore the steps' files")
     return repo
 
 
