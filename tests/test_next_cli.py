@@ -8,18 +8,14 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-RUNBOOK = [str(Path(sys.executable).parent / "runbook")]
-if not Path(RUNBOOK[0]).exists():
-    RUNBOOK = [sys.executable, "-m", "runbook.cli"]
-
 _spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
 H = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(H)
+RUNBOOK = H.RUNBOOK  # the console script, or python -m runbook.cli
 
 PLAN = """\
 ---
