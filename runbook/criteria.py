@@ -68,12 +68,15 @@ class Judgement(BaseModel):
 
 _TOKEN_RE = re.compile(
     r"""
-    (?P<ws>\s+)
-  | (?P<num>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)(?![A-Za-z0-9_.])
-  | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:[.-][A-Za-z0-9_]+)*)
-  | (?P<op><=|>=|==|!=|<|>)
-  | (?P<lpar>\()
-  | (?P<rpar>\))
+    \s*
+    (?:
+        (?P<num>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)(?![A-Za-z0-9_.])
+      | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:[.-][A-Za-z0-9_]+)*)
+      | (?P<op><=|>=|==|!=|<|>)
+      | (?P<lpar>\()
+      | (?P<rpar>\))
+      | (?P<bad>\S)
+    )
     """,
     re.VERBOSE,
 )
@@ -97,20 +100,18 @@ class _Tok:
 
 def _tokenize(text: str, base_col: int) -> list[_Tok]:
     tokens: list[_Tok] = []
-    pos = 0
-    while pos < len(text):
-        m = _TOKEN_RE.match(text, pos)
-        if m is None:
-            ch = text[pos]
-            hint = _HINTS.get(ch, "expected a metric name, a number, a comparison, and/or/not or parentheses")
-            raise CriterionError(f"unexpected {ch!r}: {hint}", base_col + pos)
+    # each match is a token after optional whitespace; `bad` takes any other non-space
+    # character, so the matches cover the whole text but its trailing whitespace
+    for m in _TOKEN_RE.finditer(text):
         kind = m.lastgroup or ""
-        if kind != "ws":
-            word = m.group()
-            if kind == "name" and word in _KEYWORDS:
-                kind = word
-            tokens.append(_Tok(kind, word, base_col + pos))
-        pos = m.end()
+        word = m.group(kind)
+        col = base_col + m.start(kind)
+        if kind == "bad":
+            hint = _HINTS.get(word, "expected a metric name, a number, a comparison, and/or/not or parentheses")
+            raise CriterionError(f"unexpected {word!r}: {hint}", col)
+        if kind == "name" and word in _KEYWORDS:
+            kind = word
+        tokens.append(_Tok(kind, word, col))
     tokens.append(_Tok("end", "", base_col + len(text)))
     return tokens
 
@@ -119,8 +120,10 @@ def _tokenize(text: str, base_col: int) -> list[_Tok]:
 
 
 class _Parser:
-    """Recursive descent over the token list. Nodes are built with `model_construct`: the parser
-    only ever builds well-typed trees, and skipping validation keeps a 500-phase plan fast."""
+    """Recursive descent over the token list. Inner nodes are built with `model_construct`: the
+    parser only ever builds well-typed trees, and skipping validation keeps a 500-phase plan fast.
+    The leaves (a name, a float) use the validating constructors, which pydantic runs faster than
+    `model_construct` for models this small."""
 
     def __init__(self, tokens: list[_Tok]) -> None:
         self.tokens = tokens
@@ -193,9 +196,9 @@ class _Parser:
     def parse_operand(self) -> MetricRef | Number:
         tok = self.take()
         if tok.kind == "name":
-            return MetricRef.model_construct(kind="metric", name=tok.text)
+            return MetricRef(kind="metric", name=tok.text)
         if tok.kind == "num":
-            return Number.model_construct(kind="number", value=float(tok.text), text=tok.text)
+            return Number(kind="number", value=float(tok.text), text=tok.text)
         if tok.kind == "end":
             raise CriterionError("expression ends too early: expected a metric name or a number", tok.col)
         if tok.kind in _KEYWORDS:

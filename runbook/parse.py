@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,8 @@ _ID_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _ESTIMATE_RE = re.compile(r"\s*\((?P<est>~[^()]*)\)\s*$")
 _PHASE_RE = re.compile(r"Phase\s+(?P<label>[A-Za-z0-9][A-Za-z0-9._-]*?)\s*(?::\s*(?P<title>.*))?$", re.IGNORECASE)
 _PHASE_START_RE = re.compile(r"Phase\s+\d", re.IGNORECASE)
+_ATX_OPEN_RE = re.compile(r"^[ ]{0,3}##[ \t]*")
+_ATX_CLOSE_RE = re.compile(r"[ \t]+#+[ \t]*$")
 _FIELD_RE = re.compile(
     r"^(?P<indent>[ \t]*)(?P<key>steps|pass|on[ \t]+pass|on[ \t]+fail|needs|timeout)[ \t]*:(?P<value>[^\r\n]*)",
     re.IGNORECASE | re.MULTILINE,
@@ -222,7 +225,10 @@ def reassemble(plan: Plan) -> str:
 
 @dataclass
 class _Lines:
-    """Line table of the original text: 0-based line i is text[starts[i]:starts[i+1]]."""
+    """Line table of the original text: 0-based line i is text[starts[i]:starts[i+1]].
+
+    `starts` ends with len(text) as a sentinel, so it has one entry more than there are lines.
+    """
 
     text: str
     starts: list[int]
@@ -230,26 +236,32 @@ class _Lines:
     @classmethod
     def of(cls, text: str) -> _Lines:
         starts = [0]
-        starts.extend(m.end() for m in _NEWLINE_RE.finditer(text))
+        if "\r" in text:
+            starts.extend(m.end() for m in _NEWLINE_RE.finditer(text))
+        else:  # the usual case: sums of the line lengths, without a match object per line
+            starts.extend(accumulate(len(line) + 1 for line in text.split("\n")[:-1]))
         if len(starts) > 1 and starts[-1] == len(text):
             starts.pop()
+        starts.append(len(text))
         return cls(text, starts)
 
     def __len__(self) -> int:
-        return len(self.starts)
+        return len(self.starts) - 1
 
     def start(self, i: int) -> int:
-        return self.starts[i] if i < len(self.starts) else len(self.text)
+        starts = self.starts
+        return starts[i] if i < len(starts) else starts[-1]
 
     def line(self, i: int) -> str:
+        starts = self.starts
+        if i + 1 < len(starts):
+            return self.text[starts[i] : starts[i + 1]].rstrip("\r\n")
         return self.text[self.start(i) : self.start(i + 1)].rstrip("\r\n")
 
     def span(self, first: int, stop: int) -> Span:
         """Span of 0-based lines [first, stop)."""
-        # model_construct: the four ints are computed here; validation would only cost time
-        return Span.model_construct(
-            start_line=first + 1, end_line=max(stop, first + 1), start=self.start(first), end=self.start(stop)
-        )
+        # validated: for four ints pydantic's constructor is faster than model_construct
+        return Span(start_line=first + 1, end_line=max(stop, first + 1), start=self.start(first), end=self.start(stop))
 
 
 @dataclass
@@ -481,28 +493,30 @@ class _Parser:
     def phase(self, d: _PhaseDraft) -> Phase:
         lines = self.lines
         heading = lines.line(d.heading_line)
-        heading_text = re.sub(r"^[ ]{0,3}##[ \t]*", "", heading)
-        heading_text = re.sub(r"[ \t]+#+[ \t]*$", "", heading_text).strip()
+        heading_text = _ATX_CLOSE_RE.sub("", _ATX_OPEN_RE.sub("", heading)).strip()
         label, title, estimate, explicit_id = self.heading_parts(heading_text, d.heading_line)
         phase_span = lines.span(d.heading_line, d.stop)
         blocks, block_problems = markers.find_blocks(
             self.text, phase_span.start, phase_span.end, file=self.path, first_line=d.heading_line + 1
         )
         self.problems.extend(block_problems)
-        block_lines = [(b.span.start_line - 1, b.span.end_line) for b in blocks]
+        in_block = {i for b in blocks for i in range(b.span.start_line - 1, b.span.end_line)}  # 0-based lines
 
         fields: dict[str, tuple[int, int, str]] = {}  # key -> (line0, value col, value)
         steps_line: int | None = None
         first_field_line: int | None = None
         for top in d.tops:
-            if top.kind != "para" or any(a <= top.first < b for a, b in block_lines):
+            if top.kind != "para" or top.first in in_block:
                 continue
-            # one regex pass over the paragraph's source; lines are counted only where a field is
-            chunk_start = lines.start(top.first)
-            for m in _FIELD_RE.finditer(self.text, chunk_start, lines.start(top.stop)):
-                i = top.first + _count_newlines(self.text, chunk_start, m.start())
+            # one regex pass over the paragraph's source; lines are counted only where a field is,
+            # from the previous field on (a field starts a line, so no \r\n is split)
+            i, counted = top.first, lines.start(top.first)
+            for m in _FIELD_RE.finditer(self.text, counted, lines.start(top.stop)):
                 line_start = m.start()
-                key = _FIELD_KEYS[re.sub(r"[ \t]+", " ", m.group("key").lower())]
+                i += _count_newlines(self.text, counted, line_start)
+                counted = line_start
+                key = m.group("key").lower()
+                key = _FIELD_KEYS.get(key) or _FIELD_KEYS[" ".join(key.split())]
                 value = m.group("value")
                 col = m.start("value") - line_start + 1 + (len(value) - len(value.lstrip()))
                 if first_field_line is None:
@@ -535,7 +549,7 @@ class _Parser:
         goal_lines = [
             lines.line(i)
             for i in range(d.heading_line + 1, goal_stop)
-            if not any(a <= i < b for a, b in block_lines)
+            if i not in in_block
         ]
         goal = "\n".join(goal_lines).strip()
 
@@ -636,11 +650,16 @@ class _Parser:
             if m is None:
                 self.warn(first, 1, "list item under `Steps:` is not a task (`- [ ] ...`), so it will not run; make it `- [ ] ...` or move it out of the list")
                 continue
-            children = toks[k + 1 : end_k]
-            para = next((t for t in children if t.type == "inline" and t.level == 3), None)
+            para = None
+            fences = []
+            for t in toks[k + 1 : end_k]:
+                if t.type == "inline":
+                    if para is None and t.level == 3:
+                        para = t
+                elif t.type == "fence" and t.level == 2:
+                    fences.append(t)
             item_text = _TASK_PREFIX_RE.sub("", para.content) if para is not None else ""
-            fences = [t for t in children if t.type == "fence" and t.level == 2]
-            spans = _code_spans(item_text)
+            spans = [] if fences else _code_spans(item_text)  # a fenced block is the command
             step_id = f"step-{len(steps) + 1}"
             command = ""
             if len(fences) > 1:
@@ -712,7 +731,8 @@ class _Parser:
         if "{" not in step.command:
             return
         names = list(plan.vars)
-        for piece in resolve.scan(step.command):
+        pieces = resolve.scan(step.command)
+        for piece in pieces:
             if piece.kind == "var" and not piece.nested and piece.value not in plan.vars:
                 guess = resolve.closest(piece.value, names)
                 hint = f"did you mean {{{guess}}}? " if guess else ""
@@ -721,6 +741,10 @@ class _Parser:
                     *where,
                     f"{step.id}: undefined var {piece.text}: {hint}declare it under `vars:` in the front matter, or write {{{{{piece.value}}}}} for literal braces",
                 )
+        # suspicious_groups looks only at literal groups and the vars nested in them: skip its
+        # second scan when this one found neither (the usual command)
+        if not any(piece.kind == "group" or piece.nested for piece in pieces):
+            return
         for piece, guess in resolve.suspicious_groups(step.command, names):
             self.warn(
                 *self.find_in_step(step, piece.text),
@@ -818,7 +842,7 @@ def _code_spans(text: str) -> list[str]:
     """The contents of the inline code spans in a paragraph (CommonMark rules, simplified)."""
     if "`" not in text:
         return []
-    runs = [(m.start(), m.end()) for m in _BACKTICKS_RE.finditer(text)]
+    runs = [m.span() for m in _BACKTICKS_RE.finditer(text)]
     spans: list[str] = []
     i = 0
     while i < len(runs):
