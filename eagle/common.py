@@ -107,6 +107,14 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     return table[name]
 
 
+def split_layer_ids(spec: str) -> list[int]:
+    """`--layer-ids 2,4,5` -> [2, 4, 5] (range and order are checked by the caller)."""
+    try:
+        return [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise EagleError(f"--layer-ids {spec!r}: expected comma-separated integers like 2,4,5") from None
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":

@@ -25,7 +25,7 @@ import click
 from pydantic import BaseModel
 
 from eagle import hidden_io
-from eagle.common import EagleError, fail, human_bytes, print_kv, progress, quiet_hf, warn
+from eagle.common import EagleError, fail, human_bytes, print_kv, progress, quiet_hf, split_layer_ids, warn
 from eagle.metrics import write_metrics
 
 HEADER_BYTES = 256  # safetensors header, per file (rough)
@@ -72,10 +72,7 @@ def parse_layer_ids(spec: str | Sequence[int] | None, num_layers: int) -> list[i
             )
         return ids
     if isinstance(spec, str):
-        try:
-            ids = [int(x) for x in spec.split(",") if x.strip()]
-        except ValueError:
-            raise EagleError(f"--layer-ids {spec!r}: expected comma-separated integers like 2,4,5") from None
+        ids = split_layer_ids(spec)
     else:
         ids = [int(x) for x in spec]
     if not ids:

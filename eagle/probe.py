@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 from pydantic import BaseModel
 
-from eagle.common import EagleError, fail, pick_device, pick_dtype, print_table
+from eagle.common import EagleError, fail, pick_device, pick_dtype, print_table, split_layer_ids
 from eagle.metrics import write_metrics
 
 
@@ -45,12 +45,7 @@ class ProbeReport(BaseModel):
 
 
 def parse_layer_ids(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as exc:
-        raise EagleError(f"--layer-ids {text!r}: expected comma-separated integers like 2,4,5") from exc
+    return split_layer_ids(text) if text else None
 
 
 def layer_similarity(a, b) -> tuple[float, float]:

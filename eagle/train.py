@@ -25,7 +25,7 @@ from typing import Any
 import click
 from pydantic import BaseModel
 
-from eagle.common import EagleError, fail, pick_device, print_table, progress, warn
+from eagle.common import EagleError, fail, pick_device, print_table, progress, split_layer_ids, warn
 
 STATE_FILE = "state.pt"
 LOG_FILE = "train_log.json"
@@ -441,15 +441,6 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     return log
 
 
-def _layer_id_list(spec: str | None) -> list[int] | None:
-    if spec is None:
-        return None
-    try:
-        return [int(x) for x in spec.split(",") if x.strip()]
-    except ValueError:
-        raise EagleError(f"--layer-ids {spec!r}: expected comma-separated integers like 2,4,5") from None
-
-
 def _score(r: EpochRecord) -> float:
     return r.val_loss if r.val_loss is not None else r.train_loss
 
@@ -555,7 +546,7 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float, ttt_step
         args = TrainArgs(model=str(model), data=str(data), out=str(out), epochs=epochs, lr=lr, ttt_steps=ttt_steps,
                          batch_tokens=batch_tokens, val_fraction=val_fraction, seed=seed,
                          init_from=str(init_from) if init_from else None, device=device, resume=resume,
-                         online=online, layer_ids=_layer_id_list(layer_ids), layout_multiple=layout_multiple)
+                         online=online, layer_ids=None if layer_ids is None else split_layer_ids(layer_ids), layout_multiple=layout_multiple)
         log = train(args)
     except EagleError as exc:
         fail(str(exc))
