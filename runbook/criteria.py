@@ -17,6 +17,9 @@ The whole expression may be wrapped in backticks, as it usually is in a plan.
 Evaluation is three-valued (Kleene logic): a comparison that needs a metric no step produced is
 `inconclusive`; `and` is `fail` if any side fails, `or` is `pass` if any side passes, otherwise
 an unknown side makes the result `inconclusive`. A NaN value fails every comparison.
+
+The explanation marks each comparison that does not hold with `✗ ` (`✗ gain 0.08 >= 0.1`), and
+`Judgement.comparisons` gives every comparison as data (metric, operator, value, threshold, held).
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from runbook.model import BoolOp, Compare, Expr, MetricRef, Not, Number
+from runbook.model import BoolOp, Compare, CompareOp, Expr, MetricRef, Not, Number
 
 __all__ = [
+    "FAILED_MARK",
+    "Comparison",
     "CriterionError",
     "Judgement",
     "evaluate",
@@ -55,13 +60,31 @@ class CriterionError(ValueError):
         return f"col {self.col}: {self.message}"
 
 
+FAILED_MARK = "✗ "  # marks a comparison that does not hold, in explanations
+
+
+class Comparison(BaseModel):
+    """One comparison of a criterion, judged. `accept_len >= 1.5` with accept_len 1.31 is
+    metric "accept_len", op ">=", value 1.31, threshold 1.5, held False. When the metric is on the
+    right (`1.5 <= accept_len`) the operator is flipped so that the metric reads first."""
+
+    text: str  # as in the explanation, without the mark: "accept_len 1.31 >= 1.5"
+    metric: str | None  # the metric compared; None when both sides are numbers
+    op: CompareOp
+    value: float | str | None  # the metric's value; None when no step wrote it
+    threshold: float | str | None  # the number (or the other metric's value) it is compared with
+    threshold_metric: str | None = None  # the other metric, when both sides are metrics
+    held: bool | None  # None: a metric is missing
+
+
 class Judgement(BaseModel):
     """The outcome of evaluating a criterion against a metrics dict."""
 
     verdict: Tri
-    explanation: str  # "accept_len 2.41 >= 1.5 and train_loss 1.93 < 4.0"
+    explanation: str  # "accept_len 2.41 >= 1.5 and ✗ train_loss 5 < 4.0"
     missing: list[str] = []  # metric names the expression needs that were not produced
     values: dict[str, float] = {}  # the metrics the expression looked at, as found
+    comparisons: list[Comparison] = []  # every comparison, in the order written
 
 
 # ---- tokenizer -----------------------------------------------------------------------------
@@ -306,7 +329,48 @@ def evaluate(expr: Expr, metrics: dict[str, float]) -> Judgement:
         else:
             values[name] = value
     verdict, explanation = _judge(expr, values, 0)
-    return Judgement(verdict=verdict, explanation=explanation, missing=missing, values=values)
+    comparisons = [_comparison(leaf, values) for leaf in _leaves(expr)]
+    return Judgement(
+        verdict=verdict, explanation=explanation, missing=missing, values=values, comparisons=comparisons
+    )
+
+
+_FLIP: dict[str, CompareOp] = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
+
+
+def _leaves(expr: Expr) -> list[Compare]:
+    if isinstance(expr, Compare):
+        return [expr]
+    if isinstance(expr, Not):
+        return _leaves(expr.item)
+    out: list[Compare] = []
+    for item in expr.items:
+        out.extend(_leaves(item))
+    return out
+
+
+def _comparison(leaf: Compare, values: dict[str, float]) -> Comparison:
+    left, right = _side(leaf.left, values), _side(leaf.right, values)
+    held = None if left[0] is None or right[0] is None else _holds(leaf.op, left[0], right[0])
+    subject, op, other = leaf.left, leaf.op, leaf.right
+    if isinstance(subject, Number) and isinstance(other, MetricRef):
+        subject, op, other = other, _FLIP[op], subject
+    metric = subject.name if isinstance(subject, MetricRef) else None
+    return Comparison(
+        text=f"{left[1]} {leaf.op} {right[1]}",
+        metric=metric,
+        op=op,
+        value=_side(subject, values)[0] if metric else None,
+        threshold=_side(other, values)[0],
+        threshold_metric=other.name if isinstance(other, MetricRef) else None,
+        held=held,
+    )
+
+
+def _holds(op: str, a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return False
+    return bool(_COMPARE[op](a, b))
 
 
 def _number(value: object) -> float | None:
@@ -324,10 +388,9 @@ def _judge(expr: Expr, values: dict[str, float], outer: int) -> tuple[Tri, str]:
         text = f"{left[1]} {expr.op} {right[1]}"
         if left[0] is None or right[0] is None:
             return "inconclusive", text
-        ok = _COMPARE[expr.op](left[0], right[0])
-        if math.isnan(left[0]) or math.isnan(right[0]):
-            ok = False
-        return ("pass" if ok else "fail"), text
+        if _holds(expr.op, left[0], right[0]):
+            return "pass", text
+        return "fail", FAILED_MARK + text
     if isinstance(expr, Not):
         verdict, text = _judge(expr.item, values, prec)
         flipped: Tri = {"pass": "fail", "fail": "pass"}.get(verdict, "inconclusive")  # type: ignore[assignment]

@@ -43,6 +43,9 @@ class LockInfo(BaseModel):
     run_id: str | None = None
     step_pgid: int | None = None
     pid_start: str | None = None  # the holder's start time from /proc (guards against pid reuse)
+    plan: str | None = None  # repo-relative plan path of the run (for status while it runs)
+    phase: str | None = None  # phase id of the run
+    step: str | None = None  # id of the step now running
 
 
 class LockError(Exception):
@@ -176,6 +179,11 @@ class RunLock:
 
     def set_step(self, pgid: int | None) -> None:
         self.info = self.info.model_copy(update={"step_pgid": pgid})
+        self._write()
+
+    def note(self, **fields: str | None) -> None:
+        """Record what the run is doing (`plan`, `phase`, `step`) for readers of the lock."""
+        self.info = self.info.model_copy(update=fields)
         self._write()
 
     def _write(self) -> None:

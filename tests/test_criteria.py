@@ -119,7 +119,7 @@ def test_missing_metrics_are_listed_and_explained() -> None:
     j = evaluate(parse_criterion("accept_len >= 1.5 and (train_loss < 4 or not val_loss > 9)"), {"train_loss": 5})
     assert j.verdict == "inconclusive"
     assert j.missing == ["accept_len", "val_loss"]
-    assert j.explanation == "accept_len (missing) >= 1.5 and (train_loss 5 < 4 or not val_loss (missing) > 9)"
+    assert j.explanation == "accept_len (missing) >= 1.5 and (✗ train_loss 5 < 4 or not val_loss (missing) > 9)"
 
 
 def test_trees_built_in_code_render_too() -> None:
@@ -168,3 +168,16 @@ def test_inconclusive_only_when_the_missing_metric_could_change_the_outcome(text
     elif verdict != "inconclusive":
         # a decided verdict with metrics missing must hold whatever the missing values are
         assert outcomes == {verdict}
+
+
+def test_failed_comparisons_are_marked_and_given_as_data() -> None:
+    j = evaluate(parse_criterion("gain >= 0.10 and 1.5 <= accept_len and loss < ref"), {"gain": 0.08, "accept_len": 2, "loss": 3, "ref": 2})
+    assert j.verdict == "fail"
+    assert j.explanation == "✗ gain 0.08 >= 0.10 and 1.5 <= accept_len 2 and ✗ loss 3 < ref 2"
+    gain, accept, loss = j.comparisons
+    assert (gain.metric, gain.op, gain.value, gain.threshold, gain.held) == ("gain", ">=", 0.08, 0.1, False)
+    # a metric on the right reads first, with the operator flipped
+    assert (accept.metric, accept.op, accept.value, accept.threshold, accept.held) == ("accept_len", ">=", 2, 1.5, True)
+    assert (loss.metric, loss.threshold_metric, loss.threshold, loss.held) == ("loss", "ref", 2, False)
+    unknown = evaluate(parse_criterion("a > 1"), {}).comparisons[0]
+    assert unknown.held is None and unknown.value is None and "✗" not in unknown.text
