@@ -182,7 +182,7 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -
 
 def _remove_dead_temp_indexes(gdir: Path) -> None:
     """Delete temporary indexes (`index.runbook.<pid>`) left by runbook processes that were killed."""
-    from runbook.lock import pid_alive
+    from runbook.procs import pid_alive
 
     for leftover in gdir.glob("index.runbook.*"):
         pid = leftover.name.rsplit(".", 1)[-1]

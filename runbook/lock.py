@@ -1,11 +1,20 @@
 """The two locks of a state directory.
 
 - The run lock `state/lock`: one `runbook next` at a time. A JSON file (schema `LockInfo`) created
-  with O_EXCL, naming the holder (pid, host, start time, run id) and the process group of the step
-  now running. A lock whose pid is dead on this host is stale: its leftover step group is killed,
-  a `.git/index.lock` it left behind is removed, and the lock is taken over with a warning.
+  with O_EXCL, naming the holder (pid and its start time, host, boot id, start time, run id) and
+  the process group of the step now running with its leader's start time. A lock whose holder is
+  dead on this host (or ran before the last reboot) is stale and is taken over with a warning.
+  Before that, what provably belongs to the dead run is stopped (`runbook.procs`: its step group
+  when the leader's recorded start time matches or a member carries the run's RUNBOOK_RUN_ID,
+  and any process carrying that run id), and git's own locks it left are removed unless a live
+  git process works in the repository. Nothing else is ever signalled: not group 1, not
+  runbook's own group, not a group none of whose members is proven to be the run's.
 - The write lock `state/write.lock`: a short `fcntl.flock` around file writes and commits (plan,
   notes, ledger), so `runbook record` can write while a long phase runs.
+
+A lock file with nonsense fields (a pid or group <= 1, an unparsable time, a run id with odd
+characters, more than 64 KiB, not a regular file) is refused as `LockCorrupt`: a hand-made or
+cloned lock cannot steer runbook into signalling anything.
 
 Public surface: `run_lock(state_dir, ...)` and `write_lock(state_dir)` context managers;
 `LockHeld` (another live run holds the lock), `LockCorrupt` (the lock file is not ours to read),
@@ -20,32 +29,63 @@ import errno
 import fcntl
 import json
 import os
-import signal
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from runbook import procs
 from runbook.atomic import atomic_write_text
+from runbook.procs import group_alive, pid_alive
+
+__all__ = [
+    "LockCorrupt",
+    "LockError",
+    "LockHeld",
+    "LockInfo",
+    "RunLock",
+    "WriteLockTimeout",
+    "group_alive",
+    "pid_alive",
+    "read_lock",
+    "run_lock",
+    "write_lock",
+]
 
 LOCK_NAME = "lock"
 WRITE_LOCK_NAME = "write.lock"
 
 
-class LockInfo(BaseModel):
-    """What `state/lock` holds."""
+_TICKS = r"^[0-9]{1,20}$"
+LOCK_MAX_BYTES = 64 * 1024
 
-    pid: int
-    host: str
+
+class LockInfo(BaseModel):
+    """What `state/lock` holds. Every field is checked: a lock is read before anything is signalled."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    pid: int = Field(ge=1, le=2**22)
+    host: str = Field(min_length=1, max_length=255, pattern=r"^[^\s/]+$")
     started: str  # ISO 8601 UTC
-    run_id: str | None = None
-    step_pgid: int | None = None
-    pid_start: str | None = None  # the holder's start time from /proc (guards against pid reuse)
-    plan: str | None = None  # repo-relative plan path of the run (for status while it runs)
-    phase: str | None = None  # phase id of the run
-    step: str | None = None  # id of the step now running
+    run_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+    step_pgid: int | None = Field(default=None, ge=2, le=2**22)
+    step_start: str | None = Field(default=None, pattern=_TICKS)  # the step leader's start (clock ticks)
+    pid_start: str | None = Field(default=None, pattern=_TICKS)  # the holder's start (guards against pid reuse)
+    boot_id: str | None = Field(default=None, max_length=64)  # /proc/sys/kernel/random/boot_id
+    plan: str | None = Field(default=None, max_length=4096)  # repo-relative plan path of the run (for status while it runs)
+    phase: str | None = Field(default=None, max_length=200)  # phase id of the run
+    step: str | None = Field(default=None, max_length=200)  # id of the step now running
+
+    @field_validator("started")
+    @classmethod
+    def _iso_time(cls, value: str) -> str:
+        if _parse_time(value) is None:
+            raise ValueError(f"{value[:40]!r} is not an ISO 8601 time")
+        return value
 
 
 class LockError(Exception):
@@ -87,83 +127,44 @@ def _utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _proc_start(pid: int) -> str | None:
-    """The start time of `pid` in clock ticks since boot (Linux), or None when unknown."""
+def _read_small(path: Path) -> bytes | None:
+    """The bytes of a regular file of at most LOCK_MAX_BYTES; None if it does not exist."""
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
         return None
-    # the command name (field 2) may hold spaces and parentheses: split after the last ")"
-    fields = raw[raw.rfind(")") + 2 :].split()
-    return fields[19] if len(fields) > 19 else None
-
-
-def _is_zombie(pid: int) -> bool:
+    except OSError as exc:
+        raise LockCorrupt(path, f"cannot open it: {exc.strerror or exc}") from None
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return raw[raw.rfind(")") + 2 :].startswith("Z")
-
-
-def pid_alive(pid: int, pid_start: str | None = None) -> bool:
-    """True when `pid` runs on this host (and, if `pid_start` is given, is still that process)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if _is_zombie(pid):
-        return False
-    if pid_start is not None:
-        now = _proc_start(pid)
-        if now is not None and now != pid_start:
-            return False  # the pid was reused by another process
-    return True
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def kill_group(pgid: int, grace_s: float = 3.0) -> bool:
-    """SIGTERM the process group, then SIGKILL after `grace_s`. True if it was alive."""
-    if not group_alive(pgid):
-        return False
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not group_alive(pgid):
-            return True
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    return True
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise LockCorrupt(path, "not a regular file")
+        if info.st_size > LOCK_MAX_BYTES:
+            raise LockCorrupt(path, f"{info.st_size} bytes; a lock holds a few hundred")
+        return os.read(fd, LOCK_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
 
 
 def read_lock(path: Path) -> LockInfo | None:
     """The lock's content, None if there is no lock; raises LockCorrupt on a foreign file."""
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    data = _read_small(path)
+    if data is None:
         return None
+    if not data.strip():
+        # created by O_EXCL but not yet written, or its writer died right there
+        raise LockCorrupt(path, "empty")
     try:
-        return LockInfo.model_validate(json.loads(raw))
-    except (json.JSONDecodeError, ValidationError) as exc:
-        if not raw.strip():
-            # created by O_EXCL but not yet written, or its writer died right there
-            raise LockCorrupt(path, "empty") from exc
-        raise LockCorrupt(path, str(exc).splitlines()[0]) from exc
+        return LockInfo.model_validate(json.loads(data.decode("utf-8")))
+    except UnicodeDecodeError:
+        raise LockCorrupt(path, "not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise LockCorrupt(path, f"not JSON: {exc}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "the file"
+        value = json.dumps(first.get("input"), default=str)[:60]
+        raise LockCorrupt(path, f"{where} = {value}: {first['msg']}") from None
 
 
 class RunLock:
@@ -178,7 +179,9 @@ class RunLock:
         self._write()
 
     def set_step(self, pgid: int | None) -> None:
-        self.info = self.info.model_copy(update={"step_pgid": pgid})
+        """Record the running step's process group and its leader's start time (None: no step)."""
+        start = procs.proc_start(pgid) if pgid else None
+        self.info = self.info.model_copy(update={"step_pgid": pgid, "step_start": start})
         self._write()
 
     def note(self, **fields: str | None) -> None:
@@ -220,27 +223,76 @@ def _clear_stale(path: Path, stale: LockInfo, git_dir: Path | None, warn: Warn) 
         f"taking over a stale run lock {path}: pid {stale.pid} (run {stale.run_id or '?'}, since "
         f"{stale.started}) is no longer running"
     )
-    if stale.step_pgid and kill_group(stale.step_pgid):
-        msg += f"; killed its leftover step process group {stale.step_pgid}"
+    msg += _stop_leftovers(stale)
     if git_dir is not None:
-        started = _parse_time(stale.started)
-        # git's own locks (the index, HEAD, a branch ref) made since the dead run started, and the
-        # temporary index of its commit (named after its pid)
-        candidates = [git_dir / "index.lock", git_dir / "HEAD.lock", *git_dir.glob("refs/heads/**/*.lock")]
-        own = list(git_dir.glob(f"index.runbook.{stale.pid}*"))
-        removed = []
-        for path in candidates + own:
-            try:
-                mtime = path.stat().st_mtime
-            except FileNotFoundError:
-                continue
-            if path in own or started is None or mtime >= started - 1:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                removed.append(str(path))
-        if removed:
-            msg += f"; removed the {', '.join(removed)} it left"
+        msg += _clear_git_locks(stale, git_dir)
     warn(msg)
+
+
+def _same_boot(info: LockInfo) -> bool:
+    return info.boot_id is None or info.boot_id == procs.boot_id()
+
+
+def _stop_leftovers(stale: LockInfo) -> str:
+    """Stop what provably belongs to the dead run; a sentence for the warning."""
+    if not _same_boot(stale):
+        return "; the machine restarted since, so nothing of that run is left to stop"
+    since = _parse_time(stale.started)
+    group = stale.step_pgid
+    leader = (group, stale.step_start) if group and stale.step_start else None
+
+    def find() -> list[procs.Proc]:
+        return procs.proven_run_processes(stale.run_id, since=since, leader=leader)
+
+    groups = [group] if group and procs.safe_to_signal_group(group) else []
+    stopped = procs.terminate_proven(find, groups=groups)
+    parts = []
+    if stopped:
+        shown = ", ".join(f"group {-x}" if x < 0 else f"pid {x}" for x in stopped)
+        parts.append(f"stopped what was left of that run ({shown})")
+    if group and -group not in stopped and group_alive(group):
+        why = (
+            "it holds runbook itself" if not procs.safe_to_signal_group(group)
+            else f"none of its processes is provably from run {stale.run_id or '?'}"
+        )
+        parts.append(f"left process group {group} alone: {why}")
+    return "".join(f"; {p}" for p in parts)
+
+
+def _work_tree(git_dir: Path) -> Path:
+    """The work tree of a git directory (a linked worktree names its `.git` file in `gitdir`)."""
+    pointer = git_dir / "gitdir"
+    with contextlib.suppress(OSError, ValueError):
+        if pointer.is_file():
+            return Path(pointer.read_text(encoding="utf-8").strip()).parent
+    return git_dir.parent
+
+
+def _clear_git_locks(stale: LockInfo, git_dir: Path) -> str:
+    """Remove git's locks the dead run left (never while a live git works here); a sentence."""
+    started = _parse_time(stale.started)
+    # git's own locks (the index, HEAD, a branch ref) made since the dead run started
+    candidates = [git_dir / "index.lock", git_dir / "HEAD.lock", *git_dir.glob("refs/heads/**/*.lock")]
+    fresh = []
+    for lock in candidates:
+        with contextlib.suppress(FileNotFoundError):
+            if started is None or lock.stat().st_mtime >= started - 1:
+                fresh.append(lock)
+    removed: list[str] = []
+    kept = ""
+    if fresh:
+        busy = procs.git_processes_in(_work_tree(git_dir), git_dir)
+        if busy:
+            pids = ", ".join(str(p.pid) for p in busy[:5])
+            kept = f"; left {', '.join(map(str, fresh))} alone: a live git process works here (pid {pids})"
+            fresh = []
+    # the temporary index of its commit is named after its pid
+    own = [] if pid_alive(stale.pid) else list(git_dir.glob(f"index.runbook.{stale.pid}"))
+    for lock in fresh + own:
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
+            removed.append(str(lock))
+    return (f"; removed the {', '.join(removed)} it left" if removed else "") + kept
 
 
 def _parse_time(iso: str) -> float | None:
@@ -261,14 +313,22 @@ def run_lock(
     """Hold `state/lock` for the duration of the block.
 
     Raises LockHeld when a live run holds it (or one on another host), LockCorrupt when the file
-    is not a lock we can read. A stale lock (dead pid on this host) is taken over after killing its
-    leftover step group and removing a `.git/index.lock` it left; `warn` is told about it.
+    is not a lock we can read or its fields are nonsense. A stale lock (dead pid on this host) is
+    taken over after stopping what provably belongs to the dead run and removing git locks it
+    left; `warn` is told about it.
     """
     state = Path(state_dir)
     state.mkdir(parents=True, exist_ok=True)
     path = state / LOCK_NAME
     host = socket.gethostname()
-    me = LockInfo(pid=os.getpid(), host=host, started=_utc_now(), run_id=run_id, pid_start=_proc_start(os.getpid()))
+    me = LockInfo(
+        pid=os.getpid(),
+        host=host,
+        started=_utc_now(),
+        run_id=run_id,
+        pid_start=procs.proc_start(os.getpid()),
+        boot_id=procs.boot_id(),
+    )
     say = warn or (lambda _msg: None)
     gdir = Path(git_dir) if git_dir is not None else None
 
@@ -285,7 +345,7 @@ def run_lock(
             if held is not None:
                 if held.host != host:
                     raise LockHeld(path, held, alive_unknown=True)
-                if pid_alive(held.pid, held.pid_start):
+                if _same_boot(held) and pid_alive(held.pid, held.pid_start):
                     raise LockHeld(path, held)
                 _clear_stale(path, held, gdir, say)
                 with contextlib.suppress(FileNotFoundError):

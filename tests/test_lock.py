@@ -14,6 +14,7 @@ import time
 import pytest
 
 from runbook.lock import LockCorrupt, LockHeld, WriteLockTimeout, group_alive, read_lock, run_lock, write_lock
+from runbook.procs import proc_start
 
 
 def test_lock_holds_and_releases(tmp_path):
@@ -57,9 +58,11 @@ def test_stale_lock_taken_over_kills_group_and_index_lock(tmp_path):
     gitdir = tmp_path / "repo.git"
     gitdir.mkdir()
     (gitdir / "index.lock").write_text("")
+    # as a real run writes it: the step group and its leader's start time
     (tmp_path / "lock").write_text(
         json.dumps(
-            {"pid": dead.pid, "host": socket.gethostname(), "started": "2020-01-01T00:00:00Z", "step_pgid": leftover.pid}
+            {"pid": dead.pid, "host": socket.gethostname(), "started": "2020-01-01T00:00:00Z",
+             "step_pgid": leftover.pid, "step_start": proc_start(leftover.pid)}
         )
     )
     warnings = []
