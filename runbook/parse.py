@@ -741,6 +741,12 @@ class _Parser:
                     *where,
                     f"{step.id}: undefined var {piece.text}: {hint}declare it under `vars:` in the front matter, or write {{{{{piece.value}}}}} for literal braces",
                 )
+        if any(piece.kind == "var" and piece.value in plan.vars for piece in pieces):
+            for unsafe in resolve.unsafe_vars(step.command, plan.vars):
+                self.error(
+                    *self.find_in_step(step, unsafe.piece.text),
+                    f"{step.id}: {unsafe.piece.text} cannot be used here: {unsafe.reason}",
+                )
         # suspicious_groups looks only at literal groups and the vars nested in them: skip its
         # second scan when this one found neither (the usual command)
         if not any(piece.kind == "group" or piece.nested for piece in pieces):

@@ -1,9 +1,15 @@
-"""`{var}` substitution in step commands, with shell quoting.
+r"""`{var}` substitution in step commands, quoted for where it stands. A value never runs as code.
 
 Rules (docs/plan-format.md, "Vars"):
 
-- `{name}`, where `name` is declared under `vars:`, becomes the value quoted with `shlex.quote`
-  (write it unquoted in the command: `--out {target}`).
+- `{name}`, where `name` is declared under `vars:`, becomes the value quoted for the shell context
+  it stands in (runbook/shellctx.py): unquoted, it is quoted with `shlex.quote` (write it
+  unquoted: `--out {target}`); inside the author's '...' only `'` is escaped, inside "..." (and
+  an unquoted here-document) `\`, `$`, `` ` `` (and `"`) are escaped, inside $'...' `\` and `'`;
+  in a quoted here-document it is inserted as is. Contexts where no quoting is safe are refused
+  (`UnsafeVar`; `runbook validate` reports them): backticks, `${...}`, arithmetic, right after a
+  backslash, a here-document delimiter, a command whose quotes do not close, and a value holding
+  a line break inside a here-document or a comment (it could end them early).
 - `{{` and `}}` are literal `{` and `}`.
 - `${...}` is shell parameter expansion and is left exactly as written.
 - Any other `{` starts a literal group that runs to its matching `}`: its braces stay as written,
@@ -19,7 +25,18 @@ import re
 import shlex
 from typing import Literal, NamedTuple
 
-__all__ = ["Piece", "VAR_NAME_RE", "placeholders", "resolve_command", "scan", "suspicious_groups"]
+from runbook.shellctx import Context, lex
+
+__all__ = [
+    "Piece",
+    "UnsafeVar",
+    "VAR_NAME_RE",
+    "placeholders",
+    "resolve_command",
+    "scan",
+    "suspicious_groups",
+    "unsafe_vars",
+]
 
 VAR_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*")
 _VAR_RE = re.compile(r"\{(" + VAR_NAME_RE.pattern + r")\}")
@@ -95,15 +112,80 @@ def _group_end(command: str, start: int) -> int:
     return len(command)
 
 
-def resolve_command(command: str, vars: dict[str, str]) -> str:
-    """Substitute declared `{vars}` (shell-quoted) and `{{`/`}}` escapes; leave the rest as written."""
+class UnsafeVar(ValueError):
+    """A declared `{var}` standing where its value cannot be quoted safely."""
+
+    def __init__(self, piece: Piece, reason: str) -> None:
+        super().__init__(f"{piece.text}: {reason}")
+        self.piece = piece
+        self.reason = reason
+
+
+_REFUSED = {
+    "backtick": "inside backticks no quoting is safe; use $(...) instead",
+    "param": "inside ${...} no quoting is safe; set a shell variable first (x={name}; ${x:-...})",
+    "arith": "inside arithmetic ($((...)), ((...))) the value would be evaluated; compute it outside",
+    "delimiter": "a here-document delimiter cannot be a var",
+}
+
+
+def _quote(value: str, ctx: Context, piece: Piece) -> str:
+    kind = ctx.kind
+    if kind in _REFUSED:
+        raise UnsafeVar(piece, _REFUSED[kind].replace("{name}", piece.text))
+    if ctx.escaped:
+        raise UnsafeVar(piece, "it follows a backslash, which would unquote its first character; remove the backslash")
+    if kind in ("heredoc", "heredoc-literal", "comment") and ("\n" in value or "\r" in value):
+        where = "a here-document" if kind != "comment" else "a comment"
+        raise UnsafeVar(piece, f"its value holds a line break, which could end {where} early (line {ctx.line})")
+    if kind == "single":
+        return value.replace("'", "'\\''")
+    if kind == "double":
+        return re.sub(r'([\\"$`])', r"\\\1", value)
+    if kind == "heredoc":
+        return re.sub(r"([\\$`])", r"\\\1", value)
+    if kind == "ansi":
+        return re.sub(r"([\\'])", r"\\\1", value)
+    if kind == "heredoc-literal":
+        return value
+    return shlex.quote(value)  # plain, comment
+
+
+def _substitute(command: str, vars: dict[str, str]) -> tuple[str, list[UnsafeVar]]:
+    pieces = scan(command)
+    used = [p for p in pieces if p.kind == "var" and p.value in vars]
+    lexed = lex(command, {p.start for p in used}) if used else None
     out: list[str] = []
-    for piece in scan(command):
-        if piece.kind == "var":
-            out.append(shlex.quote(str(vars[piece.value])) if piece.value in vars else piece.text)
-        else:
-            out.append(piece.value)
-    return "".join(out)
+    unsafe: list[UnsafeVar] = []
+    for piece in pieces:
+        if piece.kind != "var" or piece.value not in vars:
+            out.append(piece.text if piece.kind == "var" else piece.value)
+            continue
+        assert lexed is not None
+        if lexed.problem is not None:
+            unsafe.append(UnsafeVar(piece, f"cannot tell how to quote it: in this command {lexed.problem}"))
+            out.append(piece.text)
+            continue
+        try:
+            out.append(_quote(str(vars[piece.value]), lexed.contexts[piece.start], piece))
+        except UnsafeVar as exc:
+            unsafe.append(exc)
+            out.append(piece.text)
+    return "".join(out), unsafe
+
+
+def resolve_command(command: str, vars: dict[str, str]) -> str:
+    """Substitute declared `{vars}` (quoted for their context) and `{{`/`}}` escapes; leave the
+    rest as written. Raises `UnsafeVar` for a var no quoting can make safe where it stands."""
+    text, unsafe = _substitute(command, vars)
+    if unsafe:
+        raise unsafe[0]
+    return text
+
+
+def unsafe_vars(command: str, vars: dict[str, str]) -> list[UnsafeVar]:
+    """Every declared `{var}` of `command` that `resolve_command` would refuse (for validate)."""
+    return _substitute(command, vars)[1]
 
 
 def placeholders(command: str) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -195,3 +196,130 @@ def test_hostile_ledger_ids_and_log_paths_steer_no_write(tmp_path: Path, counts)
     assert after == before, sorted(after - before)
     assert not list(tmp_path.rglob("evil*"))
     counts.add("escapes_refused")
+
+
+# ---- vars inside the author's own quotes, here-documents and comments -------------------------------
+
+# (template, expected bytes of out.bin given the value v); each writes out.bin in its own directory
+CONTEXTS = {
+    "plain": ("printf '%s\\0' {v} > out.bin", lambda v: v + "\0"),
+    "single": ("printf '%s\\0' 'pre{v}post' > out.bin", lambda v: f"pre{v}post\0"),
+    "double": ('printf \'%s\\0\' "pre{v}post" > out.bin', lambda v: f"pre{v}post\0"),
+    "json-in-single": ("echo '{{\"name\": \"{v}\"}}' > out.bin", lambda v: '{"name": "' + v + '"}\n'),
+    "json-group": ("echo '{\"name\": \"{v}\"}' > out.bin", lambda v: '{"name": "' + v + '"}\n'),
+    "ansi-c": ("printf '%s\\0' $'pre{v}post' > out.bin", lambda v: f"pre{v}post\0"),
+    "cmd-subst-in-double": (
+        "printf '%s\\0' \"$(printf '%s' {v})\" > out.bin", lambda v: v.rstrip("\n") + "\0"
+    ),
+    "double-in-cmd-subst": (
+        "printf '%s\\0' \"$(printf '%s' \"{v}\")\" > out.bin", lambda v: v.rstrip("\n") + "\0"
+    ),
+    "heredoc": ("cat > out.bin <<EOF\npre{v}post\nEOF", lambda v: f"pre{v}post\n"),
+    "heredoc-quoted": ("cat > out.bin <<'EOF'\npre{v}post $HOME\nEOF", lambda v: f"pre{v}post $HOME\n"),
+    "heredoc-dash": ("cat > out.bin <<-END\n\tpre{v}post\n\tEND", lambda v: f"pre{v}post\n"),
+    "comment": ("printf done > out.bin # {v} ; touch PWNED", lambda v: "done"),
+}
+# a value with a line break is refused (UnsafeVar) in these contexts: it could end them early
+LINE_SENSITIVE = {"heredoc", "heredoc-quoted", "heredoc-dash", "comment"}
+
+HOSTILE_IN_QUOTES = HOSTILE + [
+    "'; touch PWNED; '", '"; touch PWNED; "', "\\", "\\'", '\\"', "$'\\x41'", "x\nEOF\ntouch PWNED",
+    "EOF", "\tEND", "${HOME}", "$(touch PWNED)`touch PWNED`", "'$(touch PWNED)'", '"$(touch PWNED)"',
+    "\\$(touch PWNED)", "!!", "\r\ntouch PWNED",
+]
+
+
+def _run_context(name: str, value: str, work: Path) -> None:
+    from runbook.resolve import UnsafeVar
+
+    template, expected = CONTEXTS[name]
+    try:
+        command = resolve_command(template, {"v": value})
+    except UnsafeVar as exc:
+        assert name in LINE_SENSITIVE and ("\n" in value or "\r" in value), (name, value, exc)
+        return
+    box = work / name
+    box.mkdir()
+    result = _bash(command, box)
+    assert result.returncode == 0, (name, value, command, result.stderr)
+    assert (box / "out.bin").read_bytes() == expected(value).encode("utf-8"), (name, value, command)
+    assert sorted(p.name for p in box.iterdir()) == ["out.bin"], ("something ran", name, value, command)
+
+
+@settings(max_examples=H.examples(100), deadline=None)
+@given(st.one_of(st.sampled_from(HOSTILE_IN_QUOTES), safe_text))
+def test_var_inside_quotes_heredocs_and_comments_is_data(counts, value: str) -> None:
+    """Every context a plan author may put `{v}` in: the value arrives byte for byte, nothing runs."""
+    work = Path(__import__("tempfile").mkdtemp(prefix="shellctx-"))
+    for name in CONTEXTS:
+        _run_context(name, value, work)
+    counts.add("shell_values_checked", len(CONTEXTS))
+
+
+REFUSED = [
+    ("echo `echo {v}`", "backticks"),
+    ("echo ${X:-{v}}", "${...}"),
+    ('echo "${X:-{v}}"', "${...}"),
+    ("echo $(( {v} + 1 ))", "arithmetic"),
+    ("(( n = {v} ))", "arithmetic"),
+    ("echo \\{v}", "backslash"),
+    ('echo "\\{v}"', "backslash"),
+    ("cat <<{v}\nx\n", "delimiter"),
+    ("echo '{v}", "never closed"),
+    ('echo "{v}', "never closed"),
+    ("cat <<EOF\n{v}\n", "here-document is not closed"),
+]
+
+
+@pytest.mark.parametrize("template, why", REFUSED)
+def test_contexts_no_quoting_can_make_safe_are_refused(template: str, why: str) -> None:
+    from runbook.resolve import UnsafeVar, unsafe_vars
+
+    with pytest.raises(UnsafeVar) as exc:
+        resolve_command(template, {"v": "$(touch PWNED)"})
+    assert why in exc.value.reason
+    assert [u.piece.value for u in unsafe_vars(template, {"v": "x"})] == ["v"]
+
+
+def _fenced(body: str) -> str:
+    return "- [ ] Script:\n  ```sh\n" + "".join(f"  {line}\n" for line in body.split("\n")) + "  ```\n"
+
+
+def test_validate_reports_every_unsafe_var_with_its_place(tmp_path: Path) -> None:
+    steps = "".join(_fenced(t) for t, _why in REFUSED[:8])
+    steps += _fenced("cat <<EOF\n{v}\nEOF")  # fine unless the value holds a line break: it does
+    plan = PLAN_TEMPLATE.format(vars='  v: "a\\nEOF\\ntouch PWNED"', steps=steps)
+    repo = H.make_repo(tmp_path / "repo", plan)
+    result = H.runbook(repo, "validate")
+    H.assert_no_traceback(result)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if "cannot be used here" in line]
+    assert len(lines) == 9, result.stderr
+    assert all(re.match(r"plans/plan\.md:\d+:\d+: step-\d+: \{v\} cannot be used here", line) for line in lines)
+    assert "line break" in lines[-1]
+    nxt = H.runbook(repo, "next", "--yes")
+    assert nxt.returncode == 2 and not list(repo.rglob("PWNED"))
+
+
+@pytest.mark.slow
+def test_vars_in_every_context_through_runbook_next(tmp_path: Path, counts) -> None:
+    """The trial's attacks, as a plan author would write them: `echo '{a}'`, `echo "{a}"`, the JSON
+    pattern, an unquoted heredoc in a fenced step; validate says ok, and nothing runs."""
+    value = "$(touch PWNED)`touch PWNED`'\"; touch PWNED; \\"
+    steps = ""
+    for i, (name, (template, _expected)) in enumerate(CONTEXTS.items()):
+        body = template.replace("out.bin", f"out-{i}.bin")
+        steps += _fenced(body) if "\n" in body else f"- [ ] {name}: `` {body} ``\n"
+    plan = PLAN_TEMPLATE.format(vars=f"  v: {json.dumps(value)}", steps=steps)
+    repo = H.make_repo(tmp_path / "repo", plan)
+    (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "out*.bin\n")
+    H.git(repo, "commit", "-qam", "ignore outputs")
+    check = H.runbook(repo, "validate")
+    assert check.returncode == 0, check.stderr
+    result = H.runbook(repo, "next", "--yes")
+    H.assert_no_traceback(result)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    for i, (_name, (_template, expected)) in enumerate(CONTEXTS.items()):
+        assert (repo / f"out-{i}.bin").read_bytes() == expected(value).encode(), _name
+    assert not list(repo.rglob("PWNED"))
+    counts.add("shell_values_checked", len(CONTEXTS))
