@@ -30,7 +30,6 @@ import fcntl
 import json
 import os
 import socket
-import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from runbook import procs
 from runbook.atomic import atomic_write_text
+from runbook.bounded import NotReadable, read_bounded
 from runbook.procs import group_alive, pid_alive
 
 __all__ = [
@@ -127,30 +127,16 @@ def _utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _read_small(path: Path) -> bytes | None:
-    """The bytes of a regular file of at most LOCK_MAX_BYTES; None if it does not exist."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise LockCorrupt(path, f"cannot open it: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise LockCorrupt(path, "not a regular file")
-        if info.st_size > LOCK_MAX_BYTES:
-            raise LockCorrupt(path, f"{info.st_size} bytes; a lock holds a few hundred")
-        return os.read(fd, LOCK_MAX_BYTES + 1)
-    finally:
-        os.close(fd)
-
-
 def read_lock(path: Path) -> LockInfo | None:
     """The lock's content, None if there is no lock; raises LockCorrupt on a foreign file."""
-    data = _read_small(path)
-    if data is None:
+    try:
+        data = read_bounded(path, LOCK_MAX_BYTES)
+    except FileNotFoundError:
         return None
+    except NotReadable as exc:
+        raise LockCorrupt(path, str(exc)) from None
+    except OSError as exc:
+        raise LockCorrupt(path, f"cannot read it: {exc.strerror or exc}") from None
     if not data.strip():
         # created by O_EXCL but not yet written, or its writer died right there
         raise LockCorrupt(path, "empty")

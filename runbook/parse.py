@@ -16,10 +16,10 @@ import os
 import re
 from dataclasses import dataclass, field
 from itertools import accumulate
-from pathlib import Path
 from typing import Any
 
 from runbook import criteria, markers, resolve
+from runbook.bounded import NotReadable, read_bounded
 from runbook.model import (
     FORMAT_VERSION,
     VERDICTS,
@@ -34,6 +34,7 @@ from runbook.model import (
 )
 
 __all__ = [
+    "PLAN_MAX_BYTES",
     "PlanError",
     "is_plan_text",
     "load_plan",
@@ -42,6 +43,7 @@ __all__ = [
     "parse_status_line",
     "phase_index",
     "read_plan",
+    "read_text",
     "reassemble",
 ]
 
@@ -75,12 +77,20 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
     return plan
 
 
-def read_text(path: str) -> tuple[str, Problem | None]:
-    """Decode a file as UTF-8 without newline translation; a failure becomes a Problem."""
+PLAN_MAX_BYTES = 32 * 1024 * 1024
+
+
+def read_text(path: str, max_bytes: int = PLAN_MAX_BYTES) -> tuple[str, Problem | None]:
+    """Decode a file as UTF-8 without newline translation; a failure becomes a Problem.
+
+    Only a regular file of at most `max_bytes` is read: a FIFO, a device (`/dev/zero`) or a
+    runaway file is a Problem, never a hang or an unbounded read."""
     try:
-        data = Path(path).read_bytes()
+        data = read_bounded(path, max_bytes)
     except OSError as exc:
         return "", Problem(file=path, line=1, col=1, message=f"cannot read the file: {exc.strerror or exc}")
+    except NotReadable as exc:
+        return "", Problem(file=path, line=1, col=1, message=f"cannot read the plan: {exc}; give the path of a text file")
     try:
         return data.decode("utf-8"), None
     except UnicodeDecodeError as exc:
@@ -130,7 +140,7 @@ _PHASE_START_RE = re.compile(r"Phase\s+\d", re.IGNORECASE)
 _ATX_OPEN_RE = re.compile(r"^[ ]{0,3}##[ \t]*")
 _ATX_CLOSE_RE = re.compile(r"[ \t]+#+[ \t]*$")
 _FIELD_RE = re.compile(
-    r"^(?P<indent>[ \t]*)(?P<key>steps|pass|on[ \t]+pass|on[ \t]+fail|needs|timeout)[ \t]*:(?P<value>[^\r\n]*)",
+    r"(?:^|(?<=\r))(?P<indent>[ \t]*)(?P<key>steps|pass|on[ \t]+pass|on[ \t]+fail|needs|timeout)[ \t]*:(?P<value>[^\r\n]*)",
     re.IGNORECASE | re.MULTILINE,
 )
 _TASK_RE = re.compile(r"^[ \t]*(?:[-*+]|\d{1,9}[.)])[ \t]+\[(?P<mark>[ xX])\](?=[ \t]|$)")
@@ -393,6 +403,7 @@ class _Parser:
             text=text,
         )
         self.check_plan(plan)
+        self.check_fences(len(self.lines))
         return self.done(plan)
 
     def front_matter(self, content: str, fm_stop: int) -> tuple[int, str | None, str | None, dict[str, str]] | None:
@@ -410,6 +421,9 @@ class _Parser:
                 problem += f" ({context} at line {cmark.line + 2}, col {cmark.column + 1})"
             self.error(line0, col, f"front matter is not valid YAML: {problem}")
             return None
+        if _expanded_size(data, _FRONT_MATTER_MAX_VALUES) > _FRONT_MATTER_MAX_VALUES:
+            self.error(0, 1, f"front matter expands to more than {_FRONT_MATTER_MAX_VALUES:,} values (YAML aliases that repeat each other); write the values out")
+            return None
         if not isinstance(data, dict) or "runbook" not in data:
             self.error(0, 1, "not a plan: the front matter has no `runbook: 1` key; add it to mark this file as a plan")
             return None
@@ -419,12 +433,12 @@ class _Parser:
             self.error(
                 key_lines.get("runbook", 1),
                 1,
-                f"unsupported plan format version {version!r}: this runbook reads `runbook: {FORMAT_VERSION}`",
+                f"unsupported plan format version {_short(version)}: this runbook reads `runbook: {FORMAT_VERSION}`",
             )
             return None
         for key in data:
             if key not in _KNOWN_FRONT_MATTER:
-                self.warn(key_lines.get(str(key), 1), 1, f"unknown front matter key {key!r} is ignored (known: runbook, title, notes, vars)")
+                self.warn(key_lines.get(str(key), 1), 1, f"unknown front matter key {_short(key)} is ignored (known: runbook, title, notes, vars)")
         title = self.scalar(data.get("title"), "title", key_lines)
         notes = self.scalar(data.get("notes"), "notes", key_lines)
         if notes is not None and (os.path.isabs(notes) or re.match(r"[A-Za-z]:[\\/]", notes)):
@@ -437,9 +451,9 @@ class _Parser:
         elif raw:
             for name, value in raw.items():
                 if not isinstance(name, str) or not _VAR_KEY_RE.match(name):
-                    self.error(key_lines.get("vars", 1), 1, f"var name {name!r} is not a valid name (letters, digits, _ and -)")
+                    self.error(key_lines.get("vars", 1), 1, f"var name {_short(name)} is not a valid name (letters, digits, _ and -)")
                 elif value is None or isinstance(value, (dict, list)):
-                    self.error(key_lines.get("vars", 1), 1, f"var {name!r} must have a plain value (a string or a number)")
+                    self.error(key_lines.get("vars", 1), 1, f"var {_short(name)} must have a plain value (a string or a number)")
                 else:
                     vars_[name] = value if isinstance(value, str) else _yaml_scalar(value)
         return version, title, notes, vars_
@@ -505,6 +519,24 @@ class _Parser:
         fields: dict[str, tuple[int, int, str]] = {}  # key -> (line0, value col, value)
         steps_line: int | None = None
         first_field_line: int | None = None
+
+        def record(i: int, m: re.Match[str], line_start: int) -> None:
+            nonlocal steps_line, first_field_line
+            key = m.group("key").lower()
+            key = _FIELD_KEYS.get(key) or _FIELD_KEYS[" ".join(key.split())]
+            value = m.group("value")
+            col = m.start("value") - line_start + 1 + (len(value) - len(value.lstrip()))
+            if first_field_line is None:
+                first_field_line = i
+            if key in fields:
+                self.error(i, m.start("key") - line_start + 1, f"second `{_FIELD_NAMES[key]}` line in this phase (the first is at line {fields[key][0] + 1}); keep one")
+                return
+            fields[key] = (i, col, value.strip())
+            if key == "steps":
+                steps_line = i
+                if value.strip():
+                    self.warn(i, col, "text after `Steps:` is ignored; steps are the task-list items below it")
+
         for top in d.tops:
             if top.kind != "para" or top.first in in_block:
                 continue
@@ -515,20 +547,7 @@ class _Parser:
                 line_start = m.start()
                 i += _count_newlines(self.text, counted, line_start)
                 counted = line_start
-                key = m.group("key").lower()
-                key = _FIELD_KEYS.get(key) or _FIELD_KEYS[" ".join(key.split())]
-                value = m.group("value")
-                col = m.start("value") - line_start + 1 + (len(value) - len(value.lstrip()))
-                if first_field_line is None:
-                    first_field_line = i
-                if key in fields:
-                    self.error(i, m.start("key") - line_start + 1, f"second `{_FIELD_NAMES[key]}` line in this phase (the first is at line {fields[key][0] + 1}); keep one")
-                    continue
-                fields[key] = (i, col, value.strip())
-                if key == "steps":
-                    steps_line = i
-                    if value.strip():
-                        self.warn(i, col, "text after `Steps:` is ignored; steps are the task-list items below it")
+                record(i, m, line_start)
 
         steps: list[Step] = []
         steps_list: _Top | None = None
@@ -538,7 +557,17 @@ class _Parser:
             if steps_list is None:
                 self.error(steps_line, 1, "`Steps:` is not followed by a task list; add items like `- [ ] Train: `eagle train ...``")
             else:
-                steps = self.steps(steps_list)
+                lazy: set[int] = set()
+                for line0, m in self.fields_in_items(steps_list):
+                    if m.group("indent"):
+                        name = _FIELD_NAMES[_FIELD_KEYS.get(m.group("key").lower()) or _FIELD_KEYS[" ".join(m.group("key").lower().split())]]
+                        self.warn(line0, 1, f"`{name}` here is indented under a step, so it is part of that step's text and does nothing; move it after the list, unindented, after a blank line")
+                    else:
+                        # written right under the last step without a blank line: CommonMark makes
+                        # it part of the item (a lazy continuation line); it is the phase's field
+                        lazy.add(line0)
+                        record(line0, m, 0)
+                steps = self.steps(steps_list, lazy)
         else:
             for t in lists:
                 if any(_TASK_RE.match(lines.line(tok.map[0])) for tok in self.item_tokens(t)):
@@ -634,7 +663,19 @@ class _Parser:
     def tokens_between(self, a: int, b: int) -> list[Any]:
         return self.tokens[a + 1 : b + 1]
 
-    def steps(self, top: _Top) -> list[Step]:
+    def fields_in_items(self, top: _Top) -> list[tuple[int, re.Match[str]]]:
+        """Field lines (`Pass:` ...) inside the paragraphs of a list's items, after their first line."""
+        found: list[tuple[int, re.Match[str]]] = []
+        for tok in self.tokens_between(top.tok, top.close):
+            if tok.type == "paragraph_open" and tok.map is not None:
+                for line0 in range(tok.map[0] + 1, tok.map[1]):
+                    m = _FIELD_RE.match(self.lines.line(line0))
+                    if m is not None:
+                        found.append((line0, m))
+        return found
+
+    def steps(self, top: _Top, drop: set[int] | frozenset[int] = frozenset()) -> list[Step]:
+        """The task items of the Steps: list; `drop`: lines (0-based) that are not the items' text."""
         lines = self.lines
         toks = self.tokens_between(top.tok, top.close)
         steps: list[Step] = []
@@ -658,7 +699,11 @@ class _Parser:
                         para = t
                 elif t.type == "fence" and t.level == 2:
                     fences.append(t)
-            item_text = _TASK_PREFIX_RE.sub("", para.content) if para is not None else ""
+            content = para.content if para is not None else ""
+            if drop and para is not None and para.map is not None:
+                kept = [t for k, t in enumerate(content.split("\n")) if para.map[0] + k not in drop]
+                content = "\n".join(kept)
+            item_text = _TASK_PREFIX_RE.sub("", content)
             spans = [] if fences else _code_spans(item_text)  # a fenced block is the command
             step_id = f"step-{len(steps) + 1}"
             command = ""
@@ -677,6 +722,10 @@ class _Parser:
                     self.error(first, m.end() + 1, f"{step_id}: its command is empty")
             else:
                 self.error(first, m.end() + 1, f"{step_id} has no command: write it in backticks (`- [ ] Train: `eagle train ...``) or in a fenced block under the item")
+            nul = self.text.find("\0", lines.start(first), lines.start(stop))
+            if nul >= 0:
+                line0 = first + _count_newlines(self.text, lines.start(first), nul)
+                self.error(line0, nul - lines.start(line0) + 1, f"{step_id} holds a NUL byte, which no shell command can carry (it would be run as U+FFFD); delete it")
             steps.append(
                 Step(
                     id=step_id,
@@ -726,6 +775,26 @@ class _Parser:
             for step in phase.steps:
                 self.check_command(plan, step)
         self.check_cycles(plan, index)
+
+    def check_fences(self, n_lines: int) -> None:
+        """A fenced block that is never closed runs to the end of the file: say so, and make it an
+        error when it swallows a phase heading (the phases after it would silently vanish)."""
+        for tok in self.tokens:
+            if tok.type != "fence" or tok.map is None or tok.map[1] < n_lines:
+                continue
+            first, stop = tok.map
+            last = self.lines.line(stop - 1).strip() if stop - 1 > first else ""
+            if last and set(last) == {tok.markup[0]} and len(last) >= len(tok.markup):
+                continue  # closed on the file's last line
+            swallowed = next(
+                (k for k in range(first + 1, stop) if _ATX_OPEN_RE.match(self.lines.line(k))
+                 and _PHASE_START_RE.match(_ATX_OPEN_RE.sub("", self.lines.line(k)))), None,
+            )
+            col = len(self.lines.line(first)) - len(self.lines.line(first).lstrip()) + 1
+            if swallowed is not None:
+                self.error(first, col, f"fenced block opened here ({tok.markup}) is never closed, so `{self.lines.line(swallowed).strip()}` at line {swallowed + 1} and everything after it is code, not plan; close it with a {tok.markup} line")
+            else:
+                self.warn(first, col, f"fenced block opened here ({tok.markup}) is never closed: the rest of the file is code; close it with a {tok.markup} line")
 
     def check_command(self, plan: Plan, step: Step) -> None:
         if "{" not in step.command:
@@ -836,6 +905,28 @@ def _count_newlines(text: str, a: int, b: int) -> int:
 
 def _lf(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
+
+_FRONT_MATTER_MAX_VALUES = 10_000
+
+
+def _expanded_size(data: Any, cap: int) -> int:
+    """How many values `data` holds with every YAML alias expanded, counting up to just past `cap`."""
+    count, stack = 0, [data]
+    while stack and count <= cap:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set)):
+            stack.extend(item)
+    return count
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _yaml_scalar(value: Any) -> str:

@@ -75,14 +75,24 @@ def load_config(root: str | os.PathLike[str]) -> Config:
     return Config()
 
 
+CONFIG_MAX_BYTES = 4 * 1024 * 1024
+
+
 def _read_toml(path: Path) -> dict:
+    from runbook.bounded import NotReadable, read_bounded
+
     try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        return tomllib.loads(read_bounded(path, CONFIG_MAX_BYTES).decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    except NotReadable as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc}") from None
+    except ValueError as exc:  # TOMLDecodeError, and int() refusing a number of thousands of digits
+        raise ConfigError(f"{path}: not valid TOML: {str(exc)[:200]}") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
 
 
 def _config_from(path: Path, data: dict, prefix: str = "") -> Config:
