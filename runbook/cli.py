@@ -2,12 +2,22 @@
 
 Each verb lives in its own module under `runbook/commands/` and is imported only when it is
 invoked, so `runbook --help` starts without loading anything heavy (no torch, no git).
+
+This is the one place where outcomes become output and exit codes. A verb returns an `Output`
+(its result model, its exit code, its text) or raises `RunbookError`; click's own usage errors,
+Ctrl-C and unexpected exceptions are mapped here too. Under `--json` stdout carries exactly one
+JSON document, the envelope of runbook/contract.py, whatever happens; without it the text goes to
+stdout and refusals to stderr. No traceback reaches a user.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
 
 import click
 
@@ -15,24 +25,38 @@ import click
 COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("runbook.commands.init", "Scaffold plans/, notes, state/ and runbook.toml."),
     "validate": ("runbook.commands.validate", "Check plans; print every problem as file:line:col."),
-    "status": ("runbook.commands.status", "Show the phase table: status and last verdict."),
+    "status": ("runbook.commands.status", "Show the phase table: state of each phase, and what runs next."),
     "show": ("runbook.commands.show", "Print one phase as written, with resolved commands."),
     "next": ("runbook.commands.next", "Run the current phase, judge it, write back, commit."),
     "history": ("runbook.commands.history", "List past runs with verdicts and metrics."),
     "record": ("runbook.commands.record", "Write a milestone and lessons into the notes."),
     "brief": ("runbook.commands.brief", "Print the handoff for a new agent or engineer."),
+    "forget": ("runbook.commands.forget", "Drop a run from the ledger and the plan's results."),
+    "reset": ("runbook.commands.reset", "Drop every run of a phase: it becomes not run."),
 }
 
 EXIT_CODES_HELP = """\b
 Exit codes:
   0  pass (or the plan ran to its end)   3  inconclusive
   1  fail                                4  error / timeout / interrupted
-  2  usage or plan errors                5  lock held by another run
+  2  usage or plan errors, refusals      5  lock held by another run
+With --json, stdout holds exactly one JSON document: {"schema_version", "command", "ok",
+"exit_code", "result"} or {..., "ok": false, "error": {"code", "message", ...}} (docs/json.md).
 """
 
 
+@dataclass
+class Output:
+    """What a verb hands back: its result (printed under --json), exit code and text."""
+
+    result: Any = None  # a pydantic model from runbook/contract.py
+    exit_code: int = 0
+    text: str | None = None  # printed on stdout without --json (None: the verb printed already)
+
+
 class LazyGroup(click.Group):
-    """A click group that imports a command's module only when the command runs."""
+    """A click group that imports a command's module only when the command runs, and maps every
+    outcome to output and an exit code (see the module docstring)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [name for name in COMMANDS if _available(name)]
@@ -49,9 +73,86 @@ class LazyGroup(click.Group):
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
 
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
+        argv = list(sys.argv[1:] if args is None else args)
+        code = run(self, argv, prog_name or "runbook", complete_var, **extra)
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
 
 def _available(name: str) -> bool:
     return importlib.util.find_spec(COMMANDS[name][0]) is not None
+
+
+def json_requested(argv: list[str]) -> bool:
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    return "--json" in options
+
+
+def command_name(argv: list[str]) -> str:
+    for token in argv:
+        if not token.startswith("-"):
+            return token if token in COMMANDS else "runbook"
+    return "runbook"
+
+
+def run(group: click.Group, argv: list[str], prog_name: str, complete_var: str | None = None, **extra: Any) -> int:
+    """Run the CLI on `argv`; print the outcome; return the exit code."""
+    from runbook.errors import RunbookError
+
+    as_json = json_requested(argv)
+    name = command_name(argv)
+    try:
+        outcome = click.Group.main(group, argv, prog_name, complete_var, standalone_mode=False, **extra)
+    except RunbookError as exc:
+        return _refuse(exc, name, as_json)
+    except click.ClickException as exc:
+        if not as_json:
+            exc.show()
+            return exc.exit_code
+        hint = f"see `runbook {name} --help`" if name != "runbook" else "see `runbook --help`"
+        return _refuse(RunbookError(exc.format_message(), "usage", hint=hint), name, as_json)
+    except (click.exceptions.Abort, KeyboardInterrupt, EOFError):
+        return _refuse(RunbookError("interrupted: nothing more was done", "interrupted"), name, as_json)
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _refuse(RunbookError(f"runbook {name}: {where}{exc.strerror or exc}", "io",
+                                    file=str(exc.filename) if exc.filename else None), name, as_json)
+    except Exception as exc:  # a bug: say so plainly, with the traceback only on request
+        if os.environ.get("RUNBOOK_DEBUG"):
+            raise
+        detail = f"{type(exc).__name__}: {exc}"
+        return _refuse(RunbookError(f"runbook {name}: internal error ({detail})", "internal",
+                                    hint="rerun with RUNBOOK_DEBUG=1 for the traceback, and report it"), name, as_json)
+    if isinstance(outcome, Output):
+        _emit(outcome, name, as_json)
+        return outcome.exit_code
+    return outcome if isinstance(outcome, int) else 0
+
+
+def _emit(out: Output, name: str, as_json: bool) -> None:
+    if as_json:
+        from runbook.contract import envelope_json
+
+        click.echo(envelope_json(name, out.exit_code, out.result))
+    elif out.text is not None:
+        click.echo(out.text, nl=not out.text.endswith(("\n", "\r")))
+
+
+def _refuse(exc, name: str, as_json: bool) -> int:
+    """A RunbookError as output: text on stderr, or the error envelope on stdout under --json."""
+    if as_json:
+        from runbook.contract import ErrorInfo, ProblemView, envelope_json
+
+        error = ErrorInfo(
+            code=exc.code, message=exc.message, file=exc.file, line=exc.line, col=exc.col, hint=exc.hint,
+            problems=[ProblemView.of(p) for p in exc.problems], lock=exc.lock,
+        )
+        click.echo(envelope_json(name, exc.exit_code, error=error))
+    else:
+        click.echo(exc.text(), err=True)
+    return exc.exit_code
 
 
 @click.group(cls=LazyGroup, epilog=EXIT_CODES_HELP, context_settings={"help_option_names": ["-h", "--help"]})

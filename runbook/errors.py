@@ -26,7 +26,7 @@ EXIT_CODES: dict[str, int] = {
     "unknown_phase": 2,  # a PHASE argument names no phase of the plan
     "unknown_run": 2,  # a RUN argument names no run of the plan
     "blocked": 2,  # a `Needs:` of the phase is not met
-    "no_terminal": 2,  # `runbook next` without --yes and nothing to ask
+    "confirmation_required": 2,  # `runbook next` without --yes, and no terminal to ask (or --json)
     "not_confirmed": 2,  # the user said no
     "hand_edited": 2,  # a tool-owned block was edited by hand
     "git_state": 2,  # a merge / rebase in progress, no git identity, ...

@@ -114,6 +114,23 @@ def show_blob(root: str | os.PathLike[str], blob: str) -> str | None:
         return None
 
 
+def changed_files(root: str | os.PathLike[str], commit: str) -> list[str] | None:
+    """Tracked paths (repo-relative) that differ between `commit` and the work tree; None when git
+    cannot tell (no such commit). Runs the git binary, so readers stay free of gitpython."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["git", "diff", "--name-only", "--no-renames", "-z", commit, "--"],
+            cwd=root, capture_output=True, timeout=30, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return [p for p in done.stdout.decode("utf-8", "replace").split("\0") if p]
+
+
 def short(commit: str | None) -> str:
     return commit[:7] if commit else ""
 

@@ -2,90 +2,40 @@
 
 The click command (`runbook/commands/next.py`) parses options and prints; the work is here:
 
-- `Workspace`: where the plan, the repository root and `state/` are, and whether git is there;
-- `prepare`: re-read and validate the plan, select the phase (`runbook.select`), render what will run;
+- `select`: the phase to run (`runbook.select`, the same function runbook/planstate.py asks, so
+  `runbook next` does what status and brief say), and `render_preview`: what will run;
 - `run_selected`: one run of the selected phase under the run lock, returning its `RunRecord`.
+
+The workspace (plan, root, state/, git) is runbook/workspace.py's `Workspace`; refusals are
+`RunbookError`s.
 
 Order inside a run: run id -> the plan's own uncommitted edits committed ("plan edits before run
 <id>") -> environment fingerprint -> steps (`runbook.execute`) -> verdict -> under the write lock:
-ledger JSON, plan write-back, one commit of exactly those two files.
+ledger JSON; edits a person made to the plan while the run ran committed alone ("plan edits during
+run <id>"); plan write-back; one commit of exactly the plan and the ledger file.
 """
 
 from __future__ import annotations
 
-import os
 import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import BinaryIO
 
 from runbook import gitops, ledger, writeback
 from runbook.atomic import atomic_write_text
+from runbook.errors import RunbookError
 from runbook.execute import Interrupts, StepSpec, judge, merge_metrics, run_steps
 from runbook.lock import RunLock, write_lock
-from runbook.model import Phase, Plan, Problem, RunRecord
+from runbook.model import Phase, Plan, RunRecord
 from runbook.select import Selection, select_phase
+from runbook.workspace import Workspace
 
 Say = Callable[[str], None]
 
 
-class NextError(Exception):
-    """A refusal before anything ran; `code` is the exit code (2 unless said otherwise)."""
-
-    def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-@dataclass
-class Workspace:
-    root: Path
-    plan_path: Path  # absolute
-    plan_rel: str  # repo-relative, "/" separated
-    state: Path
-    git: bool  # the root is a git work tree
-
-    @property
-    def git_dir(self) -> Path | None:
-        return gitops.git_dir(self.root) if self.git else None
-
-    def rel(self, path: Path) -> str:
-        return Path(os.path.relpath(path, self.root)).as_posix()
-
-
-def workspace(plan_path: str | os.PathLike[str]) -> Workspace:
-    from runbook.project import ConfigError, find_repo_root, state_dir
-
-    path = Path(plan_path).resolve()
-    root = Path(find_repo_root(path)).resolve()
-    try:
-        state = Path(state_dir(root))
-    except ConfigError as exc:
-        raise NextError(str(exc)) from None
-    return Workspace(
-        root=root,
-        plan_path=path,
-        plan_rel=Path(os.path.relpath(path, root)).as_posix(),
-        state=state,
-        git=gitops.git_dir(root) is not None,
-    )
-
-
 # ---- before running -----------------------------------------------------------------------
-
-
-def load_valid(ws: Workspace) -> tuple[Plan, list[Problem]]:
-    """Read the plan from disk; NextError (exit 2) listing every error when it does not validate."""
-    from runbook.parse import read_plan
-
-    plan, problems = read_plan(ws.plan_path)
-    errors = [p for p in problems if p.severity == "error"]
-    if plan is None or errors:
-        listing = "\n".join(str(p) for p in (errors or problems))
-        raise NextError(f"{listing}\n{ws.plan_rel}: fix the problems above; nothing ran")
-    return plan, [p for p in problems if p.severity != "error"]
 
 
 def old_phase_source(ws: Workspace, run: RunRecord, phase: Phase) -> str | None:
@@ -127,6 +77,20 @@ def resolved(plan: Plan, phase: Phase) -> list[str]:
     from runbook.resolve import resolve_command
 
     return [resolve_command(step.command, plan.vars) for step in phase.steps]
+
+
+def selected_view(plan: Plan, sel: Selection):  # -> contract.Selected
+    from runbook.contract import Selected, StepLine
+
+    phase = sel.phase
+    assert phase is not None
+    return Selected(
+        phase=phase.id, label=phase.display_name, mode=sel.mode, why=sel.message,
+        start_step=phase.steps[sel.start].id if sel.start < len(phase.steps) else None,
+        steps=[StepLine(id=s.id, text=s.text, command=c, done=i < sel.start)
+               for i, (s, c) in enumerate(zip(phase.steps, resolved(plan, phase), strict=True))],
+        diff=sel.diff,
+    )
 
 
 def render_preview(ws: Workspace, plan: Plan, sel: Selection) -> str:
@@ -184,6 +148,7 @@ class RunResult:
     record: RunRecord
     plan_written: bool = True
     problems: list[str] = field(default_factory=list)  # write-back / commit trouble, already warned
+    edited_during: str | None = None  # the commit of a person's plan edits made while the run ran
 
 
 def _carried(sel: Selection, step_id: str) -> dict[str, float]:
@@ -212,6 +177,7 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
     assert phase is not None
     run_id = ledger.new_run_id()
     lock.set_run(run_id)
+    lock.note(plan=ws.plan_rel, phase=phase.id, step=None)
     text_hash = writeback.phase_text_hash(plan.text, phase)
     metric_names = names_in(phase.criterion.expr) if phase.criterion else []
 
@@ -226,7 +192,8 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
                     if dirty or leftovers:
                         gitops.commit_paths(ws.root, [ws.plan_rel, *leftovers], f"runbook: plan edits before run {run_id}")
             except gitops.GitStateError as exc:
-                raise NextError(f"refusing to run: could not commit the plan's own edits first: {exc}") from None
+                raise RunbookError(f"refusing to run: could not commit the plan's own edits first: {exc}",
+                                   "git_state") from None
             if leftovers:
                 opts.warn(f"recovered {len(leftovers)} run(s) an interrupted runbook left uncommitted: "
                           f"{', '.join(leftovers)} (written into the plan and committed)")
@@ -243,6 +210,7 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
     ]
 
     def announce(spec: StepSpec) -> None:
+        lock.note(step=spec.step_id)
         opts.say(f"\n── {phase.display_name} · {spec.step_id} ──\n$ {spec.command}")
 
     started = ledger.utc_now()
@@ -283,7 +251,7 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
         commit_before=commit_before,
         env=env,
     )
-    return record_run(ws, record, metric_names, opts)
+    return record_run(ws, record, metric_names, opts, started_from=plan_text)
 
 
 def recover_unrecorded(ws: Workspace) -> list[str]:
@@ -329,14 +297,22 @@ def recover_unrecorded(ws: Workspace) -> list[str]:
     return [ws.rel(ledger.run_path(ws.state, r.run_id)) for r in orphans]
 
 
-def record_run(ws: Workspace, record: RunRecord, metric_names: list[str], opts: RunOptions) -> RunResult:
-    """Ledger, plan write-back and commit, under the write lock."""
+def record_run(
+    ws: Workspace, record: RunRecord, metric_names: list[str], opts: RunOptions, started_from: str | None = None
+) -> RunResult:
+    """Ledger, plan write-back and commit, under the write lock.
+
+    `started_from`: the plan text the run started with. When a person edited the plan while the
+    run ran, their edits are committed first, alone and named as such, so that the run's commit
+    holds only what runbook wrote (and the run's verdict is not the subject of someone's edit)."""
     from runbook.parse import parse_plan, read_text
 
     result = RunResult(record)
     with write_lock(ws.state):
         ledger_path = ledger.save_run(ws.state, record)
         text, problem = read_text(str(ws.plan_path))
+        if problem is None and started_from is not None and text != started_from:
+            result.edited_during = _commit_edits_during(ws, record, opts)
         current, problems = (None, [problem]) if problem else parse_plan(text, ws.plan_rel)
         errors = [p for p in problems if p and p.severity == "error"]
         if current is None or errors or current.find_phase(record.phase) is None:
@@ -378,6 +354,23 @@ def record_run(ws: Workspace, record: RunRecord, metric_names: list[str], opts: 
             else:
                 record.commit = sha
     return result
+
+
+def _commit_edits_during(ws: Workspace, record: RunRecord, opts: RunOptions) -> str | None:
+    """Commit a person's plan edits made while the run ran, alone; warn either way."""
+    subject = f"runbook: plan edits during run {record.run_id}"
+    sha = None
+    if ws.git and opts.commit:
+        try:
+            sha = gitops.commit_paths(ws.root, [ws.plan_rel], subject)
+        except gitops.GitStateError as exc:
+            opts.warn(f"{ws.plan_rel} was edited while run {record.run_id} ran, and the edits could not be "
+                      f"committed on their own ({exc}); they go into the run's commit")
+            return None
+    done = f"committed alone ({subject})" if sha else "left as they are"
+    opts.warn(f"{ws.plan_rel} was edited while run {record.run_id} ran: the edits are {done}; the run was judged "
+              "by the text it started with")
+    return sha
 
 
 def record_command(ws: Workspace, phase: Phase, record: RunRecord, plan_arg: str | None) -> str:

@@ -10,6 +10,9 @@ Three things change, nothing else:
   (newest last; columns run, finished, commit, each metric named in `Pass:`, took, verdict), placed
   at the end of the phase section (before its trailing blank lines) on first use.
 
+`clear_phase` undoes all three for a phase left without runs (`runbook forget` / `reset`): the
+blocks go, with the blank line written before the results table, and every box is unticked.
+
 Blocks are written in the file's own newline style. The opening marker carries `sha=`: the first 8
 hex digits of the SHA-256 of what runbook wrote between the markers. If the content no longer
 matches (someone edited the table by hand), `apply_run` refuses with `HandEdited` instead of
@@ -232,5 +235,32 @@ def apply_run(
     out = text
     ordered = sorted(((s, e, i, new) for i, (s, e, new) in enumerate(edits)), reverse=True)
     for start, end, _i, new in ordered:  # back to front, so earlier offsets stay valid
+        out = out[:start] + new + out[end:]
+    return out
+
+
+def clear_phase(text: str, plan: Plan, phase_id: str, file: str = "") -> str:
+    """The plan text with phase `phase_id` as if it never ran: no status block, no results table,
+    no ticked box. `plan` must be the parse of `text`. Raises HandEdited (nothing changes) or
+    KeyError when the phase is not in the plan."""
+    phase = plan.find_phase(phase_id)
+    if phase is None:
+        raise KeyError(phase_id)
+    check_blocks(text, phase, file)
+    newline = detect_newline(text)
+    edits: list[tuple[int, int, str]] = []
+    for name in (STATUS, RESULTS):
+        block = phase.blocks.get(name)
+        if block is None:
+            continue
+        start = block.span.start
+        if name == RESULTS and text[:start].endswith(newline + newline):
+            start -= len(newline)  # the blank line apply_run wrote before the table
+        edits.append((start, block.span.end, ""))
+    for step in phase.steps:
+        if text[step.checkbox] in "xX":
+            edits.append((step.checkbox, step.checkbox + 1, " "))
+    out = text
+    for start, end, new in sorted(edits, reverse=True):
         out = out[:start] + new + out[end:]
     return out

@@ -264,9 +264,11 @@ def test_runbook_validate_on_mutants_never_tracebacks(counts, batch: list) -> No
         H.assert_no_traceback(result, "runbook validate")
         assert result.returncode in (0, 2), result.stderr[-2000:]
         if "--json" in args:
-            data = json.loads(result.stdout)
+            envelope = json.loads(result.stdout)
+            assert envelope["ok"] is True and envelope["exit_code"] == result.returncode
+            data = envelope["result"]
             assert [p["plan"] for p in data["plans"]] == paths
-            assert data["ok"] == (result.returncode == 0)
+            assert data["valid"] == (result.returncode == 0)
         else:
             for line in result.stderr.splitlines():
                 m = re.match(r"(m\d+\.md):(\d+):(\d+): ", line)

@@ -50,15 +50,16 @@ def test_help_and_status_import_nothing_heavy(tmp_path: Path) -> None:
     (tmp_path / "plans" / "probe.md").write_text(PLAN)
     out = _probe([["--help"], ["status"], ["status", "--json"], ["show"], ["validate"]], tmp_path)
     assert out[-1] == "[]", out
-    # each verb ran to the end (None: returned normally; 0: validate's clean exit)
+    # each verb ran to the end: the group returns the exit code it maps every outcome to
     exits = [line for line in out if line.startswith("exit ")]
     assert exits == [
         "exit ['--help'] 0",
-        "exit ['status'] None",
-        "exit ['status', '--json'] None",
-        "exit ['show'] None",
-        "exit ['validate'] None",
+        "exit ['status'] 0",
+        "exit ['status', '--json'] 0",
+        "exit ['show'] 0",
+        "exit ['validate'] 0",
     ], out
+    assert any('"command": "status"' in line for line in out)  # the JSON envelope was printed
     assert any("Phase 0: Probe" in line for line in out)  # show printed the phase
 
 

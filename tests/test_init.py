@@ -24,7 +24,8 @@ def test_init_scaffolds_a_valid_workspace(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     for rel in ("plans/game-plan.md", "plans/next-steps.md", "runbook.toml", "state/runs/.gitkeep", ".gitignore", ".git"):
         assert (ws / rel).exists(), rel
-    assert (ws / ".gitignore").read_text().splitlines()[-3:] == list(GITIGNORE_ENTRIES)
+    assert (ws / ".gitignore").read_text().splitlines()[-len(GITIGNORE_ENTRIES):] == list(GITIGNORE_ENTRIES)
+    assert "work/" in GITIGNORE_ENTRIES  # the starter plan's steps write there
     assert "title: Drafter" in (ws / "plans/game-plan.md").read_text()
     from runbook.project import discover_plans, load_config, state_dir
 
@@ -92,4 +93,4 @@ def test_gitignore_addition_is_idempotent() -> None:
     first = gitignore_addition("")
     assert first.splitlines()[1:] == list(GITIGNORE_ENTRIES)
     assert gitignore_addition(first) == ""
-    assert gitignore_addition("a\r\nb\r\n").endswith("state/runs/*/\r\n")
+    assert gitignore_addition("a\r\nb\r\n").endswith("state/runs/*/\r\nwork/\r\n")

@@ -136,19 +136,30 @@ def test_three_phases_until_stop_branch_commits_and_quoting(tmp_path):
     assert len(runs(repo)) == 3
 
     hist = runbook(repo, "history", "--json")
-    assert [r["verdict"] for r in json.loads(hist.stdout)] == ["pass", "fail", "pass"]
+    envelope = json.loads(hist.stdout)
+    assert (envelope["command"], envelope["ok"], envelope["exit_code"]) == ("history", True, 0)
+    assert [r["verdict"] for r in envelope["result"]["runs"]] == ["pass", "fail", "pass"]
+    assert [r["label"] for r in envelope["result"]["runs"]] == ["Phase 0", "Phase 1", "Phase 2"]
+    assert [r["commit"] for r in envelope["result"]["runs"]] == [r["commit_before"] for r in recs]
     table = runbook(repo, "history", "1")
     assert "phase-1" in table.stdout and "acc=0.3" in table.stdout and "phase-0" not in table.stdout
 
 
 def test_single_step_json_and_record_hint(tmp_path):
     repo = make_repo(tmp_path)
+    before = git(repo, "rev-parse", "HEAD").strip()
     done = runbook(repo, "next", "--yes", "--json")
     assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout)
-    assert out["exit_code"] == 0 and len(out["runs"]) == 1
+    envelope = json.loads(done.stdout)
+    assert envelope["exit_code"] == 0 and envelope["ok"] is True and envelope["command"] == "next"
+    out = envelope["result"]
+    assert len(out["runs"]) == 1 and out["selected"]["phase"] == "phase-0" and out["dry_run"] is False
     rec = out["runs"][0]
-    assert rec["verdict"] == "pass" and rec["commit"] == git(repo, "rev-parse", "HEAD").strip()
+    assert rec["verdict"] == "pass" and rec["recorded_in"] == git(repo, "rev-parse", "HEAD").strip()
+    assert rec["commit"] == before  # the commit its code ran on
+    # where the plan goes next is data too
+    assert out["next"]["kind"] == "run" and out["next"]["phase"] == "phase-1"
+    assert out["next"]["argv"] == ["runbook", "next", "--yes"]
     assert f"runbook record 'Probe: pass' --run {rec['run_id']}" in done.stderr
     # the step's output went to stderr, stdout is only the JSON
     assert rec["steps"][1]["log_path"] == f"state/runs/{rec['run_id']}/step-2.log"
@@ -208,6 +219,9 @@ def test_timeout_kills_step(tmp_path):
     rec = runs(repo)[-1]
     assert rec["verdict"] == "timeout" and rec["duration_s"] < 10
     assert rec["steps"][-1]["exit_code"] == -15
+    shown = json.loads(runbook(repo, "history", "--json").stdout)["result"]["runs"][-1]
+    assert shown["steps"][-1]["signal"] == "SIGTERM"  # the signal is named, not just "exited -15"
+    assert "step-2 was killed by SIGTERM: `sleep 30`" in shown["failures"]
     assert "**Status:** timeout" in (repo / "plans" / "plan.md").read_text()
 
 
@@ -219,6 +233,8 @@ def test_inconclusive_when_metric_missing_then_rerun(tmp_path):
     assert rec["verdict"] == "inconclusive" and "nobody_wrote" in rec["reason"]
     again = runbook(repo, "next", "--dry-run")
     assert again.returncode == 0 and "was inconclusive: running it again from the top" in again.stdout
+    status = json.loads(runbook(repo, "status", "--json").stdout)["result"]
+    assert status["next"]["kind"] == "retry" and status["phases"][0]["state"] == "inconclusive"
 
 
 def test_no_terminal_without_yes_refuses(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -107,7 +108,9 @@ def test_record_without_run_creates_notes_and_commits_only_them(tmp_path: Path, 
         "--lesson", "batch 4, not 2000, or extraction OOMs", "--next", "Phase 1: fine-tune", "--json",
     )
     assert result.exit_code == 0, result.output
-    out = json.loads(result.output)
+    envelope = json.loads(result.stdout)
+    assert (envelope["command"], envelope["ok"], envelope["exit_code"]) == ("record", True, 0)
+    out = envelope["result"]
     assert out["created_notes"] is True and out["notes"] == "plans/notes.md"
     assert out["milestone"]["metrics"] == {"extract_tok_s": 2912.0} and out["milestone"]["run_id"] is None
     assert out["lessons_added"] == ["batch 4, not 2000, or extraction OOMs"]
@@ -127,25 +130,26 @@ def test_record_without_run_creates_notes_and_commits_only_them(tmp_path: Path, 
 
 def test_record_with_run_merges_its_metrics_and_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     repo = make_repo(tmp_path)
-    save_run(repo / "state", a_run("20261129-100000-aaaa", "phase-0", "0", "pass", {"accept_len": 2.41, "step-1.accept_len": 2.41}, commit="c0ffee1234567890"))
+    save_run(repo / "state", a_run("20261129-100000-aaaa", "phase-0", "0", "pass", {"accept_len": 2.41, "step-1.accept_len": 2.41}, commit_before="c0ffee1234567890"))
     save_run(repo / "state", a_run("20261129-110000-bbbb", "phase-1", "1", "fail",
-                                   {"accept_len": 1.31, "train_loss": 1.9, "step-2.accept_len": 1.31}, commit="deadbeef00112233"))
+                                   {"accept_len": 1.31, "train_loss": 1.9, "step-2.accept_len": 1.31}, commit_before="deadbeef00112233"))
     result = run_record(repo, monkeypatch, "Fine-tune fell short", "--run", "last", "--metric", "train_loss=1.85", "--json")
     assert result.exit_code == 0, result.output
-    milestone = json.loads(result.output)["milestone"]
+    milestone = json.loads(result.stdout)["result"]["milestone"]
     assert milestone["run_id"] == "20261129-110000-bbbb" and milestone["phase"] == "phase-1"
     assert milestone["commit"] == "deadbeef00112233" and milestone["verdict"] == "fail"
+    assert milestone["label"] == "Phase 1" and re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:00Z$", milestone["when"])
     assert milestone["metrics"] == {"accept_len": 1.31, "train_loss": 1.85}  # flag wins, step copies dropped
     text = (repo / "plans" / "notes.md").read_text()
     assert "Run `20261129-110000-bbbb` · Phase 1 (`phase-1`) · fail · commit `deadbeef00`" in text
     # the status block: On fail of Phase 1 leads to Phase 2; the headline compares with its goal
     assert "Current phase: Phase 2 (`phase-2`)" in text
-    assert "Last verdicts: Phase 0 pass · Phase 1 fail · Phase 2 pending" in text
-    assert "accept_len 1.31 >= 2 is false" in text
+    assert "Last verdicts: Phase 0 pass · Phase 1 fail · Phase 2 not run" in text
+    assert "✗ accept_len 1.31 >= 2" in text
     # a run chosen by id prefix
     result = run_record(repo, monkeypatch, "Probe", "--run", "20261129-10", "--no-commit", "--json")
-    assert json.loads(result.output)["milestone"]["run_id"] == "20261129-100000-aaaa"
-    assert json.loads(result.output)["commit"] is None
+    assert json.loads(result.stdout)["result"]["milestone"]["run_id"] == "20261129-100000-aaaa"
+    assert json.loads(result.stdout)["result"]["commit"] is None
 
 
 def test_repeated_lesson_is_recorded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,7 +157,7 @@ def test_repeated_lesson_is_recorded_once(tmp_path: Path, monkeypatch: pytest.Mo
     first = run_record(repo, monkeypatch, "One", "--lesson", "Use --prepared-data, not --data-path.")
     assert first.exit_code == 0, first.output
     again = run_record(repo, monkeypatch, "Two", "--lesson", "use `--prepared-data`, not  --data-path", "--lesson", "a new one", "--json")
-    out = json.loads(again.output)
+    out = json.loads(again.stdout)["result"]
     assert out["lessons_added"] == ["a new one"]
     assert out["lessons_skipped"] == ["use `--prepared-data`, not --data-path"]
     text = (repo / "plans" / "notes.md").read_text()
@@ -221,7 +225,7 @@ def test_record_while_another_process_holds_the_run_lock(tmp_path: Path) -> None
         )
         assert done.returncode == 0, done.stderr
         assert time.monotonic() - started < 30
-        assert json.loads(done.stdout)["commit"] == git(repo, "rev-parse", "HEAD").strip()
+        assert json.loads(done.stdout)["result"]["commit"] == git(repo, "rev-parse", "HEAD").strip()
         assert holder.poll() is None  # the long run still holds its lock
         assert json.loads((repo / "state" / "lock").read_text())["pid"] == holder.pid
     finally:
@@ -295,7 +299,7 @@ def _git_identity(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_commit_subject_leads_with_the_metrics_the_criterion_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     repo = make_repo(tmp_path)
     save_run(repo / "state", a_run("20261129-110000-bbbb", "phase-1", "1", "fail",
-                                   {"accept_len": 1.31, "train_loss": 1.9, "aaa_bytes": 7.0}, commit="deadbeef00112233"))
+                                   {"accept_len": 1.31, "train_loss": 1.9, "aaa_bytes": 7.0}, commit_before="deadbeef00112233"))
     result = run_record(repo, monkeypatch, "Fine-tune", "--run", "last", "--metric", "abc=2")
     assert result.exit_code == 0, result.output
     subject = subprocess.run(["git", "log", "-1", "--format=%s"], cwd=repo, capture_output=True, text=True).stdout.strip()

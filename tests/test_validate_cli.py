@@ -140,10 +140,13 @@ def test_validate_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(cli, ["validate", "--json"])
     assert result.exit_code == 2
-    data = json.loads(result.stdout)
-    assert data["ok"] is False
+    envelope = json.loads(result.stdout)
+    # the command did its job (ok, a result); the exit code and `valid` say the plans are not all valid
+    assert envelope["ok"] is True and envelope["exit_code"] == 2 and envelope["command"] == "validate"
+    data = envelope["result"]
+    assert data["valid"] is False
     by_plan = {entry["plan"]: entry for entry in data["plans"]}
-    assert by_plan["plans/a.md"]["ok"] is True
+    assert by_plan["plans/a.md"]["valid"] is True and by_plan["plans/b.md"]["valid"] is False
     assert by_plan["plans/a.md"]["phases"] == ["phase-0", "write"]
     [problem] = by_plan["plans/b.md"]["problems"]
     assert problem["line"] == GOOD_PLAN.splitlines().index("Needs: Phase 0") + 1
@@ -184,21 +187,29 @@ def test_status_table_and_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     lines = result.stdout.splitlines()
     row0 = next(line for line in lines if "phase-0" in line)
     row1 = next(line for line in lines if "write" in line.split())
-    assert "Probe" in row0 and "~1 min" in row0 and "passed" in row0 and "pass · 2026-11-29 14:30 UTC" in row0
-    # The ledger, not the status block, decides what runs next (as `runbook next` does): with no
-    # recorded run, phase-0 is still the one to run.
+    # The ledger, not the status block, is the truth (as `runbook next` decides): with no recorded
+    # run, phase-0 is not run and is the one to run; the block's claim is pointed out.
+    assert "Probe" in row0 and "~1 min" in row0 and "not run" in row0 and "1/1" in row0
     assert row0.startswith(">") and "not run" in row1 and "0/2" in row1
-    assert json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["next"] == "phase-0"
+    assert "Phase 0: the plan's status block says pass (run 20261129-143012-7f3a), but the ledger has no run" in result.stdout
+    assert "next (run): runbook next --yes" in result.stdout
+    data = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["result"]
+    assert data["next"]["phase"] == "phase-0" and data["next"]["kind"] == "run"
+    assert data["next"]["argv"] == ["runbook", "next", "--yes"]
     _record_pass(tmp_path, "plans/tiny.md", "phase-0")
-    data = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)
-    assert data["next"] == "write"
-    row1 = next(line for line in CliRunner().invoke(cli, ["status"]).stdout.splitlines() if "write" in line.split())
-    assert row1.startswith(">")
-    assert [(p["id"], p["status"], p["verdict"]) for p in data["phases"]] == [
+    data = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["result"]
+    assert data["next"]["phase"] == "write"
+    result = CliRunner().invoke(cli, ["status"])
+    row0 = next(line for line in result.stdout.splitlines() if "phase-0" in line)
+    row1 = next(line for line in result.stdout.splitlines() if "write" in line.split())
+    assert "passed" in row0 and "pass · 2026-11-29 14:31 UTC" in row0 and row1.startswith(">")
+    assert [(p["id"], p["state"], p["verdict"]) for p in data["phases"]] == [
         ("phase-0", "passed", "pass"),
-        ("write", "not run", None),
+        ("write", "not_run", None),
     ]
     assert data["phases"][0]["run_id"] == "20261129-143012-7f3a"
+    assert data["phases"][0]["finished"] == "2026-11-29T14:31:00Z"
+    assert [p["next"] for p in data["phases"]] == [False, True]
 
 
 def test_status_with_several_plans_needs_plan_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -209,7 +220,10 @@ def test_status_with_several_plans_needs_plan_option(tmp_path: Path, monkeypatch
     assert "--plan plans/a.md" in result.stderr and "--plan plans/b.md" in result.stderr
     result = CliRunner().invoke(cli, ["status", "--plan", "plans/b.md", "--json"])
     assert result.exit_code == 0
-    assert json.loads(result.stdout)["title"] == "Other"
+    assert json.loads(result.stdout)["result"]["title"] == "Other"
+    refused = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)
+    assert refused["ok"] is False and refused["exit_code"] == 2 and refused["error"]["code"] == "several_plans"
+    assert "--plan plans/a.md" in refused["error"]["message"]
 
 
 def test_status_refuses_broken_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -233,8 +247,8 @@ def test_show_phase_as_written_with_resolved_commands(ref: str | None, tmp_path:
     assert "step-1: mkdir -p 'work/out dir'" in result.stdout
     assert "touch 'work/out dir'/a" in result.stdout
 
-    data = json.loads(CliRunner().invoke(cli, args + ["--json"]).stdout)
-    assert data["id"] == "write" and data["text"] == source
+    data = json.loads(CliRunner().invoke(cli, args + ["--json"]).stdout)["result"]["phase"]
+    assert data["id"] == "write" and data["label"] == "Phase 1" and data["text"] == source
     assert [s["resolved"] for s in data["steps"]] == ["mkdir -p 'work/out dir'", "touch 'work/out dir'/a\necho done"]
     assert data["metrics"] == ["files"] and data["needs"] == ["Phase 0"]
 

@@ -2,74 +2,103 @@
 
 from __future__ import annotations
 
-import json
-
 import click
+
+from runbook.cli import Output
+from runbook.commands._options import json_option, warn
+from runbook.contract import HistoryResult, RunView
 
 
 @click.command("history")
 @click.argument("phase_ref", metavar="[PHASE]", required=False)
-@click.option("--plan", "plan_path", metavar="PATH", type=click.Path(dir_okay=False),
-              help="Only runs of this plan file (default: runs of every plan).")
+@click.option("--plan", "plan_opt", metavar="PATH",
+              help="Only runs of this plan file (default: every plan's runs; the only plan's when PHASE is given).")
 @click.option("--metric", "metrics", metavar="NAME", multiple=True,
               help="Show this metric as a column (repeatable; default: the metrics each run's criterion names).")
-@click.option("--json", "as_json", is_flag=True, help="Print the run records as a JSON list on stdout.")
-def command(phase_ref: str | None, plan_path: str | None, metrics: tuple[str, ...], as_json: bool) -> None:
-    """List past runs: id, phase, verdict, when, how long, metrics, and why.
+@json_option
+def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...], as_json: bool) -> Output:
+    """List past runs: id, phase, verdict, when, how long, metrics, and why; and the run in progress.
 
-    PHASE filters by label (`1`, `"Phase 1"`) or id (`phase-1`). Reads only the ledger, so it
-    works while a phase runs.
+    PHASE filters by label (`1`, `"Phase 1"`) or id (`phase-1`) of the plan (`--plan`, or the
+    only plan). Reads only the ledger and the run lock, so it works while a phase runs.
 
     \b
     Examples:
       runbook history
       runbook history 1 --metric accept_len --metric train_loss
-      runbook history --json | jq '.[-1].verdict'
+      runbook history --json | jq '.result.runs[-1].verdict'
     """
-    import os
-    from pathlib import Path
+    from runbook.commands.show import unknown_phase
+    from runbook.errors import RunbookError
+    from runbook.planstate import holder_view
+    from runbook.project import discover_plans
+    from runbook.workspace import Workspace
 
-    from runbook.ledger import load_runs
-    from runbook.project import ConfigError, find_repo_root, state_dir
-
-    start = Path(plan_path).resolve() if plan_path else Path.cwd()
-    root = Path(find_repo_root(start)).resolve()
-    try:
-        state = state_dir(root)
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
-    plan_rel = Path(os.path.relpath(Path(plan_path).resolve(), root)).as_posix() if plan_path else None
+    plan = None
+    if plan_opt or phase_ref:
+        ws = Workspace.open(plan_opt)
+        plan = ws.load_plan()
+    else:
+        ws = Workspace.at()
+        if not ws.state.is_dir() and not discover_plans(ws.root):
+            raise RunbookError(
+                f"no plan and no ledger here: {ws.root} has no {ws.rel(ws.state)}/ and no plan "
+                f"({', '.join(ws.config.plans)} with `runbook: 1` front matter)",
+                "no_plan",
+                hint="run it inside a runbook workspace, or create one with `runbook init`",
+            )
+    phase_id = None
+    if phase_ref and plan is not None:
+        phase = plan.find_phase(phase_ref)
+        if phase is None:
+            raise unknown_phase(plan, phase_ref, ws.plan_display)
+        phase_id = phase.id
     problems: list[str] = []
-    runs = load_runs(state, plan=plan_rel, problems=problems)
-    for problem in problems:
-        click.echo(f"warning: {problem}", err=True)
-    if phase_ref:
-        runs = [r for r in runs if _matches(r.phase, r.phase_label, phase_ref)]
+    runs = ws.runs(problems, every_plan=plan is None)
+    warn(problems)
+    if phase_id:
+        runs = [r for r in runs if r.phase == phase_id]
+    lock = ws.lock_info()
+    holder = holder_view(lock, plan, ws.rel(ws.state)) if lock is not None else None
+    running = holder if holder is not None and holder.alive is not False else None
+    if running is not None and plan is not None and running.plan not in (None, ws.plan_rel):
+        running = None
+    if running is not None and phase_id and running.phase != phase_id:
+        running = None
+    result = HistoryResult(plan=ws.plan_rel if plan is not None else None, phase=phase_id,
+                           runs=[RunView.of(r) for r in runs], running=running)
     if as_json:
-        click.echo(json.dumps([r.model_dump(mode="json") for r in runs], indent=2))
-        return
-    if not runs:
-        click.echo("no runs yet" + (f" of {phase_ref}" if phase_ref else "") + f" (ledger: {state}/runs/)")
-        return
+        return Output(result)
+    return Output(result, 0, _render(result, runs, metrics, ws.rel(ws.state)))
+
+
+def _render(result: HistoryResult, runs: list, metrics: tuple[str, ...], state_rel: str) -> str:
     from runbook.criteria import format_value
     from runbook.writeback import format_took
 
-    rows = []
-    for r in runs:
-        names = list(metrics) or _criterion_names(r.criterion)
-        shown = " ".join(f"{n}={format_value(r.metrics[n])}" if n in r.metrics else f"{n}=-" for n in names)
-        when = (r.finished or r.started)[:16].replace("T", " ")
-        rows.append([r.run_id, r.phase, r.verdict, when, format_took(r.duration_s), shown, r.reason])
-    header = ["run", "phase", "verdict", "finished", "took", "metrics", "reason"]
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
-    for row in [header, *rows]:
-        cells = [str(c).ljust(w) for c, w in zip(row[:-1], widths, strict=False)] + [str(row[-1])]
-        click.echo("  ".join(cells).rstrip())
+    lines: list[str] = []
+    if not runs:
+        lines.append("no runs yet" + (f" of {result.phase}" if result.phase else "") + f" (ledger: {state_rel}/runs/)")
+    else:
+        rows = []
+        for r in runs:
+            names = list(metrics) or _criterion_names(r.criterion)
+            shown = " ".join(
+                f"{n}={format_value(r.metrics[n]) if isinstance(r.metrics[n], (int, float)) else r.metrics[n]}"
+                if n in r.metrics else f"{n}=-" for n in names)
+            when = (r.finished or r.started)[:16].replace("T", " ")
+            rows.append([r.run_id, r.phase, r.verdict, when, format_took(r.duration_s), shown, r.reason])
+        header = ["run", "phase", "verdict", "finished", "took", "metrics", "reason"]
+        widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+        for row in [header, *rows]:
+            cells = [str(c).ljust(w) for c, w in zip(row[:-1], widths, strict=False)] + [str(row[-1])]
+            lines.append("  ".join(cells).rstrip())
+    if result.running is not None:
+        from runbook.planstate import running_text
 
-
-def _matches(phase_id: str, label: str, ref: str) -> bool:
-    wanted = ref.strip().lower()
-    return wanted in (phase_id.lower(), label.lower(), f"phase {label}".lower())
+        lines.append("")
+        lines.append("now: " + running_text(result.running, result.plan or ""))
+    return "\n".join(lines)
 
 
 def _criterion_names(criterion: str | None) -> list[str]:
@@ -79,5 +108,5 @@ def _criterion_names(criterion: str | None) -> list[str]:
 
     try:
         return metric_names(parse_criterion(criterion))
-    except CriterionError:
+    except (CriterionError, RecursionError):
         return []

@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 from pathlib import Path
 
 import click
 
+from runbook.cli import Output
+from runbook.commands._options import json_option
+from runbook.contract import InitResult
+from runbook.errors import RunbookError
+
 PLANS_DIR = "plans"
 STATE_DIR = "state"
-GITIGNORE_ENTRIES = ("state/lock", "state/write.lock", "state/runs/*/")
+# work/ is where the starter plan's steps write (its `out` var): outputs, not records
+GITIGNORE_ENTRIES = ("state/lock", "state/write.lock", "state/runs/*/", "work/")
+_PLAIN_YAML = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.,()/+-]*$")
+
+
+def yaml_string(text: str) -> str:
+    """`text` as a YAML scalar that reads back as exactly that string ("A: B" is quoted)."""
+    if _PLAIN_YAML.match(text) and not text.endswith(" ") and text.lower() not in (
+        "yes", "no", "true", "false", "on", "off", "null", "y", "n",
+    ) and not re.match(r"^[-+.0-9][0-9._eE+-]*$", text):
+        return text
+    return json.dumps(text, ensure_ascii=False)  # a JSON string is a YAML double-quoted scalar
 EXAMPLES = {
     # example -> [(file under templates/examples/<example>/, destination under DIR)]
     "eagle3": [
@@ -31,7 +49,9 @@ def planned_files(example: str | None, title: str) -> dict[str, bytes]:
         for source, dest in EXAMPLES[example]:
             files[dest] = read_resource(f"examples/{example}/{source}")
     else:
-        files[f"{PLANS_DIR}/game-plan.md"] = render("plan.md.j2", title=title, notes_name="next-steps.md").encode()
+        files[f"{PLANS_DIR}/game-plan.md"] = render(
+            "plan.md.j2", title=yaml_string(title), heading=" ".join(title.split()), notes_name="next-steps.md"
+        ).encode()
         files[f"{PLANS_DIR}/next-steps.md"] = new_notes(title, "game-plan.md").encode()
     files["runbook.toml"] = render("runbook.toml.j2", plans_dir=PLANS_DIR, state_dir=STATE_DIR).encode()
     return files
@@ -46,7 +66,8 @@ def gitignore_addition(existing: str) -> str:
     newline = "\r\n" if "\r\n" in existing else "\n"
     lead = newline if existing and not existing.endswith(("\n", "\r")) else ""
     lead += newline if existing.strip() else ""
-    return lead + "# runbook: locks and per-run logs (the run records state/runs/*.json are committed)" + newline + newline.join(missing) + newline
+    return (lead + "# runbook: locks, per-run logs (the run records state/runs/*.json are committed) and the "
+            "steps' outputs" + newline + newline.join(missing) + newline)
 
 
 def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -65,7 +86,8 @@ Exit codes: 0 created, 2 a file already exists (nothing is written) or bad usage
 @click.argument("directory", required=False, default=".", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--example", type=click.Choice(sorted(EXAMPLES)), help="Start from a worked example instead of the starter plan.")
 @click.option("--title", default="My project", show_default=True, help="Title of the starter plan (ignored with --example).")
-def command(directory: Path, example: str | None, title: str) -> None:
+@json_option
+def command(directory: Path, example: str | None, title: str, as_json: bool) -> Output:
     """Scaffold a runbook workspace in DIRECTORY (default: the current directory).
 
     Writes a plan and its notes document under plans/ (with --example eagle3: the EAGLE-3 game
@@ -74,13 +96,17 @@ def command(directory: Path, example: str | None, title: str) -> None:
     Refuses, writing nothing, when any of these files already exists.
     """
     root = directory.resolve()
+    if not title.strip() or "\n" in title or "\r" in title:
+        raise RunbookError(f"--title {title!r}: give a one-line, non-empty title", "usage")
     files = planned_files(example, title)
     existing = sorted(rel for rel in files if (root / rel).exists())
     if existing:
-        raise click.UsageError(
+        raise RunbookError(
             "refusing to overwrite existing files: "
             + ", ".join(str(root / rel) for rel in existing)
-            + ". Move them away, or init another directory."
+            + ". Move them away, or init another directory.",
+            "usage",
+            file=str(root / existing[0]),
         )
     root.mkdir(parents=True, exist_ok=True)
     created: list[str] = []
@@ -104,23 +130,27 @@ def command(directory: Path, example: str | None, title: str) -> None:
         created.append(".gitignore" + (" (entries added)" if old else ""))
 
     inside = _git(["rev-parse", "--show-toplevel"], root)
+    git_init = False
     if inside.returncode != 0:
         result = _git(["init", "-q"], root)
         if result.returncode != 0:
             click.echo(f"warning: git init failed: {result.stderr.strip()}", err=True)
         else:
             created.append(".git (git init)")
+            git_init = True
     elif Path(inside.stdout.strip()).resolve() != root:
         click.echo(
             f"warning: {root} is inside the git repository {inside.stdout.strip()}; runbook looks for "
             "runbook.toml and state/ at the repository root and runs steps there",
             err=True,
         )
-    for rel in created:
-        click.echo(f"created {rel}")
     plan = next(rel for rel in files if rel.endswith(".md") and "next-steps" not in rel)
+    notes = next((rel for rel in files if "next-steps" in rel), None)
     where = "" if root == Path.cwd().resolve() else f"cd {directory} && "
-    click.echo(
-        f"\nNext: read {plan}, then\n  {where}git add -A && git commit -m 'runbook init'\n"
+    text = "\n".join(f"created {rel}" for rel in created) + (
+        f"\n\nNext: read {plan}, then\n  {where}git add -A && git commit -m 'runbook init'\n"
         "  runbook validate && runbook next --dry-run"
     )
+    result = InitResult(root=str(root), created=[rel.split(" (")[0] for rel in created], plan=plan, notes=notes,
+                        git_init=git_init)
+    return Output(result, 0, text)

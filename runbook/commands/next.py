@@ -1,25 +1,29 @@
 """`runbook next`: run the current phase, judge it, write the results back, commit.
 
-Thin: options, confirmation, printing and exit codes. The work is in `runbook/runner.py`
-(-> select.py, execute.py, ledger.py, writeback.py, gitops.py, lock.py).
+Thin: options, confirmation, printing. The work is in `runbook/runner.py` (-> select.py,
+execute.py, ledger.py, writeback.py, gitops.py, lock.py); what comes next is runbook/planstate.py's.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
+from runbook.cli import Output
+from runbook.commands._options import json_option, plan_option
+from runbook.errors import RunbookError
 from runbook.model import EXIT_CODES, JUDGED
 
 HELP_EPILOG = """\b
 Which phase runs:
-  The first phase, then wherever the ledger's verdicts lead: after `pass`/`fail` the phase's
-  `On pass:` (default: the next phase) / `On fail:` (default: stop). A phase left `error`,
-  `timeout` or `interrupted` resumes at its first unticked step, or reruns from its first step
-  when its text changed since (the change is shown). `inconclusive` reruns from the top.
-  Every phase in `Needs:` must have passed.
+  An unfinished run first: when the plan's latest run ended `error`, `timeout` or `interrupted`,
+  that phase resumes at its first unticked step (or reruns from step 1 when its text changed).
+  Otherwise the first phase, then wherever the ledger's verdicts lead: after `pass`/`fail` the
+  phase's `On pass:` (default: the next phase) / `On fail:` (default: stop). A verdict judged
+  under commands or a `Pass:` the phase no longer has is stale: the phase runs again.
+  `inconclusive` reruns from the top. Every phase in `Needs:` must have passed.
+  `runbook status` and `runbook brief` show the same next action.
 
 \b
 Steps run as `bash -c` in their own process group, cwd = repository root, with
@@ -31,7 +35,8 @@ Exit codes:
   0  pass (also: nothing left to run)      3  inconclusive
   1  fail                                  4  error / timeout / interrupted
   2  usage or plan errors, refusals        5  the run lock is held by another run
-  With --until-stop: the code of the last run's verdict.
+  With --until-stop: the code of the last run's verdict. Nothing to run exits 0 both when the
+  plan finished and when it stopped after a fail; --json tells them apart (next.outcome).
 
 \b
 Examples:
@@ -45,20 +50,18 @@ MAX_RUNS_PER_PHASE = 2  # --until-stop: a phase reached a third time in one invo
 
 
 @click.command("next", epilog=HELP_EPILOG)
-@click.option("--plan", "plan_path", metavar="PATH", type=click.Path(dir_okay=False),
-              help="The plan file, when the repository has several.")
+@plan_option
 @click.option("--phase", "phase_ref", metavar="PHASE",
               help="Run this phase (label `1`, `\"Phase 1\"`, id `phase-1`) instead of the current one.")
 @click.option("--restart", is_flag=True, help="Untick the phase's steps and run it from its first step.")
 @click.option("--until-stop", is_flag=True,
               help="Keep following transitions until stop, the end, inconclusive, error, timeout or interrupt.")
 @click.option("--dry-run", is_flag=True, help="Show the phase and the resolved commands; run nothing.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (needed without a terminal).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (needed without a terminal, and with --json).")
 @click.option("--no-commit", is_flag=True, help="Write the results but do not commit them.")
-@click.option("--json", "as_json", is_flag=True,
-              help='Print {"runs": [run records], "exit_code": N, "message": ...} on stdout; the rest goes to stderr.')
+@json_option
 def command(
-    plan_path: str | None,
+    plan_opt: str | None,
     phase_ref: str | None,
     restart: bool,
     until_stop: bool,
@@ -66,69 +69,94 @@ def command(
     yes: bool,
     no_commit: bool,
     as_json: bool,
-) -> None:
+) -> Output:
     """Run the current phase of the plan, judge it, write the verdict back, commit.
 
     Re-reads the plan, validates it, prints the phase as written and the commands that will run
     (marking commands changed since the phase's last run), asks for confirmation, takes the run
     lock, runs the steps, checks `Pass:` against the metrics they wrote, records the run in
     state/runs/<run-id>.json, updates the phase's status block, checkboxes and results table in
-    the plan, and commits exactly those two files.
+    the plan, and commits exactly those two files. Step output goes to stderr under --json.
     """
-    code = _main(plan_path, phase_ref, restart, until_stop, dry_run, yes, no_commit, as_json)
-    raise click.exceptions.Exit(code)
+    return _Next(plan_opt, phase_ref, restart, until_stop, yes, no_commit, as_json).main(dry_run)
 
 
-def _main(plan_path, phase_ref, restart, until_stop, dry_run, yes, no_commit, as_json) -> int:
-    from runbook import runner
-    from runbook.commands._common import pick_plan_path
-    from runbook.lock import LockError, LockHeld, run_lock
+class _Next:
+    def __init__(self, plan_opt, phase_ref, restart, until_stop, yes, no_commit, as_json) -> None:
+        self.plan_opt, self.phase_ref, self.restart, self.until_stop = plan_opt, phase_ref, restart, until_stop
+        self.yes, self.no_commit, self.as_json = yes, no_commit, as_json
+        self.runs: list = []
+        self.selected = None
 
-    def say(msg: str) -> None:
-        click.echo(msg, err=as_json)
+    def say(self, msg: str) -> None:
+        click.echo(msg, err=self.as_json)
 
-    def warn(msg: str) -> None:
+    def warn(self, msg: str) -> None:
         click.echo(f"warning: {msg}", err=True)
 
-    runs: list = []
-    message = ""
+    def result(self, ws, code: int, *, dry_run: bool = False, state=None) -> Output:
+        from runbook.contract import NextResult, RunView
+        from runbook.planstate import for_workspace
 
-    def finish(code: int, msg: str = "") -> int:
-        if msg:
-            if code in (EXIT_CODES["usage"], EXIT_CODES["locked"]):
-                click.echo(msg, err=True)
+        state = state or for_workspace(ws, holding_lock=bool(self.runs))
+        result = NextResult(
+            plan=ws.plan_rel, dry_run=dry_run, selected=self.selected,
+            runs=[RunView.of(r, recorded_in=r.commit) for r in self.runs], next=state.next,
+        )
+        return Output(result, code, None)
+
+    def load(self):
+        from runbook.workspace import Workspace
+
+        ws = Workspace.open(self.plan_opt)
+        plan = ws.load_plan()
+        for w in ws.warnings:
+            click.echo(str(w), err=True)
+        if self.phase_ref is not None and plan.find_phase(self.phase_ref) is None:
+            from runbook.commands.show import unknown_phase
+
+            raise unknown_phase(plan, self.phase_ref, ws.plan_display)
+        return ws, plan
+
+    def nothing(self, ws, sel, state) -> Output:
+        """No phase selected: blocked is a refusal; otherwise say why, from PlanState."""
+        from runbook.planstate import nothing_text
+
+        if sel.blocked:
+            raise RunbookError(sel.message, "blocked", hint="run the phases it needs first")
+        self.say(nothing_text(state.next))
+        return self.result(ws, 0, state=state)
+
+    def main(self, dry_run: bool) -> Output:
+        from runbook import runner
+        from runbook.planstate import for_workspace
+
+        ws, plan = self.load()
+        if dry_run or (not self.yes and not self._interactive()):
+            state = for_workspace(ws)
+            sel = runner.select(ws, plan, phase_ref=self.phase_ref, restart=self.restart)
+            if self.phase_ref is None and not self.restart and state.next.kind == "running":
+                self.say(f"not now: {state.next.why}")
+                if dry_run:
+                    return self.result(ws, 0, dry_run=True, state=state)
+            elif sel.phase is None:
+                out = self.nothing(ws, sel, state)
+                out.result.dry_run = dry_run
+                return out
             else:
-                say(msg)
-        if as_json:
-            click.echo(json.dumps(
-                {"runs": [r.model_dump(mode="json") for r in runs], "exit_code": code, "message": msg or message},
-                indent=2,
-            ))
-        return code
-
-    try:
-        ws = runner.workspace(pick_plan_path(plan_path))
-        if dry_run:
-            plan, warnings = runner.load_valid(ws)
-            for w in warnings:
-                click.echo(str(w), err=True)
-            sel = runner.select(ws, plan, phase_ref=phase_ref, restart=restart)
-            if sel.phase is None:
-                return finish(2 if sel.blocked else 0, sel.message)
-            say(runner.render_preview(ws, plan, sel))
-            return finish(0, "dry run: nothing ran")
-        interactive = sys.stdin.isatty() and sys.stdout.isatty()
-        if not yes and not interactive:
-            plan, _ = runner.load_valid(ws)
-            sel = runner.select(ws, plan, phase_ref=phase_ref, restart=restart)
-            if sel.phase is None:
-                return finish(2 if sel.blocked else 0, sel.message)
-            say(runner.render_preview(ws, plan, sel))
-            return finish(2, "refusing to run without confirmation: no terminal to ask. "
-                             "Pass --yes to run it, or --dry-run to only look.")
-        commit = not no_commit
+                self.selected = runner.selected_view(plan, sel)
+                self.say(runner.render_preview(ws, plan, sel))
+                if dry_run:
+                    self.say("dry run: nothing ran")
+                    return self.result(ws, 0, dry_run=True, state=state)
+            raise RunbookError(
+                "refusing to run without confirmation: " + ("--json never asks" if self.as_json else "no terminal to ask"),
+                "confirmation_required",
+                hint="pass --yes to run it, or --dry-run to only look",
+            )
+        commit = not self.no_commit
         if commit and not ws.git:
-            warn(f"{ws.root} is not a git repository: results are written but not committed")
+            self.warn(f"{ws.root} is not a git repository: results are written but not committed")
             commit = False
         if commit:
             from runbook.gitops import GitStateError, check_can_commit
@@ -136,106 +164,115 @@ def _main(plan_path, phase_ref, restart, until_stop, dry_run, yes, no_commit, as
             try:
                 check_can_commit(ws.root)
             except GitStateError as exc:
-                return finish(2, f"refusing to run: {exc}")
-        with run_lock(ws.state, git_dir=ws.git_dir, warn=warn) as lock:
-            return _loop(ws, lock, runner, runs, phase_ref, restart, until_stop, yes, commit, as_json, say, warn, finish)
-    except LockHeld as exc:
-        return finish(EXIT_CODES["locked"], str(exc))
-    except LockError as exc:
-        return finish(2, str(exc))
-    except runner.NextError as exc:
-        return finish(exc.code, str(exc))
-    except OSError as exc:  # a full disk or a read-only file system under the plan, ledger or lock
-        where = f"{exc.filename}: " if exc.filename else ""
-        return finish(2, f"runbook next: {where}{exc.strerror or exc}; stopped, files already written are complete")
+                raise RunbookError(f"refusing to run: {exc}", "git_state") from None
+        from runbook.lock import LockCorrupt, LockError, LockHeld, WriteLockTimeout, run_lock
 
+        try:
+            with run_lock(ws.state, git_dir=ws.git_dir, warn=self.warn) as lock:
+                return self.loop(ws, lock, commit)
+        except LockHeld as exc:
+            from runbook.planstate import holder_view
 
-def _loop(ws, lock, runner, runs, phase_ref, restart, until_stop, yes, commit, as_json, say, warn, finish) -> int:
-    from runbook.execute import Interrupts
+            raise RunbookError(str(exc), "locked", file=ws.rel(exc.path),
+                               lock=holder_view(exc.info, plan, ws.rel(ws.state))) from None
+        except WriteLockTimeout as exc:
+            raise RunbookError(str(exc), "locked", file=ws.rel(exc.path)) from None
+        except LockCorrupt as exc:
+            raise RunbookError(str(exc), "io", file=ws.rel(exc.path)) from None
+        except LockError as exc:
+            raise RunbookError(str(exc), "io") from None
+        except OSError as exc:  # a full disk or a read-only file system under the plan, ledger or lock
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise RunbookError(
+                f"runbook next: {where}{exc.strerror or exc}; stopped, files already written are complete", "io",
+                file=str(exc.filename) if exc.filename else None,
+            ) from None
 
-    interrupts: Interrupts | None = None
-    counts: dict[str, int] = {}
-    code = 0
-    try:
-        while True:
-            plan, warnings = runner.load_valid(ws)
-            for w in warnings:
-                click.echo(str(w), err=True)
-            sel = runner.select(ws, plan, phase_ref=phase_ref if not runs else None, restart=restart and not runs)
-            if sel.phase is None:
-                if not runs:
-                    return finish(2 if sel.blocked else 0, sel.message)
-                say(sel.message)
-                return finish(code)
-            if counts.get(sel.phase.id, 0) >= MAX_RUNS_PER_PHASE:
-                return finish(code, f"stopping: {sel.phase.display_name} already ran {counts[sel.phase.id]} times "
-                                    "in this invocation (the transitions loop); run `runbook next` again to go on")
-            from runbook.writeback import HandEdited, check_blocks
+    def _interactive(self) -> bool:
+        return not self.as_json and sys.stdin.isatty() and sys.stdout.isatty()
 
-            try:
-                check_blocks(plan.text, sel.phase, ws.plan_rel)
-            except HandEdited as exc:
-                return finish(2, f"refusing to run: {exc}")
-            say(runner.render_preview(ws, plan, sel))
-            if not runs and not yes:
-                if not click.confirm(f"\nRun {sel.phase.display_name}{' and what follows' if until_stop else ''}?",
-                                     default=True, err=as_json):
-                    return finish(2, "not confirmed: nothing ran")
-            if interrupts is None:
-                interrupts = Interrupts().__enter__()
-            opts = runner.RunOptions(
-                commit=commit,
-                echo=(sys.stderr if as_json else sys.stdout).buffer,
-                say=say,
-                warn=warn,
-                interrupts=interrupts,
-            )
-            result = runner.run_selected(ws, plan, sel, lock, opts)
-            record = result.record
-            runs.append(record)
-            counts[record.phase] = counts.get(record.phase, 0) + 1
-            code = EXIT_CODES[record.verdict]
-            _summary(ws, plan, sel.phase, record, result, say, runner)
-            if result.problems and not result.plan_written:
-                code = max(code, 2) if code in (0, 1) else code
-            if not until_stop or record.verdict not in JUDGED or interrupts.signum is not None:
-                return finish(code)
-    finally:
-        if interrupts is not None:
-            interrupts.__exit__(None, None, None)
+    def loop(self, ws, lock, commit: bool) -> Output:
+        from runbook import runner
+        from runbook.execute import Interrupts
+        from runbook.planstate import for_workspace
+        from runbook.writeback import HandEdited, check_blocks
 
+        interrupts: Interrupts | None = None
+        counts: dict[str, int] = {}
+        code = 0
+        try:
+            while True:
+                plan = ws.load_plan()
+                for w in ws.warnings:
+                    click.echo(str(w), err=True)
+                first = not self.runs
+                sel = runner.select(ws, plan, phase_ref=self.phase_ref if first else None,
+                                    restart=self.restart and first)
+                if sel.phase is None:
+                    state = for_workspace(ws, holding_lock=True)
+                    if first:
+                        return self.nothing(ws, sel, state)
+                    from runbook.planstate import nothing_text
 
-def _summary(ws, plan, phase, record, result, say, runner) -> None:
-    took = f"{record.duration_s:.1f}s" if record.duration_s is not None else "?"
-    say("")
-    say(f"{phase.display_name} ({phase.title}): {record.verdict} · {record.reason}")
-    committed = f", commit {record.commit[:7]}" if record.commit else ""
-    say(f"  run {record.run_id}, took {took}, ledger {ws.rel(ledger_path(ws, record))}{committed}")
-    if record.verdict in JUDGED:
-        from runbook.select import transition
+                    self.say(nothing_text(state.next))
+                    return self.result(ws, code, state=state)
+                if counts.get(sel.phase.id, 0) >= MAX_RUNS_PER_PHASE:
+                    self.say(f"stopping: {sel.phase.display_name} already ran {counts[sel.phase.id]} times "
+                             "in this invocation (the transitions loop); run `runbook next` again to go on")
+                    return self.result(ws, code)
+                try:
+                    check_blocks(plan.text, sel.phase, ws.plan_rel)
+                except HandEdited as exc:
+                    raise RunbookError(f"refusing to run: {exc}", "hand_edited", file=ws.plan_rel) from None
+                self.say(runner.render_preview(ws, plan, sel))
+                if first and not self.yes:
+                    if not click.confirm(f"\nRun {sel.phase.display_name}{' and what follows' if self.until_stop else ''}?",
+                                         default=True):
+                        raise RunbookError("not confirmed: nothing ran", "not_confirmed")
+                if first:
+                    self.selected = runner.selected_view(plan, sel)
+                if interrupts is None:
+                    interrupts = Interrupts().__enter__()
+                opts = runner.RunOptions(
+                    commit=commit,
+                    echo=(sys.stderr if self.as_json else sys.stdout).buffer,
+                    say=self.say,
+                    warn=self.warn,
+                    interrupts=interrupts,
+                )
+                result = runner.run_selected(ws, plan, sel, lock, opts)
+                record = result.record
+                self.runs.append(record)
+                counts[record.phase] = counts.get(record.phase, 0) + 1
+                code = EXIT_CODES[record.verdict]
+                self.summary(ws, plan, sel.phase, record, runner)
+                if result.problems and not result.plan_written:
+                    code = max(code, 2) if code in (0, 1) else code
+                if not self.until_stop or record.verdict not in JUDGED or interrupts.signum is not None:
+                    return self.result(ws, code)
+        finally:
+            if interrupts is not None:
+                interrupts.__exit__(None, None, None)
 
-        target = transition(plan, phase, record.verdict)
-        field = "On pass" if record.verdict == "pass" else "On fail"
-        where = {"stop": "stop", "end": "end of the plan"}.get(target) if isinstance(target, str) else target.display_name
-        say(f"  {field}: {where}")
-        several = len(_plans(ws)) > 1
-        say("Record what was learned:\n  " + runner.record_command(ws, phase, record, ws.plan_rel if several else None))
-    elif record.verdict == "inconclusive":
-        say("  a metric the criterion needs was not written; fix the step or the Pass: line, then `runbook next`")
-    else:
-        say("  `runbook next` resumes this phase at its first unfinished step")
+    def summary(self, ws, plan, phase, record, runner) -> None:
+        from runbook.ledger import run_path
+        from runbook.writeback import format_took
 
+        say = self.say
+        say("")
+        say(f"{phase.display_name} ({phase.title}): {record.verdict} · {record.reason}")
+        committed = f", commit {record.commit[:7]}" if record.commit else ""
+        say(f"  run {record.run_id}, took {format_took(record.duration_s)}, "
+            f"ledger {ws.rel(run_path(ws.state, record.run_id))}{committed}")
+        if record.verdict in JUDGED:
+            from runbook.select import transition
 
-def ledger_path(ws, record):
-    from runbook.ledger import run_path
-
-    return run_path(ws.state, record.run_id)
-
-
-def _plans(ws) -> list:
-    from runbook.project import ConfigError, discover_plans
-
-    try:
-        return discover_plans(ws.root)
-    except ConfigError:
-        return []
+            target = transition(plan, phase, record.verdict)
+            field = "On pass" if record.verdict == "pass" else "On fail"
+            where = {"stop": "stop", "end": "end of the plan"}.get(target) if isinstance(target, str) else target.display_name
+            say(f"  {field}: {where}")
+            say("Record what was learned:\n  " + runner.record_command(ws, phase, record, ws.plan_arg))
+        elif record.verdict == "inconclusive":
+            say("  a metric the criterion needs was not written; fix the step or the Pass: line, then `runbook next`")
+        else:
+            say("  `runbook next` resumes this phase at its first unfinished step")

@@ -4,87 +4,84 @@ from __future__ import annotations
 
 import click
 
-from runbook.commands._common import emit_json, fail, load_checked, next_phase, plan_option
+from runbook.cli import Output
+from runbook.commands._options import json_option, open_plan, plan_option
+from runbook.contract import PhaseDetail, ShowResult, ShowStep
+from runbook.errors import RunbookError
 from runbook.model import Phase, Plan
 
 
-def resolved_steps(plan: Plan, phase: Phase) -> list[dict]:
-    from runbook.resolve import resolve_command
+def resolved_steps(plan: Plan, phase: Phase) -> list[ShowStep]:
+    from runbook.select import resolved_commands
 
     return [
-        {
-            "id": step.id,
-            "text": step.text,
-            "command": step.command,
-            "resolved": resolve_command(step.command, plan.vars),
-            "done": step.done,
-            "line": step.span.start_line,
-        }
-        for step in phase.steps
+        ShowStep(id=step.id, text=step.text, command=step.command, resolved=cmd, done=step.done,
+                 line=step.span.start_line)
+        for step, cmd in zip(phase.steps, resolved_commands(plan, phase), strict=True)
     ]
+
+
+def unknown_phase(plan: Plan, ref: str, where: str) -> RunbookError:
+    known = ", ".join(f"{p.id} ({p.display_name})" for p in plan.phases)
+    return RunbookError(f"{where}: no phase {ref!r}; phases: {known}", "unknown_phase", file=where,
+                        hint="name a phase by its label (`1`, `\"Phase 1\"`) or its id (`phase-1`)")
 
 
 @click.command("show")
 @click.argument("phase_ref", metavar="[PHASE]", required=False)
 @plan_option
-@click.option("--json", "as_json", is_flag=True, help="Print the phase as JSON on stdout.")
-def command(phase_ref: str | None, plan_path: str | None, as_json: bool) -> None:
+@json_option
+def command(phase_ref: str | None, plan_opt: str | None, as_json: bool) -> Output:
     """Print a phase exactly as written in the plan, then its commands with `{vars}` resolved.
 
     PHASE is a label (`1`, `"Phase 1"`), an id (`phase-1`) or an explicit `{#id}`. Without it,
-    the first phase that has not passed yet is shown. Nothing runs.
+    the phase the next action acts on is shown (the one `runbook next` runs). Nothing runs.
 
     \b
     Examples:
-      runbook show              # the phase `runbook next` would start from
+      runbook show              # the phase `runbook next` would run
       runbook show 2 --json     # phase 2, for an agent
     """
-    plan = load_checked(plan_path)
+    from runbook.criteria import metric_names
+    from runbook.planstate import for_workspace
+
+    ws = open_plan(plan_opt)
+    plan = ws.plan
+    state = for_workspace(ws)
+    nxt = state.view.next
     if phase_ref is not None:
         phase = plan.find_phase(phase_ref)
         if phase is None:
-            known = ", ".join(f"{p.id} ({p.display_name})" for p in plan.phases)
-            fail(f"{plan.path}: no phase {phase_ref!r}; phases: {known}")
+            raise unknown_phase(plan, phase_ref, ws.plan_display)
     else:
-        phase = next_phase(plan)
+        phase = plan.find_phase(nxt.phase) if nxt.phase and nxt.kind != "nothing" else None
         if phase is None:
-            click.echo(f"{plan.path}: every phase has passed; name one to show it, e.g. `runbook show {plan.phases[-1].id}`")
-            return
+            text = f"{ws.plan_display}: nothing to show: {nxt.why}"
+            if plan.phases:
+                text += f"\nName a phase to show it, e.g. `runbook show {plan.phases[-1].id}`"
+            return Output(ShowResult(plan=ws.plan_rel, phase=None, next=nxt), 0, text)
     source = plan.text[phase.span.start : phase.span.end]
     steps = resolved_steps(plan, phase)
-    if as_json:
-        from runbook.criteria import metric_names
-
-        crit = phase.criterion
-        emit_json(
-            {
-                "plan": plan.path,
-                "id": phase.id,
-                "label": phase.label,
-                "title": phase.title,
-                "estimate": phase.estimate,
-                "goal": phase.goal,
-                "text": source,
-                "line": phase.span.start_line,
-                "steps": steps,
-                "criterion": crit.text if crit else None,
-                "metrics": metric_names(crit.expr) if crit else [],
-                "on_pass": phase.on_pass,
-                "on_fail": phase.on_fail,
-                "needs": phase.needs,
-                "timeout_s": phase.timeout_s,
-                "status": phase.status.model_dump() if phase.status else None,
-            }
-        )
-        return
-    click.echo(f"{plan.path}:{phase.span.start_line}", err=True)
-    click.echo(source, nl=not source.endswith(("\n", "\r")))
-    if steps:
-        click.echo("\nResolved commands (run with the repository root as the working directory):")
-        for step in steps:
-            mark = "x" if step["done"] else " "
-            lines = step["resolved"].splitlines() or [""]
-            click.echo(f"  [{mark}] {step['id']}: {lines[0]}")
-            pad = " " * (len(step["id"]) + 8)
-            for more in lines[1:]:
-                click.echo(f"{pad}{more}")
+    crit = phase.criterion
+    row = next(r for r in state.view.phases if r.id == phase.id)
+    detail = PhaseDetail(
+        id=phase.id, label=phase.display_name, title=phase.title, estimate=phase.estimate, goal=phase.goal,
+        text=source, line=phase.span.start_line, steps=steps, criterion=crit.text if crit else None,
+        metrics=metric_names(crit.expr) if crit else [], on_pass=phase.on_pass, on_fail=phase.on_fail,
+        needs=phase.needs, timeout_s=phase.timeout_s, state=row,
+    )
+    if not as_json:
+        click.echo(f"{ws.plan_display}:{phase.span.start_line}", err=True)
+        click.echo(source, nl=not source.endswith(("\n", "\r")))
+        if steps:
+            click.echo("\nResolved commands (run with the repository root as the working directory):")
+            for step in steps:
+                mark = "x" if step.done else " "
+                lines = step.resolved.splitlines() or [""]
+                click.echo(f"  [{mark}] {step.id}: {lines[0]}")
+                pad = " " * (len(step.id) + 8)
+                for more in lines[1:]:
+                    click.echo(f"{pad}{more}")
+        state_line = row.state.replace("_", " ") + (f" ({row.note})" if row.note else "")
+        click.echo(f"\nState: {state_line}")
+    return Output(ShowResult(plan=ws.plan_rel, phase=detail, next=nxt), 0, None)

@@ -1,100 +1,55 @@
-"""`runbook status`: the phase table of a plan, read from the plan's own status blocks."""
+"""`runbook status`: the phase table and the next action, from runbook/planstate.py."""
 
 from __future__ import annotations
 
 import click
 
-from runbook.commands._common import emit_json, load_checked, next_phase, plan_option
-from runbook.model import Phase, Plan
-
-_STATE = {"pass": "passed", "fail": "failed", "inconclusive": "inconclusive"}
-
-
-def phase_state(phase: Phase) -> str:
-    """One word for where a phase stands: passed, failed, inconclusive, stopped, in progress, not run."""
-    if phase.status is not None:
-        return _STATE.get(phase.status.verdict, "stopped")
-    if any(step.done for step in phase.steps):
-        return "in progress"
-    return "not run"
+from runbook.cli import Output
+from runbook.commands._options import json_option, open_plan, plan_option, warn
+from runbook.contract import PlanStateView, StatusResult
 
 
-def last_verdict(phase: Phase) -> str:
-    status = phase.status
-    if status is None:
-        return "-"
-    return " · ".join(x for x in (status.verdict, status.when, status.summary) if x)
-
-
-def status_rows(plan: Plan) -> list[dict]:
-    upcoming = next_phase(plan)
-    rows = []
-    for phase in plan.phases:
-        status = phase.status
-        rows.append(
-            {
-                "id": phase.id,
-                "label": phase.label,
-                "title": phase.title,
-                "estimate": phase.estimate,
-                "status": phase_state(phase),
-                "verdict": status.verdict if status else None,
-                "when": status.when if status else None,
-                "run_id": status.run_id if status else None,
-                "summary": status.summary if status else None,
-                "steps_done": sum(step.done for step in phase.steps),
-                "steps_total": len(phase.steps),
-                "next": upcoming is not None and phase.id == upcoming.id,
-            }
-        )
-    return rows
+def render(view: PlanStateView, plan_path: str) -> str:
+    lines = [f"{view.title}  ({plan_path})" if view.title else plan_path]
+    table = [["", "ID", "TITLE", "ESTIMATE", "STEPS", "STATE", "LAST RUN"]]
+    for row in view.phases:
+        title = row.title if len(row.title) <= 40 else row.title[:39] + "…"
+        last = " · ".join(x for x in (row.verdict, (row.finished or "")[:16].replace("T", " ") + " UTC"
+                                      if row.finished else None, row.reason) if x) or "-"
+        table.append([">" if row.next else "", row.id, title, row.estimate or "-",
+                      f"{row.steps_done}/{row.steps_total}", row.state.replace("_", " "), last])
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    for r in table:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+    for row in view.phases:
+        if row.note:
+            lines.append(f"  {row.label}: {row.note}")
+    lines.append("")
+    lines.append(view.summary)
+    nxt = view.next
+    if nxt.command:
+        lines.append(f"next ({nxt.kind}): {nxt.command}")
+    else:
+        lines.append(f"next ({nxt.kind}): {nxt.why}")
+    return "\n".join(lines)
 
 
 @click.command("status")
 @plan_option
-@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON on stdout.")
-def command(plan_path: str | None, as_json: bool) -> None:
-    """Show the phase table: id, title, estimate, status and last verdict.
+@json_option
+def command(plan_opt: str | None, as_json: bool) -> Output:
+    """Show the phase table: each phase's state and last run, and what runs next.
 
-    Status comes from each phase's `<!-- runbook:status -->` block in the plan (written by
-    `runbook next`) and its ticked steps; nothing is run and nothing is written. `>` marks the
-    first phase that has not passed yet (what `runbook show` prints by default).
+    States come from the run ledger (state/runs/) and the run lock: not run, running, passed,
+    failed, inconclusive, stale (judged under commands or a Pass: the phase no longer has),
+    resumable (its last run ended error, timeout or interrupted). `>` marks the phase the next
+    action acts on; the last lines say where the plan stands and the exact command to continue
+    (the same as `runbook brief` and `runbook next --dry-run`). Nothing runs, nothing is written.
     """
-    plan = load_checked(plan_path)
-    rows = status_rows(plan)
-    upcoming = next_phase(plan)
-    if as_json:
-        emit_json(
-            {
-                "plan": plan.path,
-                "title": plan.title,
-                "next": upcoming.id if upcoming else None,
-                "phases": rows,
-            }
-        )
-        return
-    if plan.title:
-        click.echo(f"{plan.title}  ({plan.path})")
-    else:
-        click.echo(plan.path)
-    table = [["", "ID", "TITLE", "ESTIMATE", "STEPS", "STATUS", "LAST VERDICT"]]
-    for row in rows:
-        title = row["title"] if len(row["title"]) <= 40 else row["title"][:39] + "…"
-        table.append(
-            [
-                ">" if row["next"] else "",
-                row["id"],
-                title,
-                row["estimate"] or "-",
-                f"{row['steps_done']}/{row['steps_total']}",
-                row["status"],
-                last_verdict(next(p for p in plan.phases if p.id == row["id"])),
-            ]
-        )
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    for r in table:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
-    if upcoming is None:
-        click.echo("\nevery phase has passed")
-    else:
-        click.echo(f"\nnext: {upcoming.id} (`runbook show` prints it, `runbook next` runs it)")
+    from runbook.planstate import for_workspace
+
+    ws = open_plan(plan_opt)
+    problems: list[str] = []
+    view = for_workspace(ws, problems=problems).view
+    warn(problems)
+    return Output(StatusResult(**view.model_dump()), 0, render(view, ws.plan_display))

@@ -4,13 +4,31 @@ from __future__ import annotations
 
 import click
 
-from runbook.commands._common import display_path, emit_json, fail, print_problems
+from runbook.cli import Output
+from runbook.commands._options import json_option
+from runbook.contract import PlanCheck, ProblemView, ValidateResult
+from runbook.errors import RunbookError
+from runbook.model import Plan, Problem
+
+
+def flow_warnings(plan: Plan) -> list[Problem]:
+    """Phases no `On pass:` / `On fail:` leads to: `runbook next` never runs them on its own."""
+    from runbook.select import unreachable
+
+    return [
+        Problem(
+            file=plan.path, line=phase.span.start_line, col=1, severity="warning",
+            message=f"nothing leads to {phase.display_name}: no On pass: / On fail: names it and it does not "
+            f"follow a phase that passes into it, so `runbook next` runs it only with --phase {phase.id}",
+        )
+        for phase in unreachable(plan)
+    ]
 
 
 @click.command("validate")
 @click.argument("plans", nargs=-1, type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
-def command(plans: tuple[str, ...], as_json: bool) -> None:
+@json_option
+def command(plans: tuple[str, ...], as_json: bool) -> Output:
     """Check plans and print every problem as `file:line:col: message`.
 
     With no PLAN, every plan of the repository is checked: the files matched by `plans` in
@@ -19,49 +37,50 @@ def command(plans: tuple[str, ...], as_json: bool) -> None:
 
     Checked: front matter and format version, phase headings, duplicate phase ids, `On pass:` /
     `On fail:` / `Needs:` targets, cycles in `Needs:`, `Pass:` criteria, steps without a command,
-    undefined `{vars}`, `Timeout:` values, and the runbook:NAME marker blocks.
+    undefined `{vars}`, `Timeout:` values, and the runbook:NAME marker blocks. Warned: phases
+    nothing leads to (`runbook next` reaches them only with --phase).
 
     Exit status: 0 when no plan has an error (warnings are printed but do not fail), 2 otherwise.
     """
     from runbook.parse import read_plan
+    from runbook.workspace import Workspace, display_path
 
     paths = list(plans)
     if not paths:
-        from runbook.project import ConfigError, discover_plans, find_repo_root
+        from runbook.project import ConfigError, discover_plans
 
-        root = find_repo_root()
+        ws = Workspace.at()
         try:
-            paths = [display_path(p) for p in discover_plans(root)]
+            paths = [display_path(p) for p in discover_plans(ws.root)]
         except ConfigError as exc:
-            fail(str(exc))
+            raise RunbookError(str(exc), "config") from None
         if not paths:
-            fail(
-                "no plans found: no plans/*.md (or runbook.toml `plans`) file starts with `runbook: 1` "
-                "front matter; name a file, or create a plan with `runbook init`"
+            raise RunbookError(
+                "no plans found: no plans/*.md (or runbook.toml `plans`) file starts with `runbook: 1` front matter",
+                "no_plan",
+                hint="name a file, or create a plan with `runbook init`",
             )
     results = []
     errors = 0
     for path in paths:
         plan, problems = read_plan(path)
+        if plan is not None:
+            problems = sorted([*problems, *flow_warnings(plan)], key=lambda p: (p.line, p.col))
         n_errors = sum(p.severity == "error" for p in problems)
         errors += n_errors
-        results.append(
-            {
-                "plan": path,
-                "ok": plan is not None and n_errors == 0,
-                "phases": [p.id for p in plan.phases] if plan is not None else [],
-                "problems": [p.model_dump() for p in problems],
-            }
-        )
+        results.append(PlanCheck(
+            plan=path,
+            valid=plan is not None and n_errors == 0,
+            phases=[p.id for p in plan.phases] if plan is not None else [],
+            problems=[ProblemView.of(p) for p in problems],
+        ))
         if not as_json:
-            print_problems(problems)
+            for problem in problems:
+                click.echo(str(problem), err=True)
             if plan is not None and n_errors == 0:
                 warn = sum(p.severity == "warning" for p in problems)
                 extra = f", {warn} warning{'s' * (warn != 1)}" if warn else ""
                 click.echo(f"{path}: ok ({len(plan.phases)} phase{'s' * (len(plan.phases) != 1)}{extra})")
-    if as_json:
-        emit_json({"ok": errors == 0, "plans": results})
-    elif errors:
+    if errors and not as_json:
         click.echo(f"{errors} error{'s' * (errors != 1)} found", err=True)
-    if errors:
-        raise click.exceptions.Exit(2)
+    return Output(ValidateResult(valid=errors == 0, plans=results), 2 if errors else 0, None)

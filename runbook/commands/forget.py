@@ -1,0 +1,45 @@
+"""`runbook forget RUN`: drop a run from the ledger and from the plan's blocks, committed."""
+
+from __future__ import annotations
+
+import click
+
+from runbook.cli import Output
+from runbook.commands._options import json_option, open_plan, plan_option
+from runbook.contract import ForgetResult, RunView
+
+
+@click.command(
+    "forget",
+    epilog="""\b
+Examples:
+  runbook forget 20261129-143012-7f3a     # a run of the old text of a rewritten phase
+  runbook forget last --json
+\b
+Exit codes: 0 forgotten, 1 written but not committed, 2 unknown run or refusal, 5 a run is in progress.""",
+)
+@click.argument("run_ref", metavar="RUN")
+@plan_option
+@click.option("--no-commit", is_flag=True, help="Write the plan and remove the ledger file, but do not commit.")
+@json_option
+def command(run_ref: str, plan_opt: str | None, no_commit: bool, as_json: bool) -> Output:
+    """Drop RUN (a run id, a unique prefix, or `last`) from the ledger and from the plan.
+
+    Its record and logs under state/runs/ are removed, and its phase is written back from the
+    runs that remain (status block, checkboxes, results table; or none of them when no run is
+    left, so the phase is `not run` again). Plan and ledger are committed together. Use it for a
+    run that no longer speaks for the plan: a phase rewritten from scratch, a mistaken run.
+    """
+    from runbook.recording import find_run
+    from runbook.unrecord import forget_runs
+
+    ws = open_plan(plan_opt)
+    run = find_run(ws, run_ref)
+    subject = f"runbook: forget run {run.run_id} ({run.phase} {run.verdict})"
+    updated, sha = forget_runs(ws, [run], subject, commit=not no_commit,
+                               warn=lambda msg: click.echo(f"warning: {msg}", err=True))
+    result = ForgetResult(forgotten=[RunView.of(run)], plan_updated=updated, commit=sha)
+    text = f"forgot run {run.run_id} (Phase {run.phase_label}, {run.verdict})"
+    text += f"; {ws.plan_rel} rewritten" if updated else ""
+    text += f"; commit {sha[:10]}" if sha else ""
+    return Output(result, 0, text)

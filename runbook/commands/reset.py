@@ -1,0 +1,48 @@
+"""`runbook reset PHASE`: drop every run of a phase; it becomes `not run`."""
+
+from __future__ import annotations
+
+import click
+
+from runbook.cli import Output
+from runbook.commands._options import json_option, open_plan, plan_option
+from runbook.contract import ResetResult, RunView
+
+
+@click.command(
+    "reset",
+    epilog="""\b
+Examples:
+  runbook reset 0            # Phase 0 was rewritten from scratch: its old runs go
+  runbook reset phase-2 --json
+\b
+Exit codes: 0 reset, 1 written but not committed, 2 unknown phase or refusal, 5 a run is in progress.""",
+)
+@click.argument("phase_ref", metavar="PHASE")
+@plan_option
+@click.option("--no-commit", is_flag=True, help="Write the plan and remove the ledger files, but do not commit.")
+@json_option
+def command(phase_ref: str, plan_opt: str | None, no_commit: bool, as_json: bool) -> Output:
+    """Drop every run of PHASE from the ledger and the plan: the phase is `not run` again.
+
+    Its status block and results table are removed and its steps unticked; the run records and
+    logs go from state/runs/; plan and ledger are committed together. `runbook next` then reaches
+    the phase as if it had never run.
+    """
+    from runbook.commands.show import unknown_phase
+    from runbook.unrecord import forget_runs
+
+    ws = open_plan(plan_opt)
+    phase = ws.plan.find_phase(phase_ref)
+    if phase is None:
+        raise unknown_phase(ws.plan, phase_ref, ws.plan_display)
+    runs = [r for r in ws.runs() if r.phase == phase.id]
+    subject = f"runbook: reset {phase.id} (forgot {len(runs)} run{'s' * (len(runs) != 1)})"
+    updated, sha = forget_runs(ws, runs, subject, commit=not no_commit,
+                               warn=lambda msg: click.echo(f"warning: {msg}", err=True))
+    result = ResetResult(phase=phase.id, label=phase.display_name, forgotten=[RunView.of(r) for r in runs],
+                         plan_updated=updated, commit=sha)
+    text = f"reset {phase.display_name}: forgot {len(runs)} run{'s' * (len(runs) != 1)}"
+    text += f"; {ws.plan_rel} rewritten" if updated else ""
+    text += f"; commit {sha[:10]}" if sha else ""
+    return Output(result, 0, text)

@@ -1,0 +1,523 @@
+"""The agent contract: every model `runbook ... --json` prints, and the envelope around them.
+
+One module, so that the words mean one thing everywhere (docs/json.md has the reference):
+
+- a phase is named by `id` ("phase-1", or its explicit `{#id}`) and `label` ("Phase 1");
+- a run's `verdict` is one of pass, fail, inconclusive, error, timeout, interrupted;
+- a phase's `state` is one of not_run, running, passed, failed, inconclusive, stale, resumable;
+- the next action's `kind` is one of run, resume, retry, nothing, blocked, running;
+- times are ISO 8601 UTC to the second, `2026-11-30T11:32:05Z`;
+- a run's `commit` is the commit its code ran on (HEAD when it started); `recorded_in` is the
+  commit that recorded it, known only to the `runbook next` that made it.
+
+Every command's `--json` prints exactly one `Envelope` on stdout:
+`{"schema_version", "command", "ok", "exit_code", "result"}` or, when the command refused,
+`{"schema_version", "command", "ok": false, "exit_code", "error": {"code", "message", "file",
+"line", "col", "hint", ...}}`. `output_schema(command)` is the JSON Schema of a command's envelope
+(the MCP server uses them as tool output schemas); `python -m runbook.contract DIR` writes them all.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+import signal as _signal
+import sys
+from pathlib import Path
+from typing import Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from runbook.criteria import Comparison
+from runbook.model import Problem, RunRecord, StepResult, Verdict
+
+SCHEMA_VERSION = 1
+
+PhaseState = Literal["not_run", "running", "passed", "failed", "inconclusive", "stale", "resumable"]
+NextKind = Literal["run", "resume", "retry", "nothing", "blocked", "running"]
+# For kind "nothing": finished (the end, or a stop after a pass), failed (stopped after a fail and
+# nothing changed since), empty (no phases), loop (the transitions cycle).
+Outcome = Literal["finished", "failed", "empty", "loop"]
+SelectMode = Literal["fresh", "resume", "rerun", "changed", "restart", "stale"]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---- times ---------------------------------------------------------------------------------------
+
+_NOTES_TIME = re.compile(r"^(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2})(?::(\d{2}))?(?:\.\d+)?\s*(?:UTC|Z)?$")
+
+
+def iso_utc(value: str | _dt.datetime | None) -> str | None:
+    """Any time runbook writes (ledger ISO with microseconds, lock ISO, notes "2026-11-29 14:30
+    UTC") as ISO 8601 UTC to the second: "2026-11-29T14:30:00Z". Unparsable text is returned as is."""
+    if value is None:
+        return None
+    if isinstance(value, _dt.datetime):
+        moment = value if value.tzinfo else value.replace(tzinfo=_dt.timezone.utc)
+        return moment.astimezone(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    text = value.strip()
+    try:
+        return iso_utc(_dt.datetime.fromisoformat(text.replace("Z", "+00:00")))
+    except ValueError:
+        pass
+    match = _NOTES_TIME.match(text)
+    if match:
+        return f"{match.group(1)}T{match.group(2)}:{match.group(3) or '00'}Z"
+    return text
+
+
+def parse_utc(value: str | None) -> _dt.datetime | None:
+    """The moment an `iso_utc`-able text names, None when it names none."""
+    text = iso_utc(value)
+    if not text:
+        return None
+    try:
+        return _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+# ---- shared pieces -------------------------------------------------------------------------------
+
+
+def phase_label(label: str) -> str:
+    """The one label form: "Phase 1" (from the heading's label "1")."""
+    return f"Phase {label}"
+
+
+class ProblemView(Model):
+    file: str
+    line: int
+    col: int
+    message: str
+    severity: Literal["error", "warning"]
+
+    @classmethod
+    def of(cls, problem: Problem) -> ProblemView:
+        return cls(file=problem.file, line=problem.line, col=problem.col, message=problem.message,
+                   severity=problem.severity)
+
+
+class LockHolder(Model):
+    """The process holding the run lock (`state/lock`): a run in progress."""
+
+    pid: int
+    host: str
+    started: str | None  # when the lock was taken
+    elapsed_s: float | None  # seconds since then
+    alive: bool | None  # None: it runs on another host, so runbook cannot tell
+    run_id: str | None = None
+    plan: str | None = None  # repo-relative plan path of the run
+    phase: str | None = None
+    label: str | None = None
+    step: str | None = None  # the step now running
+    log_path: str | None = None  # that step's log, repo-relative
+
+
+class StepView(Model):
+    id: str
+    command: str  # as run, vars resolved
+    exit_code: int | None  # None: not started, or killed before it exited
+    signal: str | None = None  # "SIGTERM" when a signal ended it
+    skipped: bool = False  # done in an earlier run of the phase (resume)
+    started: str | None = None
+    finished: str | None = None
+    duration_s: float | None = None
+    log_path: str | None = None
+    log_tail: list[str] = []
+    metrics: dict[str, float | int | str | bool | None] = {}
+
+    @classmethod
+    def of(cls, step: StepResult) -> StepView:
+        sig = None
+        if step.exit_code is not None and step.exit_code < 0:
+            try:
+                sig = _signal.Signals(-step.exit_code).name
+            except ValueError:
+                sig = f"signal {-step.exit_code}"
+        return cls(
+            id=step.step_id, command=step.command, exit_code=step.exit_code, signal=sig, skipped=step.skipped,
+            started=iso_utc(step.started), finished=iso_utc(step.finished), duration_s=step.duration_s,
+            log_path=step.log_path, log_tail=list(step.log_tail), metrics=dict(step.metrics),
+        )
+
+
+def top_metrics(metrics: dict) -> dict:
+    """Merged metrics without the per-step "<step-id>.<name>" copies."""
+    return {k: v for k, v in metrics.items() if not re.match(r"^step-[^.]+\.", k)}
+
+
+class RunView(Model):
+    """One run of a phase, from the ledger."""
+
+    run_id: str
+    plan: str
+    phase: str
+    label: str
+    verdict: Verdict
+    reason: str  # one line; failed comparisons marked with ✗
+    started: str | None
+    finished: str | None
+    duration_s: float | None
+    commit: str | None  # the commit the run's code ran on (HEAD when it started)
+    recorded_in: str | None = None  # the commit that recorded it (only `runbook next` knows it)
+    criterion: str | None  # the Pass: it was judged by, as written then
+    comparisons: list[Comparison] = []  # each comparison of that criterion against the run's metrics
+    failures: list[str] = []  # what went wrong, one line each: "✗ accept_len 1.31 >= 1.5", "step-2 exited 3: `cmd`"
+    metrics: dict[str, float | int | str | bool | None] = {}  # merged, without the "step-N." copies
+    steps: list[StepView] = []
+
+    @classmethod
+    def of(cls, record: RunRecord, recorded_in: str | None = None) -> RunView:
+        comparisons = _comparisons(record)
+        return cls(
+            run_id=record.run_id, plan=record.plan, phase=record.phase, label=phase_label(record.phase_label),
+            verdict=record.verdict, reason=record.reason, started=iso_utc(record.started),
+            finished=iso_utc(record.finished), duration_s=record.duration_s, commit=record.commit_before,
+            recorded_in=recorded_in, criterion=_strip(record.criterion), comparisons=comparisons,
+            failures=failures(record, comparisons), metrics=top_metrics(record.metrics),
+            steps=[StepView.of(s) for s in record.steps],
+        )
+
+
+def _strip(text: str | None) -> str | None:
+    return text.strip().strip("`").strip() if text else text
+
+
+def _comparisons(record: RunRecord) -> list[Comparison]:
+    if not record.criterion:
+        return []
+    from runbook.criteria import CriterionError, evaluate, parse_criterion
+
+    try:
+        return evaluate(parse_criterion(record.criterion), record.metrics).comparisons
+    except (CriterionError, RecursionError, ValueError):
+        return []
+
+
+def failures(record: RunRecord, comparisons: list[Comparison]) -> list[str]:
+    """What went wrong in a run, one line each (log lines indented by four spaces)."""
+    from runbook.criteria import FAILED_MARK
+
+    out: list[str] = []
+    if record.verdict == "fail":
+        out += [FAILED_MARK + c.text for c in comparisons if c.held is False]
+    elif record.verdict == "inconclusive":
+        out += [f"{c.text}: no step wrote {c.metric or c.threshold_metric}" for c in comparisons if c.held is None]
+    for step in record.steps:
+        if step.skipped:
+            continue
+        if step.exit_code not in (0, None):
+            view = StepView.of(step)
+            how = f"was killed by {view.signal}" if view.signal else f"exited {step.exit_code}"
+            out.append(f"{step.step_id} {how}: `{step.command}`")
+            out.extend(f"    {line}" for line in step.log_tail[-3:] if line.strip())
+        elif step.started and step.exit_code is None and record.verdict in ("timeout", "interrupted"):
+            out.append(f"{step.step_id} was running when the run ended ({record.verdict}): `{step.command}`")
+    if not out and record.verdict != "pass" and record.reason:
+        out.append(record.reason)
+    return out
+
+
+class StepLine(Model):
+    """A step of the phase the next action runs."""
+
+    id: str
+    text: str
+    command: str  # vars resolved: exactly what will run
+    done: bool  # already done: skipped on resume
+
+
+class NextAction(Model):
+    """THE next action (runbook/planstate.py): what `runbook next` does now, as data."""
+
+    kind: NextKind
+    why: str  # one paragraph, self-contained
+    phase: str | None = None  # the phase it acts on (for blocked: the blocked phase)
+    label: str | None = None
+    title: str | None = None
+    estimate: str | None = None
+    goal: str = ""
+    argv: list[str] | None = None  # the command to run, as an argument list; None: nothing to run now
+    command: str | None = None  # the same, shell-quoted, to paste
+    outcome: Outcome | None = None  # kind "nothing": why nothing
+    start_step: str | None = None  # the first step that will run (resume starts after the done ones)
+    steps: list[StepLine] = []
+    criterion: str | None = None
+    unmet_needs: list[str] = []  # kind "blocked": phase ids that must pass first
+    changed: list[str] = []  # kind "retry": what changed since the failed run
+
+
+class PhaseView(Model):
+    """One row of the phase table."""
+
+    id: str
+    label: str
+    title: str
+    estimate: str | None = None
+    state: PhaseState
+    verdict: Verdict | None = None  # of its latest run
+    run_id: str | None = None  # its latest run
+    finished: str | None = None
+    reason: str = ""
+    key_metrics: dict[str, float | int | str | bool | None] = {}  # the metrics its Pass: names, latest run
+    steps_done: int = 0
+    steps_total: int = 0
+    note: str | None = None  # why stale, a status block the ledger does not back, ...
+    next: bool = False  # the next action acts on this phase
+
+
+class PlanStateView(Model):
+    """Where a plan stands (`runbook status --json`)."""
+
+    plan: str  # repo-relative
+    title: str | None
+    summary: str  # one line
+    phases: list[PhaseView]
+    next: NextAction
+    running: LockHolder | None = None  # a run in progress (or a lock held on another host)
+    last_run: RunView | None = None
+    failed: list[str] = []  # ids of phases whose latest run failed
+
+
+# ---- command results -----------------------------------------------------------------------------
+
+
+class PlanCheck(Model):
+    plan: str
+    valid: bool
+    phases: list[str]
+    problems: list[ProblemView]
+
+
+class ValidateResult(Model):
+    valid: bool  # no plan has an error (exit 0); warnings do not count
+    plans: list[PlanCheck]
+
+
+class StatusResult(PlanStateView):
+    pass
+
+
+class ShowStep(Model):
+    id: str
+    text: str
+    command: str  # as written
+    resolved: str  # vars resolved
+    done: bool
+    line: int
+
+
+class PhaseDetail(Model):
+    id: str
+    label: str
+    title: str
+    estimate: str | None
+    goal: str
+    text: str  # the phase's source, exactly as written
+    line: int
+    steps: list[ShowStep]
+    criterion: str | None
+    metrics: list[str]  # the metric names its Pass: reads
+    on_pass: str | None
+    on_fail: str | None
+    needs: list[str]
+    timeout_s: float | None
+    state: PhaseView
+
+
+class ShowResult(Model):
+    plan: str
+    phase: PhaseDetail | None  # None: no PHASE given and nothing is left to run (see `next`)
+    next: NextAction
+
+
+class Selected(Model):
+    """What `runbook next` chose to run (or, with --dry-run, would run)."""
+
+    phase: str
+    label: str
+    mode: SelectMode
+    why: str
+    start_step: str | None  # None: every step is done, only the verdict remains
+    steps: list[StepLine]
+    diff: str | None = None  # mode "changed": the phase's text since its last run
+
+
+class NextResult(Model):
+    plan: str
+    dry_run: bool
+    selected: Selected | None  # the first phase run (or that would run); None: nothing ran
+    runs: list[RunView]  # the runs made, in order
+    next: NextAction  # what comes after them
+
+
+class HistoryResult(Model):
+    plan: str | None  # None: runs of every plan
+    phase: str | None
+    runs: list[RunView]  # oldest first
+    running: LockHolder | None = None
+
+
+class MilestoneView(Model):
+    title: str
+    when: str
+    body: str
+    metrics: dict[str, float]
+    run_id: str | None
+    phase: str | None
+    label: str | None
+    verdict: Verdict | None
+    commit: str | None  # the run's commit (its code), as in RunView
+
+
+class RecordResult(Model):
+    notes: str  # repo-relative path of the notes document
+    created_notes: bool
+    milestone: MilestoneView
+    lessons_added: list[str]
+    lessons_skipped: list[str]  # already in "Lessons learned"
+    next_steps: list[str] | None  # the new "Next steps"; None when left as they were
+    commit: str | None  # the commit record made; None with --no-commit or when nothing changed
+
+
+class MilestoneText(Model):
+    heading: str
+    text: str
+
+
+class NoteStep(Model):
+    text: str
+    stale: str | None = None  # why it may be out of date (written before later runs, phase since passed)
+
+
+class Brief(Model):
+    """`runbook brief --json`: fields appear in the text brief in this order."""
+
+    plan: str
+    notes: str | None = None
+    title: str | None = None
+    goal: str = ""  # the plan's preamble prose
+    framing: str = ""  # the notes' prose before their owned parts
+    status: str = ""  # one line: where the plan stands
+    phases: list[PhaseView] = []
+    running: LockHolder | None = None
+    last_run: RunView | None = None
+    milestones: list[MilestoneText] = []  # newest last
+    milestones_omitted: int = 0
+    lessons: list[str] = []
+    lessons_omitted: int = 0
+    next_steps: list[NoteStep] = []  # the notes' "Next steps"
+    next_steps_omitted: int = 0
+    notes_updated: str | None = None  # when runbook record last wrote the notes
+    next: NextAction
+    max_chars: int | None = None  # the limit applied (None: nothing was cut)
+    truncated: bool = False  # prose was shortened to fit
+
+
+class InitResult(Model):
+    root: str  # absolute
+    created: list[str]  # paths relative to root
+    plan: str
+    notes: str | None
+    git_init: bool  # `git init` was run
+
+
+class ForgetResult(Model):
+    forgotten: list[RunView]
+    plan_updated: bool  # the plan's status block, checkboxes and results table were rewritten
+    commit: str | None
+
+
+class ResetResult(Model):
+    phase: str
+    label: str
+    forgotten: list[RunView]
+    plan_updated: bool
+    commit: str | None
+
+
+RESULTS: dict[str, type[BaseModel]] = {
+    "init": InitResult,
+    "validate": ValidateResult,
+    "status": StatusResult,
+    "show": ShowResult,
+    "next": NextResult,
+    "history": HistoryResult,
+    "record": RecordResult,
+    "brief": Brief,
+    "forget": ForgetResult,
+    "reset": ResetResult,
+}
+
+
+# ---- the envelope --------------------------------------------------------------------------------
+
+
+class ErrorInfo(Model):
+    code: str  # a stable word: usage, no_plan, several_plans, plan_invalid, locked, ... (runbook/errors.py)
+    message: str
+    file: str | None = None
+    line: int | None = None
+    col: int | None = None
+    hint: str | None = None
+    problems: list[ProblemView] = []  # plan_invalid: every problem found
+    lock: LockHolder | None = None  # locked: who holds the lock
+
+
+T = TypeVar("T", bound=BaseModel)
+
+
+class Envelope(Model, Generic[T]):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    command: str
+    ok: bool  # true: `result` is there; false: `error` is
+    exit_code: int
+    result: T | None = None
+    error: ErrorInfo | None = None
+
+
+def envelope_json(command: str, exit_code: int, result: BaseModel | None = None, error: ErrorInfo | None = None) -> str:
+    """The one JSON document a `--json` command prints."""
+    data: dict = {"schema_version": SCHEMA_VERSION, "command": command, "ok": error is None, "exit_code": exit_code}
+    if error is None:
+        data["result"] = result.model_dump(mode="json") if result is not None else None
+    else:
+        data["error"] = error.model_dump(mode="json")
+    return json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False, default=str)
+
+
+def output_schema(command: str) -> dict:
+    """The JSON Schema of `runbook COMMAND --json`'s output (its envelope)."""
+    if command not in RESULTS:
+        raise KeyError(f"no command {command!r}; commands: {', '.join(RESULTS)}")
+    model = Envelope[RESULTS[command]]  # type: ignore[valid-type]
+    schema = model.model_json_schema()
+    schema["title"] = f"runbook {command} --json"
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema
+
+
+def schema_text(command: str) -> str:
+    return json.dumps(output_schema(command), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def write_schemas(folder: str | Path) -> list[Path]:
+    """Write `<command>.schema.json` for every command into `folder`."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for command in RESULTS:
+        path = folder / f"{command}.schema.json"
+        path.write_text(schema_text(command), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":  # python -m runbook.contract docs/schemas
+    for path in write_schemas(sys.argv[1] if len(sys.argv) > 1 else "docs/schemas"):
+        print(path)

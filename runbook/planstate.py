@@ -1,0 +1,315 @@
+"""Where a plan stands, derived once: each phase's state and THE next action.
+
+Every reader asks this module: `runbook status`, `show`, `next` (its dry run and its "nothing to
+run" message), `brief`, `history` (the run in progress) and the notes' status block written by
+`runbook record`. Nobody else decides what comes next.
+
+Inputs: the plan text, the ledger (this plan's runs, oldest first), the run lock's holder, and
+what changed in the repository since a failed run. The phase to run is chosen by
+runbook/select.py, the same function `runbook next` runs, so the next action is what `runbook
+next` does.
+
+Phase states (`contract.PhaseState`), from the phase's latest run:
+- `running`: the run lock's live holder is running it;
+- `not_run`: no run in the ledger (a status block in the plan without a ledger run is noted);
+- `passed` / `failed` / `inconclusive`: its latest run's verdict still speaks for the phase;
+- `stale`: judged under other commands (vars resolved) or another `Pass:` (select.stale_reason);
+- `resumable`: its latest run ended error, timeout or interrupted.
+
+The next action (`contract.NextAction.kind`):
+- `running`: a live process holds the run lock (`runbook next` would exit 5); wait for it;
+- `run` / `resume` / `retry`: `argv` is `runbook next --yes` (resume: at the first unfinished step;
+  retry: an inconclusive phase again) or, for a failed phase the plan stops at whose code or vars
+  changed since, `runbook next --phase ID --restart --yes`;
+- `blocked`: the chosen phase's `Needs:` are unmet (`unmet_needs`);
+- `nothing`: `outcome` finished (the end, or a stop after a pass), failed (stopped after a fail
+  and nothing changed since: a retry would repeat it), empty or loop.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shlex
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from runbook.contract import (
+    LockHolder,
+    NextAction,
+    PhaseView,
+    PlanStateView,
+    RunView,
+    StepLine,
+    iso_utc,
+    parse_utc,
+    phase_label,
+)
+from runbook.model import Phase, Plan, RunRecord
+from runbook.select import RESUMABLE, Selection, resolved_commands, select_phase, stale_reason
+
+__all__ = ["PlanState", "derive", "for_workspace", "holder_view", "next_argv"]
+
+ChangedSince = Callable[[RunRecord], "list[str] | None"]
+
+_KIND = {"fresh": "run", "stale": "run", "restart": "run", "resume": "resume", "changed": "resume", "rerun": "retry"}
+_STATE = {"pass": "passed", "fail": "failed", "inconclusive": "inconclusive"}
+
+
+@dataclass
+class PlanState:
+    view: PlanStateView
+    selection: Selection  # what a plain `runbook next` selects (the lock aside)
+
+    @property
+    def next(self) -> NextAction:
+        return self.view.next
+
+
+def next_argv(plan_arg: str | None, *extra: str) -> list[str]:
+    argv = ["runbook", "next"]
+    if plan_arg:
+        argv += ["--plan", plan_arg]
+    return [*argv, *extra, "--yes"]
+
+
+def holder_view(info, plan: Plan | None, state_rel: str, now: _dt.datetime | None = None) -> LockHolder:
+    """The lock's holder (a `lock.LockInfo`) as data: alive or not, which phase and step, its log."""
+    from runbook.lock import pid_alive
+
+    alive: bool | None = pid_alive(info.pid, info.pid_start) if info.host == socket.gethostname() else None
+    started = parse_utc(info.started)
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    phase = plan.find_phase(info.phase) if plan is not None and info.phase else None
+    log = f"{state_rel}/runs/{info.run_id}/{info.step}.log" if info.run_id and info.step else None
+    return LockHolder(
+        pid=info.pid, host=info.host, started=iso_utc(info.started),
+        elapsed_s=round((now - started).total_seconds(), 1) if started else None, alive=alive,
+        run_id=info.run_id, plan=info.plan, phase=info.phase,
+        label=phase.display_name if phase else None, step=info.step, log_path=log,
+    )
+
+
+def _took(seconds: float | None) -> str:
+    from runbook.writeback import format_took
+
+    return format_took(seconds)
+
+
+def running_text(holder: LockHolder, plan_rel: str) -> str:
+    what = holder.label or holder.phase or "a phase"
+    if holder.plan and holder.plan != plan_rel:
+        what = f"{what} of {holder.plan}"
+    bits = [f"run {holder.run_id}" if holder.run_id else None, f"pid {holder.pid} on {holder.host}",
+            f"at {holder.step}" if holder.step else None,
+            f"for {_took(holder.elapsed_s)}" if holder.elapsed_s is not None else None,
+            f"log {holder.log_path}" if holder.log_path else None]
+    return f"{what} is running ({', '.join(b for b in bits if b)})"
+
+
+def _steps(plan: Plan, phase: Phase, done_before: int) -> list[StepLine]:
+    commands = resolved_commands(plan, phase)
+    return [StepLine(id=s.id, text=s.text, command=c, done=i < done_before)
+            for i, (s, c) in enumerate(zip(phase.steps, commands, strict=True))]
+
+
+def _criterion(phase: Phase) -> str | None:
+    return phase.criterion.text.strip().strip("`").strip() if phase.criterion else None
+
+
+def _action_for(plan: Plan, phase: Phase, kind: str, why: str, argv: list[str] | None, start: int, **extra) -> NextAction:
+    steps = _steps(plan, phase, start)
+    return NextAction(
+        kind=kind, why=why, phase=phase.id, label=phase.display_name, title=phase.title, estimate=phase.estimate,
+        goal=phase.goal.strip(), argv=argv, command=shlex.join(argv) if argv else None,
+        start_step=phase.steps[start].id if start < len(phase.steps) else None, steps=steps,
+        criterion=_criterion(phase), **extra,
+    )
+
+
+def _reason(run: RunRecord) -> str:
+    return " ".join(run.reason.split())
+
+
+def _next_action(
+    plan: Plan,
+    runs: list[RunRecord],
+    sel: Selection,
+    holder: LockHolder | None,
+    plan_rel: str,
+    plan_arg: str | None,
+    changed_since: ChangedSince | None,
+    failed_ids: list[str],
+) -> NextAction:
+    if holder is not None and holder.alive is not False:
+        phase = plan.find_phase(holder.phase) if holder.phase and holder.plan in (None, plan_rel) else None
+        why = (running_text(holder, plan_rel) + ". `runbook next` refuses (exit 5) until it ends: wait, "
+               "and follow it with `runbook status`" + ("" if holder.alive else
+               f"; it runs on another host ({holder.host}), so runbook cannot tell whether it is still alive"))
+        if phase is not None:
+            return _action_for(plan, phase, "running", why, None, 0)
+        return NextAction(kind="running", why=why)
+    lead = ""
+    if holder is not None:
+        lead = (f"A killed run ({holder.run_id or '?'}, pid {holder.pid}) left the run lock behind; `runbook next` "
+                "takes it over. ")
+    argv = next_argv(plan_arg)
+    if sel.phase is not None:
+        kind = _KIND[sel.mode]
+        return _action_for(plan, sel.phase, kind, lead + _sentence(sel.message), argv, sel.start)
+    if sel.blocked and sel.blocked_phase is not None:
+        return _action_for(plan, sel.blocked_phase, "blocked", lead + _sentence(sel.message), None, 0,
+                           unmet_needs=list(sel.unmet))
+    if sel.blocked:
+        return NextAction(kind="blocked", why=lead + _sentence(sel.message))
+    end = sel.end or "finished"
+    last = sel.last
+    if end == "failed" and last is not None and (phase := plan.find_phase(last.phase)) is not None:
+        changed = changed_since(last) if changed_since is not None else None
+        head = (f"{phase.display_name} failed (run {last.run_id}: {_reason(last)}) and its On fail is stop")
+        if changed:
+            shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+            why = (f"{lead}{head}. Files changed since that run ({shown}), so running it again from its first step "
+                   "may end differently.")
+            return _action_for(plan, phase, "retry", why, next_argv(plan_arg, "--phase", phase.id, "--restart"), 0,
+                               changed=[f"files: {', '.join(changed)}"])
+        unknown = " (runbook cannot see code changes outside git)" if changed is None else ""
+        why = (f"{lead}{head}. Nothing changed since: its commands, vars and `Pass:` are those it was judged "
+               f"by, and no tracked file changed{unknown}, so a retry would repeat the fail. Change the code, "
+               f"edit the phase, add a phase for the next idea, or follow the notes' next steps; to run it "
+               f"again anyway: {shlex.join(next_argv(plan_arg, '--phase', phase.id, '--restart'))}")
+        return NextAction(kind="nothing", why=why, outcome="failed", phase=phase.id, label=phase.display_name,
+                          title=phase.title)
+    if end == "finished":
+        why = _sentence(sel.message.removeprefix("nothing to run: "))
+        if failed_ids:
+            names = ", ".join(phase_label(plan.find_phase(i).label) for i in failed_ids if plan.find_phase(i))
+            why += f" Along the way {names} failed (see the phase table)."
+        return NextAction(kind="nothing", why=lead + why, outcome="finished")
+    return NextAction(kind="nothing", why=lead + _sentence(sel.message), outcome=end)
+
+
+def nothing_text(action: NextAction) -> str:
+    """`runbook next`'s line when it runs nothing on its own: why, and the command if there is one."""
+    why = action.why[:1].lower() + action.why[1:] if action.why[:2] != action.why[:2].upper() else action.why
+    if action.kind == "retry" and action.command:
+        return f"nothing to run on its own: {why}\n  to retry it: {action.command}"
+    if action.kind == "running":
+        return f"not now: {why}"
+    return f"nothing to run: {why}"
+
+
+def _sentence(text: str) -> str:
+    text = text.strip()
+    if text and text[0].islower():
+        text = text[0].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def _phase_views(plan: Plan, runs: list[RunRecord], holder: LockHolder | None, plan_rel: str) -> list[PhaseView]:
+    from runbook.criteria import metric_names
+
+    latest: dict[str, RunRecord] = {}
+    for run in runs:
+        latest[run.phase] = run
+    rows: list[PhaseView] = []
+    live = holder is not None and holder.alive is not False and holder.plan in (None, plan_rel)
+    for phase in plan.phases:
+        run = latest.get(phase.id)
+        note = None
+        if live and holder is not None and holder.phase == phase.id:
+            state = "running"
+        elif run is None:
+            state = "not_run"
+            if phase.status is not None:
+                note = (f"the plan's status block says {phase.status.verdict}"
+                        + (f" (run {phase.status.run_id})" if phase.status.run_id else "")
+                        + ", but the ledger has no run of this phase")
+        elif run.verdict in RESUMABLE:
+            state = "resumable"
+        else:
+            note = stale_reason(plan, phase, run)
+            state = "stale" if note else _STATE[run.verdict]
+        names = metric_names(phase.criterion.expr) if phase.criterion else []
+        key = {}
+        if run is not None:
+            key = {n: run.metrics[n] for n in names if n in run.metrics}
+            if not names:
+                from runbook.contract import top_metrics
+
+                key = dict(list(top_metrics(run.metrics).items())[:4])
+        rows.append(PhaseView(
+            id=phase.id, label=phase.display_name, title=phase.title, estimate=phase.estimate, state=state,
+            verdict=run.verdict if run else None, run_id=run.run_id if run else None,
+            finished=iso_utc(run.finished) if run else None, reason=_reason(run) if run else "",
+            key_metrics=key, steps_done=sum(s.done for s in phase.steps), steps_total=len(phase.steps), note=note,
+        ))
+    return rows
+
+
+def _summary(action: NextAction, last: RunView | None, holder: LockHolder | None, plan_rel: str,
+             failed: list[PhaseView]) -> str:
+    if action.kind == "running" and holder is not None:
+        return "running: " + running_text(holder, plan_rel)
+    if action.kind == "nothing":
+        if action.outcome == "finished":
+            tail = f"; failed along the way: {', '.join(p.label for p in failed)}" if failed else ""
+            return "finished: nothing left to run" + tail
+        if action.outcome == "failed":
+            return f"stopped: {action.label} failed and its On fail is stop; nothing changed since"
+        return f"nothing to run: {action.why}"
+    if action.kind == "blocked":
+        return f"blocked: {action.label or 'the next phase'} needs {', '.join(action.unmet_needs) or 'a phase'} to pass first"
+    if action.kind == "retry" and action.changed:
+        return f"stopped: {action.label} failed; files changed since, so it can be retried"
+    lead = "not started" if last is None else f"last run {last.label} {last.verdict}"
+    return f"{lead}; next: {action.label} ({action.phase}), {action.kind}"
+
+
+def derive(
+    plan: Plan,
+    plan_rel: str,
+    runs: list[RunRecord],
+    *,
+    lock=None,  # lock.LockInfo | None
+    state_rel: str = "state",
+    plan_arg: str | None = None,
+    changed_since: ChangedSince | None = None,
+    current_hash: Callable[[Phase], str] | None = None,
+) -> PlanState:
+    """Each phase's state and the next action. `runs`: this plan's runs, oldest first."""
+    from runbook.writeback import phase_text_hash
+
+    runs = [r for r in runs if r.plan == plan_rel]
+    holder = holder_view(lock, plan, state_rel) if lock is not None else None
+    sel = select_phase(plan, runs, current_hash=current_hash or (lambda phase: phase_text_hash(plan.text, phase)))
+    phases = _phase_views(plan, runs, holder, plan_rel)
+    failed = [p for p in phases if p.state == "failed"]
+    action = _next_action(plan, runs, sel, holder, plan_rel, plan_arg, changed_since, [p.id for p in failed])
+    for row in phases:
+        row.next = action.phase == row.id and action.kind != "nothing"
+    known = {p.id for p in plan.phases}
+    mine = [r for r in runs if r.phase in known]
+    last = RunView.of(mine[-1]) if mine else None
+    running = holder if holder is not None and holder.alive is not False else None
+    view = PlanStateView(
+        plan=plan_rel, title=plan.title, summary=_summary(action, last, running, plan_rel, failed), phases=phases,
+        next=action, running=running, last_run=last, failed=[p.id for p in failed],
+    )
+    return PlanState(view=view, selection=sel)
+
+
+def for_workspace(
+    ws, runs: list[RunRecord] | None = None, problems: list[str] | None = None, *, holding_lock: bool = False
+) -> PlanState:
+    """`derive` for a `workspace.Workspace`: its plan, its ledger, its lock, its git.
+    `holding_lock`: the caller holds the run lock itself (`runbook next` between runs)."""
+    return derive(
+        ws.plan,
+        ws.plan_rel,
+        ws.runs(problems) if runs is None else runs,
+        lock=None if holding_lock else ws.lock_info(),
+        state_rel=ws.rel(ws.state),
+        plan_arg=ws.plan_arg,
+        changed_since=lambda run: ws.changed_since(run.commit_before),
+    )
