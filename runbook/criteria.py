@@ -6,17 +6,20 @@ Grammar (lowest precedence first)::
     and     := not ("and" not)*
     not     := "not" not | primary
     primary := "(" expr ")" | operand OP operand (OP operand)*
-    operand := METRIC | NUMBER
+    operand := METRIC | NUMBER | STRING
     OP      := "<" | "<=" | ">" | ">=" | "==" | "!="
 
 METRIC names start with a letter or `_` and may contain letters, digits, `_`, `.` and `-`
-(`accept_len`, `val_acc_0`, `step-2.loss`). NUMBER is a decimal literal with optional sign and
-exponent (`1.5`, `-3`, `2e-4`). A chained comparison `1 <= x < 3` means `1 <= x and x < 3`.
-The whole expression may be wrapped in backticks, as it usually is in a plan.
+(`accept_len`, `val_acc_0`, `step-2.loss`, `cfg.lr`). NUMBER is a decimal literal with optional
+sign and exponent (`1.5`, `-3`, `2e-4`). STRING is `"..."` or `'...'` (no escapes), compared with
+string metrics (`optimizer == "adamw"`). A chained comparison `1 <= x < 3` means `1 <= x and x < 3`.
+The whole expression may be wrapped in backticks, as it usually is in a plan. Parentheses and
+`not` nest at most 64 deep (deeper is an error, never a RecursionError).
 
 Evaluation is three-valued (Kleene logic): a comparison that needs a metric no step produced is
 `inconclusive`; `and` is `fail` if any side fails, `or` is `pass` if any side passes, otherwise
-an unknown side makes the result `inconclusive`. A NaN value fails every comparison.
+an unknown side makes the result `inconclusive`. A NaN value fails every comparison. A string
+equals only the same string (`==` / `!=`); an ordering (`<`, `>=`, ...) with a string fails.
 
 The explanation marks each comparison that does not hold with `✗ ` (`✗ gain 0.08 >= 0.1`), and
 `Judgement.comparisons` gives every comparison as data (metric, operator, value, threshold, held).
@@ -30,7 +33,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from runbook.model import BoolOp, Compare, CompareOp, Expr, MetricRef, Not, Number
+from runbook.model import BoolOp, Compare, CompareOp, Expr, MetricRef, Not, Number, Text
 
 __all__ = [
     "FAILED_MARK",
@@ -83,7 +86,7 @@ class Judgement(BaseModel):
     verdict: Tri
     explanation: str  # "accept_len 2.41 >= 1.5 and ✗ train_loss 5 < 4.0"
     missing: list[str] = []  # metric names the expression needs that were not produced
-    values: dict[str, float] = {}  # the metrics the expression looked at, as found
+    values: dict[str, float | str] = {}  # the metrics the expression looked at, as found
     comparisons: list[Comparison] = []  # every comparison, in the order written
 
 
@@ -94,6 +97,7 @@ _TOKEN_RE = re.compile(
     \s*
     (?:
         (?P<num>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)(?![A-Za-z0-9_.])
+      | (?P<str>"[^"]*"|'[^']*')
       | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:[.-][A-Za-z0-9_]+)*)
       | (?P<op><=|>=|==|!=|<|>)
       | (?P<lpar>\()
@@ -104,7 +108,10 @@ _TOKEN_RE = re.compile(
     re.VERBOSE,
 )
 _KEYWORDS = frozenset({"and", "or", "not"})
+MAX_DEPTH = 64  # parentheses and `not` nested deeper are an error
 _HINTS = {
+    '"': 'a string needs its closing quote: "adamw"',
+    "'": "a string needs its closing quote: 'adamw'",
     "=": "use '==' to compare",
     "&": "use 'and'",
     "|": "use 'or'",
@@ -151,6 +158,14 @@ class _Parser:
     def __init__(self, tokens: list[_Tok]) -> None:
         self.tokens = tokens
         self.i = 0
+        self.depth = 0
+
+    def deeper(self, tok: _Tok) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise CriterionError(
+                f"nested more than {MAX_DEPTH} deep (parentheses and `not`); write it flatter", tok.col
+            )
 
     def peek(self) -> _Tok:
         return self.tokens[self.i]
@@ -187,19 +202,22 @@ class _Parser:
 
     def parse_not(self) -> Expr:
         if self.peek().kind == "not":
-            self.take()
-            return Not.model_construct(kind="not", item=self.parse_not())
+            self.deeper(self.take())
+            item = self.parse_not()
+            self.depth -= 1
+            return Not.model_construct(kind="not", item=item)
         return self.parse_primary()
 
     def parse_primary(self) -> Expr:
         tok = self.peek()
         if tok.kind == "lpar":
-            self.take()
+            self.deeper(self.take())
             expr = self.parse_or()
             close = self.peek()
             if close.kind != "rpar":
                 raise CriterionError("missing ')': a '(' is never closed", close.col)
             self.take()
+            self.depth -= 1
             return expr
         left = self.parse_operand()
         compares: list[Compare] = []
@@ -216,12 +234,14 @@ class _Parser:
             )
         return compares[0] if len(compares) == 1 else BoolOp.model_construct(kind="and", items=list(compares))
 
-    def parse_operand(self) -> MetricRef | Number:
+    def parse_operand(self) -> MetricRef | Number | Text:
         tok = self.take()
         if tok.kind == "name":
             return MetricRef(kind="metric", name=tok.text)
         if tok.kind == "num":
             return Number(kind="number", value=float(tok.text), text=tok.text)
+        if tok.kind == "str":
+            return Text(kind="text", value=tok.text[1:-1])
         if tok.kind == "end":
             raise CriterionError("expression ends too early: expected a metric name or a number", tok.col)
         if tok.kind in _KEYWORDS:
@@ -261,12 +281,12 @@ def metric_names(expr: Expr) -> list[str]:
     return names
 
 
-def _operands(expr: Expr) -> list[MetricRef | Number]:
+def _operands(expr: Expr) -> list[MetricRef | Number | Text]:
     if isinstance(expr, Compare):
         return [expr.left, expr.right]
     if isinstance(expr, Not):
         return _operands(expr.item)
-    out: list[MetricRef | Number] = []
+    out: list[MetricRef | Number | Text] = []
     for item in expr.items:
         out.extend(_operands(item))
     return out
@@ -291,17 +311,25 @@ def _render(expr: Expr, outer: int) -> str:
     return f"({text})" if prec < outer else text
 
 
-def _operand_text(node: MetricRef | Number) -> str:
+def _operand_text(node: MetricRef | Number | Text) -> str:
     if isinstance(node, MetricRef):
         return node.name
+    if isinstance(node, Text):
+        return '"' + node.value + '"' if '"' not in node.value else "'" + node.value + "'"
     return node.text if node.text is not None else format_value(node.value)
 
 
-def format_value(value: float) -> str:
-    """A metric value for messages: integers without a fraction, others to 6 significant digits."""
+def format_value(value: float | str | None) -> str:
+    """A metric value for messages: integers without a fraction, others to 6 significant digits,
+    strings as they are (at most 60 characters), `-` for none."""
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value if len(value) <= 60 else value[:57] + "..."
+    value = float(value)
     if math.isnan(value) or math.isinf(value):
         return str(value)
-    if float(value).is_integer() and abs(value) < 1e15:
+    if value.is_integer() and abs(value) < 1e15:
         return str(int(value))
     return f"{value:.6g}"
 
@@ -318,12 +346,12 @@ _COMPARE = {
 }
 
 
-def evaluate(expr: Expr, metrics: dict[str, float]) -> Judgement:
+def evaluate(expr: Expr, metrics: dict[str, float | str]) -> Judgement:
     """Judge `expr` against `metrics`: pass, fail, or inconclusive when a needed metric is missing."""
-    values: dict[str, float] = {}
+    values: dict[str, float | str] = {}
     missing: list[str] = []
     for name in metric_names(expr):
-        value = _number(metrics.get(name))
+        value = _value(metrics.get(name))
         if value is None:
             missing.append(name)
         else:
@@ -349,11 +377,11 @@ def _leaves(expr: Expr) -> list[Compare]:
     return out
 
 
-def _comparison(leaf: Compare, values: dict[str, float]) -> Comparison:
+def _comparison(leaf: Compare, values: dict[str, float | str]) -> Comparison:
     left, right = _side(leaf.left, values), _side(leaf.right, values)
     held = None if left[0] is None or right[0] is None else _holds(leaf.op, left[0], right[0])
     subject, op, other = leaf.left, leaf.op, leaf.right
-    if isinstance(subject, Number) and isinstance(other, MetricRef):
+    if not isinstance(subject, MetricRef) and isinstance(other, MetricRef):
         subject, op, other = other, _FLIP[op], subject
     metric = subject.name if isinstance(subject, MetricRef) else None
     return Comparison(
@@ -367,21 +395,25 @@ def _comparison(leaf: Compare, values: dict[str, float]) -> Comparison:
     )
 
 
-def _holds(op: str, a: float, b: float) -> bool:
+def _holds(op: str, a: float | str, b: float | str) -> bool:
+    if isinstance(a, str) or isinstance(b, str):
+        same = isinstance(a, str) and isinstance(b, str) and a == b
+        return same if op == "==" else (not same) if op == "!=" else False
     if math.isnan(a) or math.isnan(b):
         return False
     return bool(_COMPARE[op](a, b))
 
 
-def _number(value: object) -> float | None:
-    if isinstance(value, bool):
+def _value(value: object) -> float | str | None:
+    """A metric as the criterion sees it: a bool counts as 1 / 0; strings stay strings."""
+    if isinstance(value, (bool, int, float)):
         return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
+    if isinstance(value, str):
+        return value
     return None
 
 
-def _judge(expr: Expr, values: dict[str, float], outer: int) -> tuple[Tri, str]:
+def _judge(expr: Expr, values: dict[str, float | str], outer: int) -> tuple[Tri, str]:
     prec = _PRECEDENCE[expr.kind]
     if isinstance(expr, Compare):
         left, right = _side(expr.left, values), _side(expr.right, values)
@@ -412,9 +444,11 @@ def _paren(text: str, prec: int, outer: int) -> str:
     return f"({text})" if prec < outer else text
 
 
-def _side(node: MetricRef | Number, values: dict[str, float]) -> tuple[float | None, str]:
-    if isinstance(node, Number):
+def _side(node: MetricRef | Number | Text, values: dict[str, float | str]) -> tuple[float | str | None, str]:
+    if isinstance(node, (Number, Text)):
         return node.value, _operand_text(node)
     if node.name in values:
-        return values[node.name], f"{node.name} {format_value(values[node.name])}"
+        value = values[node.name]
+        shown = f'"{format_value(value)}"' if isinstance(value, str) else format_value(value)
+        return value, f"{node.name} {shown}"
     return None, f"{node.name} (missing)"

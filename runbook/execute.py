@@ -1,32 +1,36 @@
 """Run a phase's steps as subprocesses, and judge the phase from the metrics they wrote.
 
 Each step is `bash -c COMMAND` in its own process group (its own session), with the repository
-root as cwd, stdin from /dev/null, and the directory of runbook's interpreter first on PATH (so
-`eagle` in a step is the one installed beside `runbook`). Its output (stdout and stderr together)
-is streamed live to `echo` and to `state/runs/<run>/<step-id>.log`. Environment:
+root as cwd, stdin from /dev/null. The directory of runbook's interpreter (where `eagle` is
+installed beside `runbook`) goes at the end of PATH by default, so a step finds `eagle` without
+shadowing the user's virtualenv (its `python` stays the user's); `runbook_bin = "prepend"` in
+runbook.toml puts it first, `"off"` leaves PATH alone. Output (stdout and stderr together) is
+streamed live to `echo` and to `state/runs/<run>/<step-id>.log`. Environment:
 
 - RUNBOOK_RUN_ID, RUNBOOK_PHASE, RUNBOOK_STEP;
 - RUNBOOK_ARTIFACTS: `state/runs/<run>/artifacts/`, a directory for the run's files;
 - RUNBOOK_METRICS: `state/runs/<run>/<step-id>.metrics.json`, a fresh file holding `{}`; the step
-  may replace it with a flat JSON object of numbers.
+  may replace it with a JSON object (`read_metrics` says what it may hold).
 
-A step whose shell exits non-zero stops the phase (`error`). The phase's Timeout, and SIGINT,
-SIGTERM or SIGHUP to runbook, terminate the whole process group of the running step (SIGTERM, then
-SIGKILL after a grace period) and stop the phase as `timeout` / `interrupted`. When a step's shell
-exits, anything it left running in its process group is terminated too: steps do not leave
-daemons behind.
+A step whose shell exits non-zero stops the phase (`error`); so does a step whose metrics file is
+rejected (that step is recorded with `metrics_error` and is not ticked, so a resume re-runs it).
+The phase's Timeout, and SIGINT, SIGTERM or SIGHUP to runbook, terminate the whole process group
+of the running step (SIGTERM, then SIGKILL after a grace period) and stop the phase as `timeout` /
+`interrupted`. When a step's shell exits, anything it left running is terminated too: its process
+group, and processes that left the group (`setsid`, daemons) but provably belong to the step
+(their environment carries the step's own RUNBOOK_METRICS path; runbook/procs.py).
 
 Verdicts: a stopped phase keeps its stop verdict. Otherwise the steps' metrics are merged in step
 order (a later step's value wins; each value is also kept as `<step-id>.<name>`) and the `Pass:`
-criterion decides pass / fail, or `inconclusive` when it names a metric no step wrote. A phase
-without `Pass:` passes when all its steps exit 0.
+criterion decides pass / fail, or `inconclusive` when it names a metric no step wrote (the reason
+lists what was written, with a "did you mean", and notices JSON printed to stdout instead of the
+metrics file). A phase without `Pass:` passes when all its steps exit 0.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import select
 import signal
@@ -36,17 +40,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
+from runbook import procs
+from runbook.bounded import NotReadable, read_bounded
 from runbook.ledger import iso, run_dir, tail_lines, utc_now
-from runbook.model import StepResult
+from runbook.model import Metrics, StepResult
 
 KILL_GRACE_S = 5.0
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class MetricsError(Exception):
-    """A step's metrics file is not a flat JSON object of numbers."""
+    """A step's metrics file cannot be used; the message names the step, the file and the fix."""
 
 
 @dataclass
@@ -56,7 +62,7 @@ class StepSpec:
     step_id: str
     command: str
     skip: bool = False  # done in an earlier run of this phase: not run again
-    carried_metrics: dict[str, float] = field(default_factory=dict)  # its metrics from that run
+    carried_metrics: Metrics = field(default_factory=dict)  # its metrics from that run
 
 
 @dataclass
@@ -97,40 +103,118 @@ class Interrupts:
             signal.signal(sig, old)  # type: ignore[arg-type]
 
 
-def read_metrics(path: Path, step_id: str) -> dict[str, float]:
-    """The metrics a step wrote; raises MetricsError naming the step and the file."""
+METRICS_MAX_BYTES = 1 << 20  # a metrics file is a small JSON object
+METRICS_MAX_COUNT = 1000
+METRIC_STRING_MAX = 1000
+_DIGITS_MAX = 300  # an integer longer than this is not a measurement
+
+
+class _NotANumber(ValueError):
+    pass
+
+
+def _parse_int(text: str) -> float:
+    if len(text.lstrip("-")) > _DIGITS_MAX:
+        raise _NotANumber(f"an integer of {len(text.lstrip('-'))} digits")
+    return float(text)
+
+
+def read_metrics(path: Path, step_id: str) -> Metrics:
+    """The metrics a step wrote; raises MetricsError naming the step, the file and the fix.
+
+    The file holds one JSON object. Numbers are metrics (NaN and infinities too: they fail every
+    comparison); `true` / `false` count as 1 / 0; a string is kept as a string (short values such
+    as `"adamw"`, usable with `==`); a nested object flattens to dotted names (`{"cfg": {"lr": 1}}`
+    gives `cfg.lr`). Lists, nulls, integers of hundreds of digits, more than 1,000 metrics, and a
+    file that is not a regular file of at most 1 MiB (a FIFO, `/dev/zero`) are refused.
+    """
     where = f"{step_id} wrote bad metrics to {path}"
     try:
-        raw = path.read_text(encoding="utf-8")
+        data = read_bounded(path, METRICS_MAX_BYTES)
     except FileNotFoundError:
         return {}  # the step removed the file: it reports nothing
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MetricsError(f"{where}: {exc}") from exc
+    except NotReadable as exc:
+        raise MetricsError(f"{where}: {exc}; write a JSON object into the file") from None
+    except OSError as exc:
+        raise MetricsError(f"{where}: {exc.strerror or exc}") from None
+    try:
+        raw = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MetricsError(f"{where}: not UTF-8 text (byte {exc.start})") from None
     if not raw.strip():
         return {}
     try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise MetricsError(f"{where}: not JSON ({exc}); write a flat object like {{\"loss\": 1.5}}") from exc
-    if not isinstance(data, dict):
-        raise MetricsError(f"{where}: expected a JSON object of numbers, got {type(data).__name__}")
-    metrics: dict[str, float] = {}
-    for name, value in data.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise MetricsError(f"{where}: {name!r} is {json.dumps(value)[:60]}, not a number")
-        if not math.isfinite(value):
-            raise MetricsError(f"{where}: {name!r} is {value}, not a finite number")
-        metrics[str(name)] = float(value)
+        parsed = json.loads(raw, parse_int=_parse_int)
+    except _NotANumber as exc:
+        raise MetricsError(f"{where}: {exc} is not a number a metric can hold") from None
+    except ValueError as exc:  # JSONDecodeError
+        raise MetricsError(f"{where}: not JSON ({exc}); write an object like {{\"loss\": 1.5}}") from None
+    except RecursionError:
+        raise MetricsError(f"{where}: nested too deeply; write an object like {{\"loss\": 1.5}}") from None
+    if not isinstance(parsed, dict):
+        raise MetricsError(f"{where}: expected a JSON object of metrics, got {_json_type(parsed)}")
+    metrics: Metrics = {}
+    _flatten("", parsed, metrics, where, 0)
     return metrics
 
 
+def _json_type(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+def _flatten(prefix: str, data: dict, out: Metrics, where: str, depth: int) -> None:
+    if depth > 16:
+        raise MetricsError(f"{where}: objects nested more than 16 deep at {prefix!r}")
+    for key, value in data.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            _flatten(name, value, out, where, depth + 1)
+            continue
+        if len(out) >= METRICS_MAX_COUNT:
+            raise MetricsError(f"{where}: more than {METRICS_MAX_COUNT} metrics; keep the summary numbers there")
+        if len(name) > 200:
+            raise MetricsError(f"{where}: a metric name of {len(name)} characters ({name[:40]!r}...)")
+        if isinstance(value, bool):
+            out[name] = 1.0 if value else 0.0
+        elif isinstance(value, (int, float)):
+            out[name] = float(value)
+        elif isinstance(value, str):
+            if len(value) > METRIC_STRING_MAX:
+                raise MetricsError(
+                    f"{where}: {name!r} is a string of {len(value)} characters; a metric string holds at "
+                    f"most {METRIC_STRING_MAX} (put long text in $RUNBOOK_ARTIFACTS)"
+                )
+            out[name] = value
+        elif isinstance(value, list):
+            raise MetricsError(
+                f"{where}: {name!r} is a list; metrics are numbers or strings: write {name}_0, {name}_1, ... "
+                "or an object"
+            )
+        else:
+            raise MetricsError(f"{where}: {name!r} is null; leave it out, or write a number or a string")
+
+
 def step_env(
-    base: dict[str, str], *, run_id: str, phase_id: str, step_id: str, artifacts: Path, metrics: Path
+    base: dict[str, str],
+    *,
+    run_id: str,
+    phase_id: str,
+    step_id: str,
+    artifacts: Path,
+    metrics: Path,
+    bin_path: str = "append",
 ) -> dict[str, str]:
+    """The step's environment. `bin_path`: where runbook's interpreter directory goes on PATH
+    ("append": after the user's own entries, "prepend": first, "off": not added)."""
     env = dict(base)
     bindir = str(Path(sys.executable).parent)
     rest = [p for p in env.get("PATH", os.defpath).split(os.pathsep) if p and p != bindir]
-    env["PATH"] = os.pathsep.join([bindir, *rest])
+    if bin_path == "prepend":
+        env["PATH"] = os.pathsep.join([bindir, *rest])
+    elif bin_path == "append":
+        env["PATH"] = os.pathsep.join([*rest, bindir])
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(
         RUNBOOK_RUN_ID=run_id,
@@ -176,6 +260,14 @@ def _run_one(
     grace_s: float,
 ) -> tuple[int | None, str | None]:
     """Run one step; returns (exit code, stop cause or None)."""
+    wall0 = time.time()
+    proof = [f"RUNBOOK_METRICS={env['RUNBOOK_METRICS']}"]  # unique to this step of this run here
+
+    def stop(sig: int) -> None:
+        """Signal the step's group, and what left the group but provably is the step's (setsid)."""
+        _signal_group(pgid, sig)
+        procs.signal_proven(procs.proven_run_processes(env.get("RUNBOOK_RUN_ID"), env=proof, since=wall0), sig)
+
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             ["bash", "-c", spec.command],
@@ -205,17 +297,17 @@ def _run_one(
                         cause = "timeout"
                     if cause is not None:
                         killed_at = now
-                        _signal_group(pgid, signal.SIGTERM)
+                        stop(signal.SIGTERM)
                 if killed_at is not None and not hard_sent:
                     if now - killed_at >= grace_s or (interrupts is not None and interrupts.count > 1):
-                        _signal_group(pgid, signal.SIGKILL)
+                        stop(signal.SIGKILL)
                         hard_sent = True
                 if exited_at is None and proc.poll() is not None:
                     exited_at = now
-                    # the shell is done: whatever it left in its group goes too
-                    _signal_group(pgid, signal.SIGTERM)
+                    # the shell is done: whatever it left behind goes too
+                    stop(signal.SIGTERM)
                 elif exited_at is not None and now - exited_at > grace_s and not hard_sent:
-                    _signal_group(pgid, signal.SIGKILL)
+                    stop(signal.SIGKILL)
                     hard_sent = True
                 if eof:
                     if exited_at is not None:
@@ -241,7 +333,7 @@ def _run_one(
                 _signal_group(pgid, signal.SIGKILL)  # leaving early (an exception): take it down
             proc.stdout.close()
             code = proc.wait()
-            _signal_group(pgid, signal.SIGKILL)  # nothing of this step survives it
+            stop(signal.SIGKILL)  # nothing of this step survives it
             on_pgid(None)
     return code, cause
 
@@ -260,8 +352,14 @@ def run_steps(
     interrupts: Interrupts | None = None,
     grace_s: float = KILL_GRACE_S,
     base_env: dict[str, str] | None = None,
+    bin_path: str | None = None,
 ) -> StepsOutcome:
-    """Run the steps in order; stop at the first error, timeout or interrupt."""
+    """Run the steps in order; stop at the first error, timeout, interrupt or rejected metrics.
+
+    `bin_path`: where runbook's interpreter directory goes on the steps' PATH (see `step_env`);
+    None reads `runbook_bin` from the repository's config."""
+    if bin_path is None:
+        bin_path = _configured_bin_path(repo_root)
     folder = run_dir(state_dir, run_id)
     artifacts = folder / "artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
@@ -286,7 +384,8 @@ def run_steps(
         metrics_path = folder / f"{spec.step_id}.metrics.json"
         metrics_path.write_text("{}\n", encoding="utf-8")
         env = step_env(
-            env0, run_id=run_id, phase_id=phase_id, step_id=spec.step_id, artifacts=artifacts, metrics=metrics_path
+            env0, run_id=run_id, phase_id=phase_id, step_id=spec.step_id, artifacts=artifacts, metrics=metrics_path,
+            bin_path=bin_path,
         )
         started = utc_now()
         t0 = time.monotonic()
@@ -315,6 +414,7 @@ def run_steps(
         try:
             result.metrics = read_metrics(metrics_path, spec.step_id)
         except MetricsError as exc:
+            result.metrics_error = str(exc)  # not ticked: a resume runs this step again
             if cause is None and code == 0:
                 return StepsOutcome(results, "error", str(exc))
         if cause == "interrupted":
@@ -337,10 +437,19 @@ def _rel(path: Path, root: Path) -> str:
         return str(path)
 
 
-def merge_metrics(results: list[StepResult]) -> dict[str, float]:
+def _configured_bin_path(root: Path) -> str:
+    from runbook.project import ConfigError, load_config
+
+    try:
+        return load_config(root).runbook_bin
+    except ConfigError:
+        return "append"
+
+
+def merge_metrics(results: list[StepResult]) -> Metrics:
     """Merge in step order: a later step's value wins; each is also kept as `<step-id>.<name>`."""
-    merged: dict[str, float] = {}
-    qualified: dict[str, float] = {}
+    merged: Metrics = {}
+    qualified: Metrics = {}
     for result in results:
         for name, value in result.metrics.items():
             merged[name] = value
@@ -349,8 +458,14 @@ def merge_metrics(results: list[StepResult]) -> dict[str, float]:
     return merged
 
 
-def judge(criterion_expr: object | None, metrics: dict[str, float]) -> tuple[str, str]:
-    """Verdict and one-line reason for a phase whose steps all exited 0."""
+def judge(
+    criterion_expr: object | None, metrics: Metrics, results: list[StepResult] | None = None
+) -> tuple[str, str]:
+    """Verdict and one-line reason for a phase whose steps all exited 0.
+
+    When the criterion names a metric no step wrote (`inconclusive`), the reason says what the
+    steps did write, with a "did you mean", and, given `results`, notices a step that printed a
+    JSON object to its output instead of writing it to $RUNBOOK_METRICS."""
     if criterion_expr is None:
         return "pass", "all steps exited 0 (no Pass: criterion)"
     from runbook.criteria import evaluate
@@ -361,4 +476,53 @@ def judge(criterion_expr: object | None, metrics: dict[str, float]) -> tuple[str
     if verdict == "inconclusive" and getattr(judgement, "missing", None):
         missing = ", ".join(judgement.missing)
         reason = f"no step wrote {missing}" + (f" ({reason})" if reason else "")
+        reason += missing_metrics_hint(judgement.missing, metrics, results or [])
     return verdict, reason
+
+
+def missing_metrics_hint(missing: list[str], metrics: Metrics, results: list[StepResult]) -> str:
+    """"; did you mean ...? the steps wrote ..." and a stdout-instead-of-metrics-file notice."""
+    import difflib
+
+    written = [name for name in metrics if not any(name.startswith(f"{r.step_id}.") for r in results)] or [
+        name for name in metrics if "." not in name
+    ]
+    parts: list[str] = []
+    guesses = []
+    for name in missing:
+        close = difflib.get_close_matches(name, written, n=1, cutoff=0.6)
+        if close:
+            guesses.append(f"{close[0]} for {name}")
+    if guesses:
+        parts.append("did you mean " + ", ".join(guesses) + "?")
+    if written:
+        shown = ", ".join(written[:12]) + (f" and {len(written) - 12} more" if len(written) > 12 else "")
+        parts.append(f"the steps wrote {shown}")
+    else:
+        parts.append("the steps wrote no metrics")
+    for result in results:
+        if result.metrics or result.skipped:
+            continue
+        printed = _printed_json(result.log_tail)
+        if printed:
+            parts.append(
+                f"{result.step_id} printed {printed} to its output but wrote nothing to $RUNBOOK_METRICS; "
+                "write it there: ... > \"$RUNBOOK_METRICS\""
+            )
+            break
+    return "; " + "; ".join(parts)
+
+
+def _printed_json(lines: list[str]) -> str | None:
+    """A JSON object of metrics printed on one of `lines` (the last one), shortened; else None."""
+    for line in reversed(lines):
+        text = line.strip()
+        if not (text.startswith("{") and text.endswith("}")):
+            continue
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(data, dict) and data:
+            return text if len(text) <= 80 else text[:77] + "..."
+    return None

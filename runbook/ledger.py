@@ -1,7 +1,8 @@
 """The run ledger: one JSON file per run at `state/runs/<run-id>.json` (a `RunRecord`).
 
 Logs and metrics files of a run live in `state/runs/<run-id>/` (gitignored); the JSON keeps the
-last lines of each log. Run ids are `YYYYMMDD-HHMMSS-xxxx`: UTC time plus random hex, so they sort
+last lines of each log (at most 20 lines and 8 KiB: a log without newlines cannot bloat
+the record). Run ids are `YYYYMMDD-HHMMSS-xxxx`: UTC time plus random hex, so they sort
 by time and do not collide across machines. Runs are ordered by their start time (to the
 microsecond), then by id.
 
@@ -14,8 +15,8 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 import secrets
-from collections import deque
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -25,6 +26,8 @@ from runbook.model import RunRecord
 
 RUNS_DIR = "runs"
 LOG_TAIL_LINES = 20
+LOG_TAIL_BYTES = 8 * 1024  # the most of a log a run record keeps
+LOG_LINE_CHARS = 400
 
 
 def utc_now() -> _dt.datetime:
@@ -117,11 +120,34 @@ def find_run(state_dir: str | os.PathLike[str], ref: str) -> RunRecord | None:
     return matches[0] if len(matches) == 1 else None
 
 
-def tail_lines(path: str | os.PathLike[str], n: int = LOG_TAIL_LINES) -> list[str]:
-    """The last `n` lines of a text log (decoded leniently, without line ends)."""
+def tail_lines(
+    path: str | os.PathLike[str],
+    n: int = LOG_TAIL_LINES,
+    max_bytes: int = LOG_TAIL_BYTES,
+    line_chars: int = LOG_LINE_CHARS,
+) -> list[str]:
+    """The last `n` lines of a text log (decoded leniently, without line ends), bounded by bytes.
+
+    Only the last `max_bytes` of the file are read, so a log without newlines (a progress bar,
+    one long line) cannot put megabytes into a run record; `\r` ends a line too (a tqdm bar shows
+    its last state), and a line longer than `line_chars` keeps its end, marked with `…`."""
     try:
         with open(path, "rb") as handle:
-            lines = deque(handle, maxlen=n)
-    except FileNotFoundError:
+            size = handle.seek(0, os.SEEK_END)
+            start = max(0, size - max_bytes)
+            handle.seek(start)
+            data = handle.read(max_bytes)
+    except (FileNotFoundError, IsADirectoryError):
         return []
-    return [line.decode("utf-8", "replace").rstrip("\r\n") for line in lines]
+    except OSError:
+        return []
+    text = data.decode("utf-8", "replace")
+    lines = re.split(r"\r\n|\r|\n", text)
+    if lines and lines[-1] == "":
+        lines.pop()
+    if start > 0 and lines:
+        lines[0] = "…" + lines[0]  # cut: the read began inside this line
+    out = []
+    for line in lines[-n:]:
+        out.append(line if len(line) <= line_chars else "…" + line[-(line_chars - 1) :])
+    return out

@@ -13,9 +13,10 @@ Conventions:
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 FORMAT_VERSION = 1
 RUN_SCHEMA_VERSION = 1
@@ -76,11 +77,21 @@ class Number(BaseModel):
     text: str | None = None  # the literal as written ("4.0"), for messages; None when built in code
 
 
+class Text(BaseModel):
+    """A string literal in a criterion (`optimizer == "adamw"`), compared with string metrics."""
+
+    kind: Literal["text"] = "text"
+    value: str
+
+
+Operand = Annotated[MetricRef | Number | Text, Field(discriminator="kind")]
+
+
 class Compare(BaseModel):
     kind: Literal["compare"] = "compare"
-    left: Annotated[MetricRef | Number, Field(discriminator="kind")]
+    left: Operand
     op: CompareOp
-    right: Annotated[MetricRef | Number, Field(discriminator="kind")]
+    right: Operand
 
 
 class BoolOp(BaseModel):
@@ -185,18 +196,43 @@ class Plan(BaseModel):
 
 # ---- the run ledger (state/runs/<run-id>.json) -----------------------------------------------
 
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _metric_value(value: object) -> object:
+    """Non-finite numbers are written to JSON as "NaN" / "Infinity" / "-Infinity" (valid JSON);
+    read them back as floats. A bool counts as 1 / 0."""
+    if isinstance(value, str) and value in _NON_FINITE:
+        return _NON_FINITE[value]
+    if isinstance(value, bool):
+        return float(value)
+    return value
+
+
+# A metric: a number (NaN and infinities included) or a short string (`"optimizer": "adamw"`).
+MetricValue = Annotated[float | str, BeforeValidator(_metric_value)]
+Metrics = dict[str, MetricValue]
+
 
 class StepResult(BaseModel):
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
     step_id: str
     command: str  # as run, vars resolved
     exit_code: int | None = None  # None: not started / killed before exit
     started: str | None = None  # ISO 8601 UTC
     finished: str | None = None
     duration_s: float | None = None
-    metrics: dict[str, float] = {}
+    metrics: Metrics = {}
+    metrics_error: str | None = None  # its metrics file was rejected: the step is not done
     log_path: str | None = None  # repo-relative
     log_tail: list[str] = []
     skipped: bool = False  # already done in an earlier run of this phase (resume)
+
+    @property
+    def completed(self) -> bool:
+        """Done: exited 0 with usable metrics, or done in an earlier run. Only these are ticked."""
+        return self.skipped or (self.exit_code == 0 and self.metrics_error is None)
 
 
 class EnvFingerprint(BaseModel):
@@ -210,6 +246,8 @@ class EnvFingerprint(BaseModel):
 
 
 class RunRecord(BaseModel):
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
     schema_version: int = RUN_SCHEMA_VERSION
     run_id: str  # "20261129-143012-7f3a": UTC time + random suffix
     plan: str  # repo-relative path of the plan
@@ -221,7 +259,7 @@ class RunRecord(BaseModel):
     finished: str | None = None
     duration_s: float | None = None
     steps: list[StepResult] = []
-    metrics: dict[str, float] = {}  # merged, plus "<step-id>.<name>" entries
+    metrics: Metrics = {}  # merged, plus "<step-id>.<name>" entries
     criterion: str | None = None
     verdict: Verdict
     reason: str = ""  # one line: why this verdict ("accept_len 2.41 >= 1.5", "step-2 exited 3")

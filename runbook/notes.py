@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from runbook.model import Metrics
 from runbook.templates import format_number, render
 
 STATUS_BLOCK = "notes-status"
@@ -42,7 +43,7 @@ class Milestone(BaseModel):
     title: str
     when: str  # "2026-11-29 14:30 UTC"
     body: str = ""
-    metrics: dict[str, float] = {}
+    metrics: Metrics = {}
     run_id: str | None = None
     phase: str | None = None  # phase id
     phase_label: str | None = None

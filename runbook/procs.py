@@ -146,13 +146,16 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def _environ_has(pid: int, entry: bytes) -> bool:
+def _environ_has_all(pid: int, entries: list[bytes]) -> bool:
     try:
         with open(_PROC / str(pid) / "environ", "rb") as handle:
             data = handle.read(_ENVIRON_MAX)
     except OSError:
         return False
-    return entry in data.split(b"\0")
+    if not all(entry in data for entry in entries):  # cheap test first
+        return False
+    have = set(data.split(b"\0"))
+    return all(entry in have for entry in entries)
 
 
 def _clock_ticks() -> int:
@@ -208,18 +211,19 @@ def proven_run_processes(
     run_id: str | None,
     *,
     since: float | None = None,
-    step_id: str | None = None,
+    env: Iterable[str] = (),
     leader: tuple[int, str] | None = None,
 ) -> list[Proc]:
     """The live processes proven to belong to run `run_id` (see the module docstring).
 
     `since`: the run's start (Unix time); a process that started earlier is not the run's.
-    `step_id`: only processes of that step (`RUNBOOK_STEP=<step_id>` in their environment).
+    `env`: further `NAME=value` entries a process must carry too (`RUNBOOK_METRICS=<path>` pins
+    one step of one run in one state directory).
     `leader`: (pgid, start ticks) of the step group's leader as recorded when the step started.
     """
     pids, _groups = _protected()
-    run_entry = f"RUNBOOK_RUN_ID={run_id}".encode() if run_id else None
-    step_entry = f"RUNBOOK_STEP={step_id}".encode() if step_id else None
+    wanted = [f"RUNBOOK_RUN_ID={run_id}".encode()] if run_id else []
+    wanted += [entry.encode() for entry in env]
     found: list[Proc] = []
     for proc in processes():
         if proc.pid in pids or proc.zombie:
@@ -227,9 +231,7 @@ def proven_run_processes(
         if leader is not None and proc.pid == leader[0] and proc.pgid == leader[0] and proc.start == leader[1]:
             found.append(proc)
             continue
-        if run_entry is None or not _environ_has(proc.pid, run_entry):
-            continue
-        if step_entry is not None and not _environ_has(proc.pid, step_entry):
+        if not wanted or not _environ_has_all(proc.pid, wanted):
             continue
         if since is not None:
             began = started_at(proc)
@@ -300,6 +302,6 @@ def git_processes_in(work_tree: Path, git_dir: Path) -> list[Proc]:
             cwd = None
         if cwd is not None and any(cwd == r or cwd.is_relative_to(r) for r in roots):
             found.append(proc)
-        elif _environ_has(proc.pid, f"GIT_DIR={git_dir}".encode()):
+        elif _environ_has_all(proc.pid, [f"GIT_DIR={git_dir}".encode()]):
             found.append(proc)
     return found

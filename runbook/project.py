@@ -4,7 +4,9 @@
   `.git` (a directory, or a file in worktrees and submodules). Outside git, the nearest directory
   holding `runbook.toml`, else the starting directory itself.
 - Config comes from `<root>/runbook.toml`, else `[tool.runbook]` in `<root>/pyproject.toml`, else
-  defaults: `plans = ["plans/*.md"]`, `state = "state"`. Paths are relative to the root.
+  defaults: `plans = ["plans/*.md"]`, `state = "state"`, `runbook_bin = "append"` (where steps find
+  runbook's interpreter directory on PATH: "append", "prepend" or "off"). Paths are relative to
+  the root.
 - Discovered plans are the files the `plans` globs match that start with front matter holding
   `runbook:` (a notes document beside the plan is not a plan).
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -40,6 +43,10 @@ class Config(BaseModel):
 
     plans: list[str] = list(DEFAULT_PLANS)  # globs, relative to the root
     state: str = DEFAULT_STATE  # relative to the root
+    # where the directory of runbook's interpreter (and `eagle` beside it) goes on steps' PATH:
+    # "append" (found when the user's PATH lacks the command; the user's python stays first),
+    # "prepend" (runbook's wins), "off" (PATH as the user has it)
+    runbook_bin: Literal["append", "prepend", "off"] = "append"
     source: str | None = None  # the file the config came from; None for defaults
 
 
@@ -105,7 +112,7 @@ def _config_from(path: Path, data: dict, prefix: str = "") -> Config:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
         raise ConfigError(
-            f"{path}: {prefix}{where}: {first['msg']} (expected plans = [\"plans/*.md\"], state = \"state\")"
+            f"{path}: {prefix}{where}: {first['msg']} (expected plans = [\"plans/*.md\"], state = \"state\", runbook_bin = \"append\" | \"prepend\" | \"off\")"
         ) from None
     config.source = str(path)
     return config

@@ -28,7 +28,7 @@ from runbook.atomic import atomic_write_text
 from runbook.errors import RunbookError
 from runbook.execute import Interrupts, StepSpec, judge, merge_metrics, run_steps
 from runbook.lock import RunLock, write_lock
-from runbook.model import Phase, Plan, RunRecord
+from runbook.model import Metrics, Phase, Plan, RunRecord
 from runbook.select import Selection, select_phase
 from runbook.workspace import Workspace
 
@@ -151,11 +151,11 @@ class RunResult:
     edited_during: str | None = None  # the commit of a person's plan edits made while the run ran
 
 
-def _carried(sel: Selection, step_id: str) -> dict[str, float]:
+def _carried(sel: Selection, step_id: str) -> Metrics:
     if sel.last is None:
         return {}
     for result in sel.last.steps:
-        if result.step_id == step_id and (result.skipped or result.exit_code == 0):
+        if result.step_id == step_id and result.completed:
             return dict(result.metrics)
     return {}
 
@@ -232,7 +232,7 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
     if outcome.stopped:
         verdict, reason = outcome.stopped, outcome.reason
     else:
-        verdict, reason = judge(phase.criterion.expr if phase.criterion else None, metrics)
+        verdict, reason = judge(phase.criterion.expr if phase.criterion else None, metrics, outcome.results)
     record = RunRecord(
         run_id=run_id,
         plan=ws.plan_rel,

@@ -74,13 +74,9 @@ def resource_exists(name: str) -> bool:
     return node.is_file()
 
 
-def format_number(value: float | int | None) -> str:
-    """Short, stable text for a metric: 2912.0 -> "2912", 1.3125 -> "1.3125", 1e-05 -> "1e-05"."""
-    if value is None:
-        return "-"
-    number = float(value)
-    if number != number:  # NaN
-        return "nan"
-    if number.is_integer() and abs(number) < 1e15:
-        return str(int(number))
-    return f"{number:.6g}"
+def format_number(value: float | int | str | None) -> str:
+    """Short, stable text for a metric: 2912.0 -> "2912", 1.3125 -> "1.3125", 1e-05 -> "1e-05",
+    a string as it is; one home with `criteria.format_value`."""
+    from runbook.criteria import format_value
+
+    return format_value(value)

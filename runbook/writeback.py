@@ -103,7 +103,7 @@ def _minute(iso_text: str | None) -> str:
         return iso_text[:16].replace("T", " ")
 
 
-def _value(value: float | None) -> str:
+def _value(value: float | str | None) -> str:
     if value is None:
         return "-"
     from runbook.criteria import format_value
@@ -212,7 +212,7 @@ def apply_run(
         edits.append((at, at, prefix + status))
 
     # checkboxes
-    done = {r.step_id for r in record.steps if r.skipped or r.exit_code == 0}
+    done = {r.step_id for r in record.steps if r.completed}
     for step in phase.steps:
         current = text[step.checkbox]
         ticked = current in "xX"

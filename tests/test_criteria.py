@@ -65,7 +65,7 @@ def test_metric_names_in_order_without_repeats() -> None:
         ("(a > 1", 7, "missing ')'"),
         ("a > 1)", 6, "unbalanced ')'"),
         ("a > and", 5, "keyword 'and'"),
-        ("__import__('os').system('true') == 0", 12, "unexpected"),
+        ("__import__('os').system('true') == 0", 17, "unexpected"),  # 'os' is a string literal
         ("a > 1.5e", 5, "unexpected '1'"),
         ("`a > 1` and b", 1, "stray backtick"),
         ("  `a >`", 7, "ends too early"),
@@ -106,7 +106,15 @@ P, F, U = "pass", "fail", "inconclusive"
         ("a != 1", {"a": math.nan}, F),  # NaN fails every comparison
         ("a < 1", {"a": math.nan}, F),
         ("a < b", {"a": 1, "b": 2}, P),
-        ("a > 1", {"a": "3"}, U),  # not a number: treated as missing
+        ("a > 1", {"a": "3"}, F),  # a string metric: an ordering with it fails
+        ('a == "adamw"', {"a": "adamw"}, P),
+        ("a == 'adamw'", {"a": "adamw"}, P),
+        ('a != "adamw"', {"a": "sgd"}, P),
+        ('a == "1"', {"a": 1}, F),  # a number is not a string
+        ('a != "1"', {"a": 1}, P),
+        ("a == b", {"a": "x", "b": "x"}, P),
+        ('a == "x"', {}, U),
+        ("flag == 1", {"flag": True}, P),  # a bool counts as 1 / 0
         ("step-2.loss < 1", {"step-2.loss": 0.5}, P),
         ("1 <= x < 3", {"x": 3}, F),
     ],
@@ -181,3 +189,30 @@ def test_failed_comparisons_are_marked_and_given_as_data() -> None:
     assert (loss.metric, loss.threshold_metric, loss.threshold, loss.held) == ("loss", "ref", 2, False)
     unknown = evaluate(parse_criterion("a > 1"), {}).comparisons[0]
     assert unknown.held is None and unknown.value is None and "✗" not in unknown.text
+
+
+@pytest.mark.parametrize("depth", [65, 300, 5000])
+def test_nesting_deeper_than_the_limit_is_an_error_not_a_recursion_error(depth: int) -> None:
+    for text in ("(" * depth + "a > 1" + ")" * depth, "not " * depth + "a > 1", "(not " * depth + "a > 1" + ")" * depth):
+        with pytest.raises(CriterionError, match="nested more than 64 deep"):
+            parse_criterion(text)
+
+
+def test_nesting_up_to_the_limit_parses_evaluates_and_renders() -> None:
+    from runbook.criteria import render
+
+    expr = parse_criterion("(" * 64 + "a > 1" + ")" * 64)
+    assert evaluate(expr, {"a": 2}).verdict == "pass" and render(expr) == "a > 1"
+    assert evaluate(parse_criterion("not " * 64 + "a > 1"), {"a": 2}).verdict == "pass"
+
+
+def test_string_metrics_are_shown_quoted_in_the_explanation() -> None:
+    j = evaluate(parse_criterion('optimizer == "adamw" and lr < 0.1'), {"optimizer": "sgd", "lr": 0.01})
+    assert j.verdict == "fail" and j.explanation == '✗ optimizer "sgd" == "adamw" and lr 0.01 < 0.1'
+    assert j.comparisons[0].value == "sgd" and j.comparisons[0].threshold == "adamw"
+
+
+def test_unclosed_string_literal_names_the_fix() -> None:
+    with pytest.raises(CriterionError, match="closing quote") as info:
+        parse_criterion('opt == "adamw')
+    assert info.value.col == 8

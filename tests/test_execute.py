@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,7 +37,8 @@ def test_env_cwd_path_log_and_metrics(tmp_path):
     assert first.exit_code == 0 and first.metrics == {"loss": 1.5, "n": 3.0}
     assert f"id=r1 phase=phase-0 step=step-1 cwd={tmp_path}" in echoed
     assert "artifacts-ok" in echoed and "{}" in echoed and "err" in echoed
-    assert f"path0={Path(sys.executable).parent}" in echoed
+    # runbook's interpreter directory is appended: the user's own PATH entries (their venv) come first
+    assert f"path0={Path(sys.executable).parent}" not in echoed or os.environ["PATH"].startswith(str(Path(sys.executable).parent))
     log = tmp_path / first.log_path
     assert log.read_text() .count("artifacts-ok") == 1 and first.log_path == "state/runs/r1/step-1.log"
     assert "err" in first.log_tail
@@ -100,12 +102,16 @@ def test_interrupt_flag_stops_step(tmp_path):
 @pytest.mark.parametrize(
     "content, message",
     [
-        ("[1, 2]", "got list"),
-        ('{"a": "x"}', "'a' is \"x\", not a number"),
-        ('{"a": {"b": 1}}', "not a number"),
-        ('{"a": true}', "not a number"),
+        ("[1, 2]", "got a list"),
+        ('{"a": [1, 2]}', "'a' is a list"),
+        ('{"a": null}', "'a' is null"),
+        ('{"a": "' + "x" * 1001 + '"}', "string of 1001 characters"),
+        ('{"a": ' + "9" * 400 + "}", "an integer of 400 digits"),
+        ('{"a": ' + "9" * 5000 + "}", "an integer of 5000 digits"),
         ("{oops", "not JSON"),
-        ('{"a": NaN}', "not a finite number"),
+        ("[" * 100_000 + "]" * 100_000, "nested"),
+        ('{"a":' * 100_000 + "1" + "}" * 100_000, "nested"),
+        ("{" + ", ".join(f'"m{i}": {i}' for i in range(1001)) + "}", "more than 1000 metrics"),
     ],
 )
 def test_bad_metrics_files(tmp_path, content, message):
@@ -116,9 +122,41 @@ def test_bad_metrics_files(tmp_path, content, message):
     assert "step-2" in str(exc.value) and str(path) in str(exc.value) and message in str(exc.value)
 
 
-def test_bad_metrics_is_an_error_verdict(tmp_path):
-    out, _ = _run(tmp_path, [StepSpec("step-1", 'echo \'{"a": "x"}\' > $RUNBOOK_METRICS')])
+def test_bad_metrics_is_an_error_verdict_and_the_step_is_not_done(tmp_path):
+    out, _ = _run(tmp_path, [StepSpec("step-1", 'echo \'{"a": [1]}\' > $RUNBOOK_METRICS')])
     assert out.stopped == "error" and "step-1 wrote bad metrics" in out.reason
+    assert out.results[0].exit_code == 0 and out.results[0].metrics_error and not out.results[0].completed
+
+
+def test_metrics_values_bools_strings_nested_and_non_finite(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text('{"ok": true, "bad": false, "optimizer": "adamw", "cfg": {"lr": 0.001, "sched": {"warmup": 10}},'
+                    ' "loss": NaN, "up": Infinity, "down": -Infinity, "big": 123456789012345678901234567890}')
+    got = read_metrics(path, "step-1")
+    assert got["ok"] == 1.0 and got["bad"] == 0.0 and got["optimizer"] == "adamw"
+    assert got["cfg.lr"] == 0.001 and got["cfg.sched.warmup"] == 10.0 and got["big"] == 1.2345678901234568e29
+    assert got["loss"] != got["loss"] and got["up"] == float("inf") and got["down"] == float("-inf")
+    # recorded in a run record as valid JSON, and read back the same
+    record = StepResult(step_id="step-1", command="", metrics=got)
+    text = record.model_dump_json()
+    assert "NaN" in text and json.loads(text)["metrics"]["loss"] == "NaN"
+    back = StepResult.model_validate_json(text).metrics
+    assert back["loss"] != back["loss"] and back["up"] == float("inf") and back["optimizer"] == "adamw"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])
+def test_metrics_file_that_is_not_a_file_is_refused_at_once(tmp_path, kind):
+    path = tmp_path / "m.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    else:
+        path.mkdir()
+    t0 = time.monotonic()
+    with pytest.raises(MetricsError, match="not a regular file"):
+        read_metrics(path, "step-1")
+    assert time.monotonic() - t0 < 2
 
 
 def test_merge_later_wins():
