@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import re
 import signal as _signal
 import sys
@@ -367,7 +368,7 @@ class MilestoneView(Model):
     title: str
     when: str
     body: str
-    metrics: dict[str, float]
+    metrics: dict[str, float | str]  # "NaN" / "Infinity" for non-finite numbers
     run_id: str | None
     phase: str | None
     label: str | None
@@ -485,10 +486,21 @@ def envelope_json(command: str, exit_code: int, result: BaseModel | None = None,
     """The one JSON document a `--json` command prints."""
     data: dict = {"schema_version": SCHEMA_VERSION, "command": command, "ok": error is None, "exit_code": exit_code}
     if error is None:
-        data["result"] = result.model_dump(mode="json") if result is not None else None
+        data["result"] = _finite(result.model_dump(mode="json")) if result is not None else None
     else:
         data["error"] = error.model_dump(mode="json")
     return json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False, default=str)
+
+
+def _finite(value: object) -> object:
+    """Non-finite numbers (a NaN metric) as the strings the ledger uses: "NaN", "Infinity", "-Infinity"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def output_schema(command: str) -> dict:
