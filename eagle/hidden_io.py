@@ -78,6 +78,13 @@ class PrepareInfo(BaseModel):
     loss_tokens: int
     regenerated: bool
     max_new_tokens: int | None = None
+    backend: str | None = None  # who answered with --regenerate: hf or vllm
+    sampling: dict[str, Any] | None = None  # temperature, top_p, top_k, seed (--regenerate)
+    n: int = 1  # samples per conversation
+    truncated: int = 0  # samples holding an answer cut at max_new_tokens (kept without an end-of-turn token)
+    cut_at_max_len: int = 0  # samples cut at --max-len (or whose later turns found no room)
+    history_reasoning: str = "keep"
+    template_kwargs: dict[str, Any] = {}
 
 
 # ---------------------------------------------------------------- paths and metadata

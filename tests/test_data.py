@@ -216,15 +216,16 @@ def test_regenerate_uses_the_targets_greedy_answers(tmp_path, toy_target):
     from datasets import load_from_disk
 
     ds = load_from_disk(str(out)).with_format(None)
+    cut = 0
     for k in range(3):  # single-turn: the masked tokens are exactly the unbatched greedy continuation
         prompt_ids = data.render_ids(tok, prompts[k]["messages"], add_generation_prompt=True)
         gen = model.generate(torch.tensor([prompt_ids]), max_new_tokens=12, do_sample=False)[0, len(prompt_ids):].tolist()
-        if tok.eos_token_id in gen:
-            gen = gen[: gen.index(tok.eos_token_id)]
         ids, mask = ds["input_ids"][k], ds["loss_mask"][k]
         assert ids[: len(prompt_ids)] == prompt_ids
         masked = [t for t, m in zip(ids, mask, strict=True) if m]
-        assert masked == gen + [tok.eos_token_id]
+        assert masked == gen and ids == prompt_ids + gen  # as produced: no end-of-turn appended to a cut answer
+        cut += tok.eos_token_id not in gen
+    assert info.truncated >= cut > 0
     # multi-turn: two answered turns, the old assistant text is gone
     toks = tok.convert_ids_to_tokens(ds["input_ids"][3])
     assert toks.count("<|assistant|>") == 2 and "<unk>" not in toks
