@@ -1,7 +1,8 @@
 """Atomic file replacement: temp file in the same directory, fsync, rename.
 
 A crash or a full disk leaves either the old file or the new one, never half of one, and no
-temp file behind.
+temp file behind. A replaced file keeps its mode; a new one gets the mode `open()` would give it
+(0666 less the umask), not the 0600 of the temp file.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             os.fsync(handle.fileno())
         if target.exists():
             os.chmod(tmp_name, target.stat().st_mode & 0o7777)
+        else:
+            os.chmod(tmp_name, 0o666 & ~_umask())  # what open() would give, not mkstemp's 0600
         os.replace(tmp_name, target)
     except BaseException as exc:
         try:
@@ -37,6 +40,19 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from exc
         raise
     _fsync_dir(target.parent)
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where /proc tells it (thread-safe)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -4,7 +4,9 @@ Python and platform come from this process; torch, CUDA and the GPUs are probed 
 of runbook's own interpreter with a short timeout, so runbook never imports torch and a broken or
 slow torch cannot hang a run. A few environment variables that change results (CUDA_VISIBLE_DEVICES,
 thread counts, NCCL/vLLM/HF settings) are kept; names that look like secrets (*TOKEN*, *KEY*,
-*SECRET*, *PASSWORD*, ...) are never recorded, whatever their prefix.
+*SECRET*, *PASSWORD*, ...) are never recorded, whatever their prefix. Passwords inside URLs
+(`https://user:secret@host`) are replaced by `***` wherever runbook records text a user or a step
+wrote: env values here, step commands and log tails in the run record (`redact_credentials`).
 
 The probe's answer is cached per host, interpreter, torch install and CUDA_VISIBLE_DEVICES in
 `$XDG_CACHE_HOME/runbook/envprobe.json` (importing torch can take many seconds on a busy machine).
@@ -17,6 +19,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -54,6 +57,16 @@ print(json.dumps(out))
 """
 
 
+_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/:@'\"]+):[^\s/@'\"]+@")
+
+
+def redact_credentials(text: str) -> str:
+    """`scheme://user:password@host` -> `scheme://user:***@host`, everywhere in `text`."""
+    if "@" not in text or "://" not in text:
+        return text
+    return _URL_PASSWORD.sub(r"\1:***@", text)
+
+
 def is_secret_name(name: str) -> bool:
     upper = name.upper()
     return any(word in upper for word in _SECRET_WORDS)
@@ -66,7 +79,7 @@ def selected_env(environ: Mapping[str, str]) -> dict[str, str]:
         if is_secret_name(name):
             continue
         if name in _KEPT_NAMES or name.startswith(_KEPT_PREFIXES):
-            kept[name] = value
+            kept[name] = redact_credentials(value)
     return dict(sorted(kept.items()))
 
 

@@ -44,6 +44,7 @@ from typing import Any, BinaryIO
 
 from runbook import procs
 from runbook.bounded import NotReadable, read_bounded
+from runbook.envprint import redact_credentials
 from runbook.ledger import iso, run_dir, tail_lines, utc_now
 from runbook.model import Metrics, StepResult
 
@@ -371,7 +372,8 @@ def run_steps(
     for spec in steps:
         if spec.skip:
             results.append(
-                StepResult(step_id=spec.step_id, command=spec.command, skipped=True, metrics=spec.carried_metrics)
+                StepResult(step_id=spec.step_id, command=redact_credentials(spec.command), skipped=True,
+                           metrics=spec.carried_metrics)
             )
             continue
         if interrupts is not None and interrupts.signum is not None:
@@ -402,13 +404,13 @@ def run_steps(
         )
         result = StepResult(
             step_id=spec.step_id,
-            command=spec.command,
+            command=redact_credentials(spec.command),  # the record is committed: no URL passwords
             exit_code=code,
             started=iso(started),
             finished=iso(utc_now()),
             duration_s=round(time.monotonic() - t0, 3),
             log_path=_rel(log_path, repo_root),
-            log_tail=tail_lines(log_path),
+            log_tail=[redact_credentials(line) for line in tail_lines(log_path)],
         )
         results.append(result)
         try:

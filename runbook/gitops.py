@@ -3,9 +3,12 @@
 `commit_paths` commits exactly the files runbook wrote, through a temporary index built from HEAD
 (GIT_INDEX_FILE), so the user's other staged and unstaged changes stay exactly as they were. The
 real index is then updated for those paths only, so `git status` shows them clean. Commits are made
-with plumbing (`write-tree`, `commit-tree`, `update-ref`): hooks do not run, a detached HEAD stays
-detached (and moves), a repository with no commits gets its first one. In the middle of a merge,
-rebase, cherry-pick, revert or bisect it refuses with `GitStateError`.
+with plumbing (`write-tree`, `commit-tree`, `update-ref`): commit hooks do not run (a
+`reference-transaction` hook that refuses the update does stop it), a detached HEAD stays detached
+(and moves), a repository with no commits gets its first one, and `commit.gpgsign` is honoured
+(`commit-tree -S`: signed with the user's key and `gpg.format`, or refused when signing fails). In
+the middle of a merge, rebase, cherry-pick, revert or bisect, or for a file git ignores, it refuses
+with `GitStateError`.
 """
 
 from __future__ import annotations
@@ -82,12 +85,14 @@ def in_progress(root: str | os.PathLike[str]) -> str | None:
     return None
 
 
-def check_can_commit(root: str | os.PathLike[str]) -> None:
-    """Raise GitStateError when a commit would fail: operation in progress, no identity."""
+def check_can_commit(root: str | os.PathLike[str], paths: list[str] | None = None) -> None:
+    """Raise GitStateError when a commit would fail: operation in progress, no identity, one of
+    `paths` (repo-relative) ignored by git."""
     busy = in_progress(root)
     if busy:
         raise GitStateError(busy)
     repo = _repo(root)
+    _refuse_ignored(repo, paths or [])
     try:
         repo.git.var("GIT_COMMITTER_IDENT")
         repo.git.var("GIT_AUTHOR_IDENT")
@@ -96,6 +101,60 @@ def check_can_commit(root: str | os.PathLike[str]) -> None:
             "git does not know who you are: set it with `git config user.name NAME` and "
             "`git config user.email EMAIL`, or pass --no-commit"
         ) from exc
+
+
+def _refuse_ignored(repo, paths: list[str]) -> None:  # repo: git.Repo
+    """GitStateError naming the paths git ignores (untracked and matched by an ignore rule)."""
+    if not paths:
+        return
+    try:
+        out = repo.git.check_ignore("-v", "--", *paths)
+    except _git_error() as exc:
+        if getattr(exc, "status", None) == 1:
+            return  # none is ignored
+        raise GitStateError(f"git check-ignore failed: {_detail(exc)}") from exc
+    lines = [line for line in out.splitlines() if line.strip()]
+    if not lines:
+        return
+    shown = []
+    for line in lines[:5]:
+        source, _, path = line.partition("\t")
+        shown.append(f"{path} (ignored by {source.rsplit(':', 1)[0]})")
+    raise GitStateError(
+        f"{'; '.join(shown)}: runbook commits only files git would commit; stop ignoring "
+        f"{'it' if len(lines) == 1 else 'them'} (change the ignore rule, or `git add -f` once), or pass --no-commit"
+    )
+
+
+def changed_tracked(root: str | os.PathLike[str], limit: int = 100) -> list[str]:
+    """Tracked files whose work-tree or index content differs from HEAD (repo-relative, at most `limit`)."""
+    repo = _repo(root)
+    try:
+        out = repo.git.status("--porcelain=v1", "-z", "--untracked-files=no")
+    except _git_error():
+        return []
+    paths: list[str] = []
+    entries = out.split("\0")
+    i = 0
+    while i < len(entries) and len(paths) < limit:
+        entry = entries[i]
+        i += 1
+        if len(entry) < 4:
+            continue
+        status, path = entry[:2], entry[3:]
+        if "R" in status or "C" in status:
+            i += 1  # the next entry is the rename's source
+        paths.append(path)
+    return paths
+
+
+def _sign_args(repo) -> list[str]:  # repo: git.Repo
+    """`-S` when the user asked git to sign commits (commit.gpgsign), else nothing."""
+    try:
+        value = repo.git.config("--bool", "--get", "commit.gpgsign")
+    except _git_error():
+        return []
+    return ["-S"] if value.strip() == "true" else []
 
 
 def is_dirty(root: str | os.PathLike[str], path: str) -> bool:
@@ -157,6 +216,7 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -
             "to finish, or remove the file if no git process is running"
         )
     _remove_dead_temp_indexes(gdir)
+    _refuse_ignored(repo, [p for p in paths if (Path(root) / p).exists()])
     tmp_index = gdir / f"index.runbook.{os.getpid()}"
     with contextlib.suppress(FileNotFoundError):
         tmp_index.unlink()
@@ -176,7 +236,7 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -
                 commit = None  # nothing new; still refresh the index below (a killed run may have left it stale)
             else:
                 parents = ["-p", head] if head else []
-                commit = repo.git.commit_tree(tree, *parents, "-m", message)
+                commit = repo.git.commit_tree(tree, *parents, *_sign_args(repo), "-m", message)
                 repo.git.update_ref("-m", message, "HEAD", commit, head or "")
         except error as exc:
             raise GitStateError(f"git refused the commit: {_detail(exc)}") from exc

@@ -273,7 +273,7 @@ def _clear_git_locks(stale: LockInfo, git_dir: Path) -> str:
             kept = f"; left {', '.join(map(str, fresh))} alone: a live git process works here (pid {pids})"
             fresh = []
     # the temporary index of its commit is named after its pid
-    own = [] if pid_alive(stale.pid) else list(git_dir.glob(f"index.runbook.{stale.pid}"))
+    own = [] if pid_alive(stale.pid) else list(git_dir.glob(f"index.runbook.{stale.pid}*"))
     for lock in fresh + own:
         with contextlib.suppress(FileNotFoundError):
             lock.unlink()

@@ -264,5 +264,9 @@ class RunRecord(BaseModel):
     verdict: Verdict
     reason: str = ""  # one line: why this verdict ("accept_len 2.41 >= 1.5", "step-2 exited 3")
     commit_before: str | None = None
+    # tracked files (besides the plan and state/) that differed from commit_before when the run
+    # started: the numbers come from code that is not exactly that commit. None: no git.
+    dirty: bool | None = None
+    dirty_files: list[str] = []
     commit: str | None = None  # the commit that recorded this run, when known
     env: EnvFingerprint | None = None

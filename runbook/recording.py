@@ -91,7 +91,7 @@ def write_record(
         from runbook.gitops import GitStateError, check_can_commit
 
         try:
-            check_can_commit(ws.root)
+            check_can_commit(ws.root, [notes_rel] if notes_path.exists() else [])
         except GitStateError as exc:
             raise RunbookError(f"{exc} (or pass --no-commit)", "git_state") from None
     try:

@@ -25,6 +25,7 @@ from typing import BinaryIO
 
 from runbook import gitops, ledger, writeback
 from runbook.atomic import atomic_write_text
+from runbook.envprint import redact_credentials
 from runbook.errors import RunbookError
 from runbook.execute import Interrupts, StepSpec, judge, merge_metrics, run_steps
 from runbook.lock import RunLock, write_lock
@@ -113,7 +114,7 @@ def render_preview(ws: Workspace, plan: Plan, sel: Selection) -> str:
     for i, (step, cmd) in enumerate(zip(phase.steps, commands, strict=True)):
         if i < sel.start:
             mark = "done, skipped"
-        elif step.id in before and before[step.id] != cmd:
+        elif step.id in before and before[step.id] != redact_credentials(cmd):  # records keep no URL passwords
             mark = f"CHANGED since run {sel.last.run_id}" if sel.last else ""
         elif sel.last is not None and step.id not in before and sel.last.verdict in ("pass", "fail", "inconclusive"):
             mark = f"NEW since run {sel.last.run_id}"
@@ -148,6 +149,7 @@ class RunResult:
     record: RunRecord
     plan_written: bool = True
     problems: list[str] = field(default_factory=list)  # write-back / commit trouble, already warned
+    commit_failed: bool = False  # git refused the run's commit (a hook, signing, an ignored file)
     edited_during: str | None = None  # the commit of a person's plan edits made while the run ran
 
 
@@ -182,6 +184,7 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
     metric_names = names_in(phase.criterion.expr) if phase.criterion else []
 
     commit_before = None
+    dirty_files: list[str] | None = None  # None: not a git repository
     plan_text = plan.text
     if ws.git:
         if opts.commit:
@@ -201,6 +204,13 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
             if dirty or leftovers:
                 opts.say(f"committed the plan's uncommitted edits first (runbook: plan edits before run {run_id})")
         commit_before = gitops.head_commit(ws.root)
+        state_rel = ws.rel(ws.state) + "/"
+        dirty_files = [p for p in gitops.changed_tracked(ws.root) if p != ws.plan_rel and not p.startswith(state_rel)]
+        if dirty_files:
+            shown = ", ".join(dirty_files[:5]) + (f" and {len(dirty_files) - 5} more" if len(dirty_files) > 5 else "")
+            opts.warn(f"uncommitted changes to {len(dirty_files)} tracked file(s) ({shown}): this run's numbers "
+                      f"come from code that is not commit {gitops.short(commit_before) or '(none yet)'}; the run "
+                      "record lists them (commit first to keep the record exact)")
     plan_blob = gitops.blob_hash(plan_text.encode("utf-8"))
     env = fingerprint(probe=opts.probe_env)
 
@@ -249,6 +259,8 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
         verdict=verdict,  # type: ignore[arg-type]
         reason=reason,
         commit_before=commit_before,
+        dirty=bool(dirty_files) if dirty_files is not None else None,
+        dirty_files=dirty_files or [],
         env=env,
     )
     return record_run(ws, record, metric_names, opts, started_from=plan_text)
@@ -351,6 +363,7 @@ def record_run(
                 msg = f"not committed: {exc}. Commit by hand: git add {' '.join(map(shlex.quote, paths))} && git commit"
                 opts.warn(msg)
                 result.problems.append(msg)
+                result.commit_failed = True
             else:
                 record.commit = sha
     return result

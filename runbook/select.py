@@ -121,8 +121,10 @@ def stale_reason(plan: Plan, phase: Phase, run: RunRecord) -> str | None:
     run was judged by. Prose, the heading, transitions and the timeout do not count: editing
     them must not rerun a days-long phase. Runs recorded without steps are compared by their
     criterion alone."""
-    now = resolved_commands(plan, phase)
-    then = [s.command for s in run.steps]
+    from runbook.envprint import redact_credentials
+
+    now = [redact_credentials(c) for c in resolved_commands(plan, phase)]  # as the record keeps them
+    then = [redact_credentials(s.command) for s in run.steps]
     if run.steps and then != now:
         changed = [f"step-{i + 1}" for i, (a, b) in enumerate(zip(then, now, strict=False)) if a != b]
         if len(then) != len(now):

@@ -162,7 +162,7 @@ class _Next:
             from runbook.gitops import GitStateError, check_can_commit
 
             try:
-                check_can_commit(ws.root)
+                check_can_commit(ws.root, [ws.plan_rel])
             except GitStateError as exc:
                 raise RunbookError(f"refusing to run: {exc}", "git_state") from None
         from runbook.lock import LockCorrupt, LockError, LockHeld, WriteLockTimeout, run_lock
@@ -246,7 +246,7 @@ class _Next:
                 counts[record.phase] = counts.get(record.phase, 0) + 1
                 code = EXIT_CODES[record.verdict]
                 self.summary(ws, plan, sel.phase, record, runner)
-                if result.problems and not result.plan_written:
+                if result.problems and (not result.plan_written or result.commit_failed):
                     code = max(code, 2) if code in (0, 1) else code
                 if not self.until_stop or record.verdict not in JUDGED or interrupts.signum is not None:
                     return self.result(ws, code)

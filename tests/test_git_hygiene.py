@@ -1,0 +1,182 @@
+"""What runbook commits, and how, in real repositories through the real CLI.
+
+- A git hook that refuses the commit (reference-transaction) makes `next` exit non-zero (2) and
+  `record` exit 1, each naming git's refusal; nothing is silently left uncommitted with exit 0.
+- `commit.gpgsign = true` is honoured: runbook's commits are signed (ssh signing, a real key);
+  a signing key that cannot sign is a refusal, never an unsigned commit.
+- Files runbook creates get the mode `open()` gives them under the user's umask, not 0600.
+- A plan in a git-ignored directory is refused before anything runs (the ignore rule named);
+  `--no-commit` still runs it.
+- A password inside a URL var (`https://user:secret@host`) never reaches the run record (commands,
+  log tails); the phase is not judged stale for it.
+- A run made with uncommitted changes to tracked files says so and records which files.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)
+counts = H.counts
+
+PLAN = """\
+---
+runbook: 1
+title: Git hygiene
+notes: notes.md
+vars:
+  url: https://alice:s3cr3t-pw@example.com/data.git
+---
+
+## Phase 0: Probe
+
+Steps:
+- [ ] Use the url: `echo "fetching {url}"; echo '{"m": 1}' > "$RUNBOOK_METRICS"`
+
+Pass: m >= 1
+"""
+
+
+def repo_with(tmp_path: Path, plan: str = PLAN, plan_name: str = "plan.md") -> Path:
+    return H.make_repo(tmp_path / "repo", plan, notes="# Notes\n", plan_name=plan_name)
+
+
+def last_record(repo: Path) -> dict:
+    return json.loads(sorted((repo / "state" / "runs").glob("*.json"))[-1].read_text())
+
+
+def test_a_hook_that_refuses_the_commit_is_not_exit_0(tmp_path: Path, counts) -> None:
+    repo = repo_with(tmp_path)
+    hook = repo / ".git" / "hooks" / "reference-transaction"
+    hook.write_text("#!/bin/sh\necho 'policy: no commits today' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    head = H.git(repo, "rev-parse", "HEAD")
+    result = H.runbook(repo, "next", "--yes")
+    H.assert_no_traceback(result)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "not committed" in result.stderr and "aborted by hook" in result.stderr
+    assert last_record(repo)["verdict"] == "pass"  # the run itself is kept, on disk
+    record = H.runbook(repo, "record", "Milestone", "--lesson", "hooks exist")
+    H.assert_no_traceback(record)
+    assert record.returncode == 1 and "aborted by hook" in record.stderr, record.stderr
+    assert H.git(repo, "rev-parse", "HEAD") == head
+    counts.add("git_refusals_reported", 2)
+
+
+def _ssh_signing(repo: Path, key: Path) -> None:
+    H.git(repo, "config", "gpg.format", "ssh")
+    H.git(repo, "config", "user.signingkey", str(key) + ".pub")
+    H.git(repo, "config", "commit.gpgsign", "true")
+
+
+def test_commit_gpgsign_is_honoured(tmp_path: Path) -> None:
+    key = tmp_path / "signing"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    repo = repo_with(tmp_path)
+    _ssh_signing(repo, key)
+    (repo / "plans" / "plan.md").write_text(PLAN.replace("Probe", "Probe it"))  # edits: committed first
+    result = H.runbook(repo, "next", "--yes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    record = H.runbook(repo, "record", "Signed", "--lesson", "sign everything")
+    assert record.returncode == 0, record.stderr
+    made = H.git(repo, "rev-list", "HEAD", "^HEAD~3").split()
+    assert len(made) == 3  # plan edits, the run, the record
+    for commit in made:
+        assert "\ngpgsig " in H.git(repo, "cat-file", "commit", commit), f"{commit} is not signed"
+
+
+def test_signing_that_fails_is_a_refusal_not_an_unsigned_commit(tmp_path: Path) -> None:
+    repo = repo_with(tmp_path)
+    _ssh_signing(repo, tmp_path / "no-such-key")
+    head = H.git(repo, "rev-parse", "HEAD")
+    result = H.runbook(repo, "next", "--yes")
+    H.assert_no_traceback(result)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "not committed" in result.stderr
+    assert H.git(repo, "rev-parse", "HEAD") == head
+
+
+def _runbook_with_umask(repo: Path, mask: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "-c", f'umask {mask}; exec "$@"', "runbook", *H.RUNBOOK, *args],
+        cwd=repo, capture_output=True, text=True, env=H.cli_env(), timeout=120, stdin=subprocess.DEVNULL,
+    )
+
+
+def test_new_files_follow_the_umask(tmp_path: Path) -> None:
+    for mask, mode in (("022", 0o644), ("002", 0o664)):
+        repo = H.make_repo(tmp_path / mask, PLAN.replace("notes: notes.md\n", "notes: notes.md\n"))
+        result = _runbook_with_umask(repo, mask, "next", "--yes")
+        assert result.returncode == 0, result.stderr
+        record = _runbook_with_umask(repo, mask, "record", "First", "--lesson", "x")
+        assert record.returncode == 0, record.stderr
+        created = [*(repo / "state" / "runs").glob("*.json"), repo / "plans" / "notes.md"]
+        for path in created:
+            assert stat.S_IMODE(path.stat().st_mode) == mode, (mask, path, oct(path.stat().st_mode))
+
+
+def test_plan_in_an_ignored_directory_is_refused_before_running(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    H.git(repo, "init", "-q", "-b", "main")
+    H.git(repo, "config", "user.name", "T")
+    H.git(repo, "config", "user.email", "t@example.com")
+    (repo / ".gitignore").write_text("scratch/\nstate/lock\nstate/write.lock\nstate/runs/*/\n")
+    (repo / "scratch").mkdir()
+    (repo / "scratch" / "plan.md").write_text(PLAN.replace("Use the url", "Touch").replace(
+        'echo "fetching {url}"', "touch RAN"))
+    H.git(repo, "add", ".gitignore")
+    H.git(repo, "commit", "-qm", "init")
+    result = H.runbook(repo, "next", "--yes", "--plan", "scratch/plan.md")
+    H.assert_no_traceback(result)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "scratch/plan.md (ignored by .gitignore" in result.stderr and "--no-commit" in result.stderr
+    assert not (repo / "RAN").exists()
+    ok = H.runbook(repo, "next", "--yes", "--plan", "scratch/plan.md", "--no-commit")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert (repo / "RAN").exists()
+
+
+def test_url_passwords_never_reach_the_record(tmp_path: Path, counts) -> None:
+    repo = repo_with(tmp_path)
+    env = {"HF_ENDPOINT": "https://bob:hf-pass@mirror.example.com"}
+    result = H.runbook(repo, "next", "--yes", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    path = sorted((repo / "state" / "runs").glob("*.json"))[-1]
+    text = path.read_text()
+    assert "s3cr3t-pw" not in text and "hf-pass" not in text
+    record = json.loads(text)
+    assert record["steps"][0]["command"] == 'echo "fetching https://alice:***@example.com/data.git"; echo \'{"m": 1}\' > "$RUNBOOK_METRICS"'
+    assert "fetching https://alice:***@example.com/data.git" in record["steps"][0]["log_tail"]
+    assert "s3cr3t-pw" not in H.git(repo, "show", "HEAD", "--", "state")  # what runbook committed (the
+    # plan holding the var is the author's own file, committed by the author)
+    # the redacted record still speaks for the phase: nothing is rerun as "changed"
+    again = H.runbook(repo, "next", "--yes", "--dry-run")
+    assert again.returncode == 0 and "CHANGED" not in again.stdout and "changed" not in again.stdout.lower(), again.stdout
+    counts.add("secrets_redacted", 2)
+
+
+def test_uncommitted_code_is_warned_and_recorded(tmp_path: Path) -> None:
+    repo = repo_with(tmp_path)
+    (repo / "src").mkdir()
+    (repo / "src" / "model.py").write_text("LR = 1\n")
+    H.git(repo, "add", "src")
+    H.git(repo, "commit", "-qm", "code")
+    clean = H.runbook(repo, "next", "--yes")
+    assert clean.returncode == 0 and "uncommitted changes" not in clean.stderr
+    assert last_record(repo)["dirty"] is False and last_record(repo)["dirty_files"] == []
+    (repo / "src" / "model.py").write_text("LR = 2\n")
+    (repo / "untracked.py").write_text("x\n")
+    dirty = H.runbook(repo, "next", "--yes", "--phase", "0", "--restart")
+    assert dirty.returncode == 0, dirty.stdout + dirty.stderr
+    assert "uncommitted changes to 1 tracked file(s) (src/model.py)" in dirty.stderr
+    record = last_record(repo)
+    assert record["dirty"] is True and record["dirty_files"] == ["src/model.py"]
+    assert os.environ.get("RUNBOOK_ENV_PROBE") != "1"
