@@ -69,8 +69,19 @@ def save_run(state_dir: str | os.PathLike[str], record: RunRecord) -> Path:
     return path
 
 
+RECORD_MAX_BYTES = 64 * 1024 * 1024
+
+
 def load_run(path: str | os.PathLike[str]) -> RunRecord:
-    return RunRecord.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))
+    """One run record; raises OSError, ValueError (not JSON, not UTF-8, not a regular file, too
+    big, nested too deep) or pydantic's ValidationError."""
+    from runbook.bounded import read_bounded
+
+    try:
+        data = json.loads(read_bounded(path, RECORD_MAX_BYTES).decode("utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    return RunRecord.model_validate(data)
 
 
 def _order(record: RunRecord) -> tuple[str, str]:
@@ -94,7 +105,7 @@ def load_runs(
     for path in sorted(folder.glob("*.json")):
         try:
             record = load_run(path)
-        except (OSError, json.JSONDecodeError, ValidationError) as exc:
+        except (OSError, ValueError, ValidationError) as exc:  # ValueError: JSON, UTF-8, size
             if problems is not None:
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 problems.append(f"{path}: skipped, not a readable run record ({first})")

@@ -4,7 +4,9 @@ Owned parts, each created on first use and found again by its marker or heading:
 
 - the status block `<!-- runbook:notes-status -->` ... `<!-- /runbook:notes-status -->`
   (current phase, last verdicts, headline metrics against the goal);
-- `## Milestones`: dated `### ` entries, newest last; the tool only appends;
+- `## Milestones`: dated `### ` entries, newest last; the tool only appends; an entry's body cannot
+  open a section of its own (its headings of levels 1-3 move down three levels, status markers are
+  neutralised, an open fence is closed: `contain_body`);
 - `## Lessons learned`: bullets; a lesson already there (same normalised text) is not added again;
 - `## Next steps`: bullets, replaced as a whole when new ones are given.
 
@@ -328,9 +330,42 @@ def read_status(text: str) -> str:
 # ---- editing ------------------------------------------------------------------------------------
 
 
+def contain_body(body: str) -> str:
+    """A milestone body that cannot take over the document around it ("\\n" newlines in and out).
+
+    Outside fenced code, headings of levels 1-3 move down three levels (`## Next steps` becomes
+    `##### Next steps`: it stays a heading inside the entry, never an owned section or a new
+    milestone), status-block markers are neutralised, and a fence left open is closed."""
+    out: list[str] = []
+    fence: str | None = None
+    for line in body.split("\n"):
+        fence_match = _FENCE.match(line)
+        if fence is not None:
+            if fence_match and fence_match.group(1)[0] == fence[0] and len(fence_match.group(1)) >= len(fence) \
+                    and not line.strip()[len(fence_match.group(1)):].strip():
+                fence = None
+            out.append(line)
+            continue
+        if fence_match:
+            fence = fence_match.group(1)
+            out.append(line)
+            continue
+        heading = _HEADING.match(line)
+        if heading and len(heading.group(1)) <= 3:
+            hashes = heading.group(1)
+            at = line.index(hashes)
+            line = line[:at] + "#" * (len(hashes) + 3) + line[at + len(hashes):]
+        elif line.strip() in (_OPEN, _CLOSE):
+            line = line.replace("<!--", "&lt;!--")
+        out.append(line)
+    if fence is not None:
+        out.append(fence)
+    return "\n".join(out)
+
+
 def render_milestone(milestone: Milestone) -> str:
     """The entry's Markdown with "\\n" newlines, ending in one newline."""
-    body = with_newlines(milestone.body, "\n").strip("\n")
+    body = contain_body(with_newlines(milestone.body, "\n").strip("\n"))
     metrics = [f"{name} {format_number(value)}" for name, value in milestone.metrics.items()]
     run_parts: list[str] = []
     if milestone.run_id:

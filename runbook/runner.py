@@ -21,6 +21,7 @@ import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import BinaryIO
 
 from runbook import gitops, ledger, writeback
@@ -56,7 +57,18 @@ def old_phase_source(ws: Workspace, run: RunRecord, phase: Phase) -> str | None:
 
 
 def select(ws: Workspace, plan: Plan, *, phase_ref: str | None, restart: bool) -> Selection:
-    runs = ledger.load_runs(ws.state, plan=ws.plan_rel)
+    problems: list[str] = []
+    runs = ledger.load_runs(ws.state, plan=ws.plan_rel, problems=problems)
+    if problems:
+        # what runs next is decided from the ledger: a record that cannot be read could be the
+        # pass of a days-long phase, which would silently run again
+        first = problems[0].split(": skipped", 1)[0]
+        rel = ws.rel(Path(first)) if first.startswith("/") else first
+        raise RunbookError(
+            "\n".join(problems) + "\nrefusing to choose a phase while the ledger has unreadable run records",
+            "io", file=rel,
+            hint=f"restore it (`git checkout -- {rel}`) or remove it (`git rm {rel}`), then run again",
+        )
 
     def diff(run: RunRecord, phase: Phase) -> str | None:
         old = old_phase_source(ws, run, phase)

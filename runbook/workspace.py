@@ -78,7 +78,7 @@ class Workspace:
                 what = "is a directory, not a plan file" if path.is_dir() else "no such file"
                 raise RunbookError(f"{plan_opt}: {what}", "no_plan", file=plan_opt,
                                    hint="name a plan file with --plan PATH, or leave --plan out to use the only plan")
-            ws = cls.at(path)
+            ws = cls.at(Path(os.path.abspath(path)).parent)  # the plan's own place, not a link's target
             ws.plan_path = path.resolve()
         else:
             ws = cls.at()
@@ -99,6 +99,14 @@ class Workspace:
                 raise RunbookError(f"several plans found; pick one with --plan:\n{listing}", "several_plans",
                                    hint="pass --plan PATH")
             ws.plan_path = Path(plans[0]).resolve()
+        if not ws.plan_path.is_relative_to(ws.root):
+            shown = plan_opt or display_path(plans[0])
+            raise RunbookError(
+                f"{shown} is a link to {ws.plan_path}, outside the repository {ws.root}: runbook writes the plan "
+                "and commits it with its ledger, so the plan must live inside",
+                "no_plan", file=shown,
+                hint="copy the plan into the repository, or run runbook in the repository it lives in",
+            )
         try:
             found = {Path(p).resolve() for p in discover_plans(ws.root)}
         except ConfigError as exc:

@@ -10,6 +10,12 @@ reads, alias bombs and undecodable config files. Real repositories, the real `ru
 - A YAML alias bomb in the front matter: an error in milliseconds, not minutes and gigabytes.
 - A runbook.toml / pyproject.toml that is not UTF-8 (or nests 5,000 deep, or holds a 5,000-digit
   number): every command says so (runbook.toml) or ignores it (pyproject.toml), no traceback.
+- A milestone body holding `## Next steps`, `## Lessons learned`, a status marker or an open fence
+  cannot take over the notes: later records leave its text alone.
+- A plan that is a symlink to a file outside the repository is refused; nothing is written there.
+- An unreadable ledger file (truncated JSON, a FIFO) is named by every reader, and `next` refuses
+  to choose a phase from a ledger with a hole in it.
+- On a read-only filesystem, writing verbs say so (exit 2), nothing changes, no traceback.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -218,3 +225,89 @@ def test_fifo_metrics_plan_read_does_not_block_signals(tmp_path: Path) -> None:
     plan, problems = out[0]
     assert plan is None and "FIFO" in problems[0].message
     json.dumps([p.model_dump() for p in problems])
+
+
+# ---- notes, links, the ledger, read-only disks ------------------------------------------------------
+
+NOTES_PLAN = LAZY.replace("title: Lazy criterion\n", "title: Lazy criterion\nnotes: notes.md\n")
+
+
+def test_milestone_body_cannot_take_over_the_notes(tmp_path: Path) -> None:
+    from runbook import notes
+
+    repo = H.make_repo(tmp_path / "repo", NOTES_PLAN, notes="# Notes\n")
+    body = ("Found it.\n\n## Next steps\n\n- body's own step\n\n## Lessons learned\n\n- body's lesson\n\n"
+            "<!-- runbook:notes-status -->\n\n# Milestones\n\n```sh\n## a heading in code stays\n")
+    first = H.runbook(repo, "record", "First", "--body", "-", "--next", "real next", input=body)
+    assert first.returncode == 0, first.stderr
+    second = H.runbook(repo, "record", "Second", "--next", "newer next", "--lesson", "a real lesson")
+    assert second.returncode == 0, second.stderr
+    text = (repo / "plans" / "notes.md").read_text()
+    assert notes.read_next_steps(text) == ["newer next"]
+    assert notes.read_lessons(text) == ["a real lesson"]
+    entries = notes.read_milestones(text)
+    assert [e.heading.split(" · ")[-1] for e in entries] == ["First", "Second"]
+    first_entry = entries[0].text
+    for kept in ("Found it.", "##### Next steps", "- body's own step", "##### Lessons learned", "- body's lesson",
+                 "## a heading in code stays"):
+        assert kept in first_entry, kept  # the body's own text survives every later record
+    assert notes.problems(text) == []
+
+
+def test_symlinked_plan_outside_the_repo_is_refused(tmp_path: Path) -> None:
+    elsewhere = H.make_repo(tmp_path / "elsewhere", LAZY)
+    repo = H.make_repo(tmp_path / "repo", LAZY.replace("Lazy criterion", "Mine"))
+    (repo / "plans" / "link.md").symlink_to(elsewhere / "plans" / "plan.md")
+    H.git(repo, "add", "plans/link.md")
+    H.git(repo, "commit", "-qm", "link")
+    before = H.tree_snapshot(elsewhere)
+    for args in (["next", "--yes", "--plan", "plans/link.md"], ["status", "--plan", "plans/link.md"],
+                 ["record", "x", "--plan", "plans/link.md"]):
+        result = H.runbook(repo, *args)
+        H.assert_no_traceback(result, " ".join(args))
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert "outside the repository" in result.stderr, result.stderr
+    assert H.tree_snapshot(elsewhere) == before
+    assert not (elsewhere / "state").exists()
+
+
+def test_corrupt_ledger_file_stops_next_and_is_named_everywhere(tmp_path: Path) -> None:
+    repo = H.make_repo(tmp_path / "repo", LAZY.replace("Pass: m >= 5", "Pass: m >= 1"))
+    assert H.runbook(repo, "next", "--yes").returncode == 0
+    record = sorted((repo / "state" / "runs").glob("*.json"))[0]
+    record.write_text('{"run_id": "truncated')
+    for args in (["status"], ["brief"], ["history"]):
+        result = H.runbook(repo, *args)
+        H.assert_no_traceback(result, " ".join(args))
+        assert record.name in result.stderr, (args, result.stderr)
+    for args in (["next", "--yes"], ["next", "--dry-run"]):
+        result = H.runbook(repo, *args)
+        H.assert_no_traceback(result, " ".join(args))
+        assert result.returncode == 2 and record.name in result.stderr and "git checkout" in result.stderr, result.stderr
+    assert not (repo / "REACHED").exists()
+    record.unlink()
+    os.mkfifo(record)  # a ledger file that is a FIFO: named, never a hang
+    result = H.runbook(repo, "status", timeout=60)
+    assert result.returncode == 0 and record.name in result.stderr and "FIFO" in result.stderr
+
+
+def _read_only(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run runbook with the repository bind-mounted read-only, in a mount namespace of its own."""
+    script = f'mount --bind "{repo}" "{repo}" && mount -o remount,bind,ro "{repo}" && cd "{repo}" && exec "$@"'
+    return subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", *H.RUNBOOK, *args], capture_output=True,
+                          text=True, env=H.cli_env(), timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_read_only_filesystem_is_a_message_not_a_traceback(tmp_path: Path) -> None:
+    repo = H.make_repo(tmp_path / "repo", NOTES_PLAN, notes="# Notes\n")
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("needs `unshare -m` (root) for a read-only bind mount")
+    before = H.tree_snapshot(repo)
+    for args in (["record", "M1", "--lesson", "l"], ["next", "--yes"], ["reset", "0"], ["status"], ["brief"]):
+        result = _read_only(repo, *args)
+        H.assert_no_traceback(result, " ".join(args))
+        if args[0] in ("record", "next", "reset"):
+            assert result.returncode == 2, (args, result.stdout, result.stderr)
+            assert "Read-only file system" in result.stderr, (args, result.stderr)
+    assert H.tree_snapshot(repo) == before

@@ -323,3 +323,49 @@ def test_vars_in_every_context_through_runbook_next(tmp_path: Path, counts) -> N
         assert (repo / f"out-{i}.bin").read_bytes() == expected(value).encode(), _name
     assert not list(repo.rglob("PWNED"))
     counts.add("shell_values_checked", len(CONTEXTS))
+
+
+# ---- commands runbook prints for people and agents to paste ------------------------------------------
+
+HOSTILE_PLAN_NAMES = ["my plan.md", "$(touch PWNED).md", "`touch PWNED`.md", "it's.md", "a;touch PWNED.md",
+                      'say "hi".md', "*.md", "tab\tname.md", "é✓.md"]
+
+
+def _as_argv(command: str, work: Path) -> list[str]:
+    """What `command` (starting with `runbook`) passes to runbook when pasted into bash."""
+    result = subprocess.run(["bash", "-c", 'runbook() { printf "%s\\0" "$@"; }\n' + command],
+                            cwd=work, capture_output=True, timeout=30)
+    assert result.returncode == 0, (command, result.stderr)
+    return result.stdout.decode().split("\0")[:-1]
+
+
+@pytest.mark.slow
+def test_printed_commands_are_shell_quoted(tmp_path: Path, counts) -> None:
+    """The brief's and status's exact next command, and next's `runbook record` line, give runbook the
+    plan's path as one argument when pasted into a shell, and run nothing else."""
+    plan = PLAN_TEMPLATE.format(vars="  v: x", steps="")
+    repo = H.make_repo(tmp_path / "repo", plan)
+    for name in HOSTILE_PLAN_NAMES:
+        (repo / "plans" / name).write_text(plan)
+    H.git(repo, "add", "-A")
+    H.git(repo, "commit", "-qm", "hostile names")
+    checked = 0
+    for name in HOSTILE_PLAN_NAMES:
+        rel = f"plans/{name}"
+        brief = json.loads(H.runbook(repo, "brief", "--json", "--plan", rel).stdout)["result"]["next"]
+        assert brief["argv"][brief["argv"].index("--plan") + 1] == rel, brief
+        assert _as_argv(brief["command"], repo) == brief["argv"][1:]
+        status = H.runbook(repo, "status", "--plan", rel)
+        line = next(x for x in status.stdout.splitlines() if x.startswith("next (run): "))
+        assert _as_argv(line.removeprefix("next (run): "), repo) == brief["argv"][1:]
+        text = H.runbook(repo, "brief", "--plan", rel).stdout
+        pasted = text.split("## Continue", 1)[1].split("```sh\n", 1)[1].split("\n```", 1)[0]
+        assert _as_argv(pasted, repo) == brief["argv"][1:]
+        ran = H.runbook(repo, "next", "--yes", "--plan", rel)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        record_line = next(x.strip() for x in ran.stdout.splitlines() if x.strip().startswith("runbook record "))
+        args = _as_argv(record_line, repo)
+        assert args[args.index("--plan") + 1] == rel
+        checked += 4
+    assert not list(repo.rglob("PWNED")) and not list(tmp_path.rglob("PWNED"))
+    counts.add("printed_commands_checked", checked)
