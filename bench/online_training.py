@@ -59,9 +59,9 @@ def capture_rate(target: Path, data: Path, gpu: bool, batch_tokens: int) -> floa
     import torch
 
     from eagle.data import load_model
-    from eagle.extract import default_layer_ids
     from eagle.hidden_capture import extract_rows
     from eagle.hidden_io import open_prepared
+    from eagle.target import default_layer_ids
 
     model = load_model(target, "cuda" if gpu else "cpu")
     rows = list(open_prepared(data).with_format(None)["input_ids"])

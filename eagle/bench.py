@@ -1,7 +1,8 @@
 """`eagle bench`: tokens/s of plain greedy vs speculative decoding, and the Leviathan bound.
 
-Both runs use the fast decoder (eagle/decode.py: static KV cache, CUDA graphs on GPU) on the same
-prompts, after a warm-up. The Leviathan et al. (2023) bound: with per-token acceptance a, draft
+Both runs use the same decoder on the same prompts, after a warm-up: the fast one
+(eagle/decode.py: static KV cache, CUDA graphs on GPU) for Llama and Qwen3 targets, else the
+generic one (eagle/generic_decode.py: the target's transformers forward); `decoder` says which. The Leviathan et al. (2023) bound: with per-token acceptance a, draft
 length k and draft/target cost ratio c, a verify step yields (1 - a^(k+1)) / (1 - a) tokens on
 average and costs k*c + 1 target steps, so speedup <= that / (k*c + 1). `a` is the i.i.d.
 acceptance that reproduces the measured accept_len; `c` is measured (drafting time per cycle / k
@@ -19,14 +20,17 @@ import click
 from pydantic import BaseModel
 
 from eagle.common import EagleError, fail, pick_device, pick_dtype, print_kv, warn
+from eagle.evaluate import decoder_option, load_inputs
 from eagle.leviathan import acceptance_from_accept_len, expected_tokens, leviathan_speedup  # noqa: F401
 from eagle.metrics import write_metrics
+from eagle.target import trust_remote_code_option
 
 
 class BenchReport(BaseModel):
     k: int
     prompts: int
     device: str
+    decoder: str = "fast"
     plain_tokens: int
     spec_tokens: int
     plain_tok_s: float
@@ -51,14 +55,14 @@ class BenchReport(BaseModel):
 
 
 def run_bench(model_dir: Path, draft_dir: Path, prompts: list[list[int]], k: int, max_new_tokens: int,
-              device, dtype, repeats: int = 1) -> BenchReport:
+              device, dtype, repeats: int = 1, decoder: str = "auto", trust_remote_code: bool = False) -> BenchReport:
     import torch
 
     from eagle.decode import load_decoder, required_len
 
     longest = max(len(p) for p in prompts)
     dec = load_decoder(model_dir, draft_dir, max_len=required_len(longest, max_new_tokens, k),
-                       device=device, dtype=dtype)
+                       device=device, dtype=dtype, path=decoder, trust_remote_code=trust_remote_code)
 
     def sync() -> None:
         if dec.device.type == "cuda":
@@ -94,7 +98,7 @@ def run_bench(model_dir: Path, draft_dir: Path, prompts: list[list[int]], k: int
     bound = leviathan_speedup(a, k, c)
     speedup = spec_tok_s / plain_tok_s
     return BenchReport(
-        k=k, prompts=len(prompts), device=str(dec.device), plain_tokens=plain_tokens, spec_tokens=spec_tokens,
+        k=k, prompts=len(prompts), device=str(dec.device), decoder=dec.path, plain_tokens=plain_tokens, spec_tokens=spec_tokens,
         plain_tok_s=plain_tok_s, spec_tok_s=spec_tok_s, speedup=speedup, accept_len=accept_len,
         per_token_accept=a, target_step_ms=1e3 * step, verify_ms=1e3 * stages["verify"],
         draft_step_ms=1e3 * stages["draft_step"], catchup_ms=1e3 * stages["catchup"], cost_ratio=c,
@@ -112,9 +116,11 @@ def run_bench(model_dir: Path, draft_dir: Path, prompts: list[list[int]], k: int
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True, help="Timed passes over the prompts.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
 @click.option("--dtype", default="auto", show_default=True, help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16.")
+@decoder_option
+@trust_remote_code_option
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
 def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens: int, limit: int | None,
-            repeats: int, device: str, dtype: str, as_json: bool) -> None:
+            repeats: int, device: str, dtype: str, decoder: str, trust_remote_code: bool, as_json: bool) -> None:
     """tok/s of plain greedy vs speculative decoding, cost ratio, Leviathan bound.
 
     \b
@@ -127,21 +133,20 @@ def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens
     Example:
       eagle bench --model work/target --draft work/draft --prompts plans/data/prompts.jsonl -k 3
     """
-    from eagle.evaluate import load_inputs
-
     try:
-        prompts = load_inputs(model, prompts_file, limit, draft)
+        prompts = load_inputs(model, prompts_file, limit, draft, trust_remote_code)
         dev = pick_device(device)
-        report = run_bench(model, draft, prompts, k, max_new_tokens, dev, pick_dtype(dtype, dev), repeats)
+        report = run_bench(model, draft, prompts, k, max_new_tokens, dev, pick_dtype(dtype, dev), repeats,
+                           decoder, trust_remote_code)
     except (EagleError, ValueError, FileNotFoundError) as exc:
-        fail(str(exc))
+        fail(exc)
     write_metrics(report.metrics())
     if not report.spec_matches_plain:
         warn("speculative output differs from plain greedy output (see `eagle evaluate`)")
     if as_json:
         click.echo(json.dumps(report.model_dump(), indent=1))
         return
-    print_kv({"device": report.device, "k": k, "prompts": report.prompts,
+    print_kv({"device": report.device, "decoder": report.decoder, "k": k, "prompts": report.prompts,
               "plain_tok_s": report.plain_tok_s, "spec_tok_s": report.spec_tok_s, "speedup": report.speedup,
               "accept_len": report.accept_len, "per_token_accept": report.per_token_accept,
               "target_step_ms": report.target_step_ms, "verify_ms": report.verify_ms,

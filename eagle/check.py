@@ -156,8 +156,14 @@ def check_checkpoint(draft: str | Path, target: str | Path) -> CheckReport:
     cfg_path = draft / CONFIG_FILE
     cfg = _read_json(cfg_path, problems)
     tcfg = _read_json(target / CONFIG_FILE, problems)
-    if tcfg is not None and "text_config" in tcfg:
-        tcfg = tcfg["text_config"]
+    if tcfg is not None:
+        from eagle.target import open_target
+
+        try:
+            tcfg = open_target(target).text  # the text model's config, also when nested (text_config, ...)
+        except EagleError as exc:
+            problems.append(Problem(where=str(target / CONFIG_FILE), message=str(exc)))
+            tcfg = None
     summary: dict[str, Any] = {}
     if cfg is not None and tcfg is not None:
         problems += config_problems(cfg, tcfg, str(cfg_path))
@@ -214,7 +220,7 @@ def command(draft: str, model: str, as_json: bool) -> None:
     try:
         report = check_checkpoint(draft, model)
     except EagleError as exc:
-        fail(str(exc))
+        fail(exc)
     if as_json:
         click.echo(json.dumps(report.model_dump(), indent=1))
     elif report.ok:

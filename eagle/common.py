@@ -16,11 +16,20 @@ if TYPE_CHECKING:
 
 
 class EagleError(Exception):
-    """A problem with the user's input or environment, reported as `error: ...` and exit 1."""
+    """A problem with the user's input or environment, reported as `error: ...`; exits with `code`
+    (1 by default; 2 for a bad argument such as a target without a text model or a layer id out
+    of range)."""
+
+    def __init__(self, msg: str, code: int = 1) -> None:
+        super().__init__(msg)
+        self.code = code
 
 
-def fail(msg: str, code: int = 1) -> NoReturn:
-    """Print `error: msg` to stderr and exit with `code` (never a traceback)."""
+def fail(msg: str | BaseException, code: int | None = None) -> NoReturn:
+    """Print `error: msg` to stderr and exit with `code` (never a traceback). Given an exception,
+    its message and, for an EagleError, its exit code."""
+    if code is None:
+        code = getattr(msg, "code", 1) if isinstance(msg, EagleError) else 1
     click.echo(f"error: {msg}", err=True)
     sys.exit(code)
 
@@ -112,7 +121,7 @@ def split_layer_ids(spec: str) -> list[int]:
     try:
         return [int(x) for x in spec.split(",") if x.strip()]
     except ValueError:
-        raise EagleError(f"--layer-ids {spec!r}: expected comma-separated integers like 2,4,5") from None
+        raise EagleError(f"--layer-ids {spec!r}: expected comma-separated integers like 2,4,5", code=2) from None
 
 
 def human_bytes(n: float) -> str:

@@ -175,28 +175,19 @@ def tokenize_conversation(tokenizer: Any, messages: list[dict[str, Any]],
 
 def load_model(model: Path, device_name: str = "auto", dtype_name: str = "auto",
                trust_remote_code: bool = False) -> Any:
-    """The causal LM at a local directory, on the chosen device/dtype, in eval mode."""
-    from transformers import AutoModelForCausalLM
+    """The target model at a local directory, on the chosen device/dtype, in eval mode (eagle/target.py:
+    causal LMs and multimodal wrappers, custom code only with trust_remote_code, big ones spread over GPUs)."""
+    from eagle.target import open_target
 
     device = pick_device(device_name)
-    dtype = pick_dtype(dtype_name, device)
-    try:
-        m = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as e:
-        raise EagleError(f"cannot load the target model at {model}: {e}") from None
-    return m.to(device).eval()
+    return open_target(model, trust_remote_code).load_model(device, pick_dtype(dtype_name, device))
 
 
 def load_tokenizer(model: Path, trust_remote_code: bool = False) -> Any:
-    from transformers import AutoTokenizer
+    """The target's tokenizer; it must have a chat template (prepare builds loss masks with it)."""
+    from eagle import target
 
-    try:
-        tok = AutoTokenizer.from_pretrained(str(model), trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as e:
-        raise EagleError(f"cannot load a tokenizer from {model}: {e}") from None
-    if not getattr(tok, "chat_template", None):
-        raise EagleError(f"the tokenizer at {model} has no chat template; prepare needs one to build loss masks")
-    return tok
+    return target.load_tokenizer(model, trust_remote_code, need_chat_template=True)
 
 
 def reasoning_tags(tokenizer: Any, tags: str) -> ReasoningTags:

@@ -1,4 +1,7 @@
-"""Fast greedy and speculative (EAGLE-3 chain) decoding for Llama-architecture targets.
+"""Fast greedy and speculative (EAGLE-3 chain) decoding for Llama and Qwen3 targets.
+
+Other architectures (DeepSeek-V3 / Kimi MoE + MLA, custom code, ...) decode through their own
+transformers forward in eagle/generic_decode.py; `load_decoder` picks the path.
 
 Why our own compact target module instead of transformers' model with a StaticCache: every step
 here reads its position from a device tensor and writes the KV cache at device-computed slots, so
@@ -30,11 +33,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
 
+from eagle.common import EagleError
 from eagle.llama_ops import (
     DecoderLayer,
     KVCache,
@@ -44,9 +48,12 @@ from eagle.llama_ops import (
     check_llama_config,
     fuse_projections,
     head_dim_of,
-    load_safetensors_dir,
     rope_inv_freq,
 )
+from eagle.target import FAST_DECODER_TYPES, check_layer_ids, input_device
+
+if TYPE_CHECKING:
+    from eagle.generic_decode import GenericDecoder
 
 
 class TargetModel(nn.Module):
@@ -67,20 +74,21 @@ class TargetModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str | torch.device = "cpu",
-                        dtype: torch.dtype = torch.float32) -> TargetModel:
-        from transformers import AutoConfig
+                        dtype: torch.dtype = torch.float32, trust_remote_code: bool = False) -> TargetModel:
+        """The text model of the target at `model_dir` (also nested under a multimodal wrapper's
+        text_config), from its safetensors; ValueError naming the reason when this decoder does not
+        implement it (eagle/generic_decode.py then runs it through transformers)."""
+        from eagle.target import open_target
 
-        config = AutoConfig.from_pretrained(str(model_dir))
-        if config.model_type != "llama":
-            raise ValueError(f"{model_dir}/config.json: model_type {config.model_type!r}; the fast decoder "
-                             "implements Llama-architecture targets only")
-        raw = load_safetensors_dir(model_dir)
-        tensors = {(k[len("model."):] if k.startswith("model.") else k): v for k, v in raw.items()}
-        tensors = {k: v for k, v in tensors.items() if not k.startswith("rotary_emb.")}
-        if "lm_head.weight" not in tensors or getattr(config, "tie_word_embeddings", False):
-            tensors["lm_head.weight"] = tensors.get("embed_tokens.weight")
+        target = open_target(model_dir, trust_remote_code)
+        if not target.fast_decoder:
+            raise ValueError(f"{target.config_file}: text model_type {target.text_model_type!r}; the fast decoder "
+                             "implements Llama and Qwen3 targets (use the generic decoder)")
+        config = target.text_config()
+        check_llama_config(config, f"{target.config_file}")
+        tensors = target.read_text_state()
         model = cls(config, device="meta")
-        check_and_assign(model, tensors, f"{model_dir}/model.safetensors", device, dtype)
+        check_and_assign(model, tensors, f"{model_dir} (safetensors)", device, dtype)
         inv_freq, scaling = rope_inv_freq(config)
         model.rope = Rope(inv_freq.to(device), scaling)
         return model.eval()
@@ -114,21 +122,6 @@ class TargetModel(nn.Module):
         rows = x[-1:] if last_only else x
         logits = self.lm_head(self.norm(rows))
         return logits, (torch.cat(aux, dim=-1) if aux else None), x
-
-
-def default_layer_ids(num_layers: int) -> list[int]:
-    return [2, num_layers // 2, num_layers - 3]
-
-
-def check_layer_ids(ids: Sequence[int], num_layers: int, where: str) -> list[int]:
-    ids = list(ids)
-    bad = [i for i in ids if not 0 <= i < num_layers]
-    if bad:
-        raise ValueError(f"{where}: layer ids {bad} out of range for a target with {num_layers} layers "
-                         f"(valid: 0..{num_layers - 1})")
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"{where}: layer ids {ids} collide; each aux layer must be distinct")
-    return ids
 
 
 class Proposer(Protocol):
@@ -175,6 +168,8 @@ def _graphed(fn: Callable[[], None], use_graph: bool) -> Callable[[], None]:
 class Decoder:
     """Greedy and speculative decoding over static caches sized `max_len` tokens."""
 
+    path = "fast"  # which decoder ran (evaluate / probe / bench report it); see generic_decode.py
+
     def __init__(self, target: TargetModel, proposer: Proposer | None = None, *, max_len: int,
                  layer_ids: Sequence[int] | None = None, eos_ids: Sequence[int] = (),
                  use_graphs: bool | None = None, sync_every: int = 2) -> None:
@@ -184,7 +179,8 @@ class Decoder:
             fuse_projections(proposer)
         self.target, self.proposer, self.device = target, proposer, device
         self.max_len = max_len
-        self.layer_ids = check_layer_ids(layer_ids, target.num_layers, "drafter") if proposer is not None else []
+        self.layer_ids = (check_layer_ids(layer_ids, target.num_layers, "the drafter's layer ids")
+                          if proposer is not None else [])
         if proposer is not None and not self.layer_ids:
             raise ValueError("speculative decoding needs the drafter's aux layer ids")
         self.eos_ids = {int(e) for e in eos_ids}
@@ -358,6 +354,15 @@ class Decoder:
         self.last_timing["cycles"] = cycles
         return SpecResult(tokens=new, accepted=accepted)
 
+    @torch.inference_mode()
+    def aux_states(self, ids: Sequence[int], layer_ids: Sequence[int]) -> torch.Tensor:
+        """The aux hidden states [T, L*H] of a whole sequence (probe compares targets with them)."""
+        x = torch.tensor(list(ids), dtype=torch.long, device=self.device)
+        pos = torch.arange(len(ids), device=self.device)
+        _, aux, _ = self.target(x, pos, self.target.new_cache(len(ids)), sorted(layer_ids), last_only=True)
+        assert aux is not None
+        return aux
+
     # -- timing (bench) -----------------------------------------------------------------------
     def time_stages(self, k: int, prompt_ids: Sequence[int], iters: int = 20) -> dict[str, float]:
         """Seconds per call of: one target decode step, the (k+1)-token verify, one drafter step,
@@ -421,36 +426,49 @@ def _time(fn: Callable[[], None], iters: int, device: torch.device) -> float:
 
 def eos_ids_of(model_dir: str | Path) -> list[int]:
     """EOS ids as transformers' generate uses them (generation_config, else config)."""
-    from transformers import AutoConfig, GenerationConfig
+    from eagle.target import open_target
 
-    try:
-        eos = GenerationConfig.from_pretrained(str(model_dir)).eos_token_id
-    except OSError:
-        eos = None
-    if eos is None:
-        eos = AutoConfig.from_pretrained(str(model_dir)).eos_token_id
-    if eos is None:
-        return []
-    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    return open_target(model_dir).eos_ids()
 
 
 def load_decoder(model_dir: str | Path, draft_dir: str | Path | None = None, *, max_len: int,
                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 layer_ids: Sequence[int] | None = None, use_graphs: bool | None = None) -> Decoder:
-    """Target (+ drafter) from their directories, ready to decode."""
-    from eagle.draft_infer import load_drafter
+                 layer_ids: Sequence[int] | None = None, use_graphs: bool | None = None,
+                 path: str = "auto", trust_remote_code: bool = False) -> Decoder | GenericDecoder:
+    """Target (+ drafter) from their directories, ready to decode.
 
-    target = TargetModel.from_pretrained(model_dir, device=device, dtype=dtype)
+    path: "fast" (this module: static cache, CUDA graphs; Llama and Qwen3 text models), "generic"
+    (eagle/generic_decode.py: the target's own transformers forward with a KV cache; any
+    architecture) or "auto" (fast when it implements the target, else generic). The decoder's
+    `path` attribute says which ran."""
+    from eagle.draft_infer import load_drafter
+    from eagle.generic_decode import GenericDecoder
+    from eagle.target import open_target
+
+    if path not in ("auto", "fast", "generic"):
+        raise ValueError(f"decoder path {path!r}: use auto, fast or generic")
+    target = open_target(model_dir, trust_remote_code)
+    if path == "fast" and not target.fast_decoder:
+        raise EagleError(f"--decoder fast: the fast decoder implements {', '.join(FAST_DECODER_TYPES)} text models; "
+                         f"{model_dir} is {target.text_model_type!r} (use --decoder generic or auto)", code=2)
+    fast = path == "fast" or (path == "auto" and target.fast_decoder)
+    model = TargetModel.from_pretrained(model_dir, device=device, dtype=dtype) if fast else None
+    if model is None:
+        model = target.load_model(device, dtype)
     drafter = None
     ids = layer_ids
     if draft_dir is not None:
-        drafter = load_drafter(draft_dir, target_embed=target.embed_tokens.weight,
-                               target_vocab_size=target.config.vocab_size, device=device, dtype=dtype)
-        if drafter.spec.target_hidden_size != target.config.hidden_size:
+        embed = target.read_weights(["embed_tokens.weight"])["embed_tokens.weight"]
+        dev = model.lm_head.weight.device if fast else input_device(model)
+        drafter = load_drafter(draft_dir, target_embed=embed, target_vocab_size=target.vocab_size, device=dev,
+                               dtype=dtype)
+        if drafter.spec.target_hidden_size != target.hidden_size:
             raise ValueError(f"{draft_dir}: drafter expects target hidden size {drafter.spec.target_hidden_size}, "
-                             f"{model_dir} has {target.config.hidden_size}")
-        ids = ids or drafter.spec.layer_ids or default_layer_ids(target.num_layers)
+                             f"{model_dir} has {target.hidden_size}")
+        ids = ids or drafter.spec.layer_ids or target.default_layer_ids()
         if len(ids) != drafter.spec.num_aux:
             raise ValueError(f"{draft_dir}: drafter's fc takes {drafter.spec.num_aux} aux layers, got layer ids {ids}")
-    return Decoder(target, drafter, max_len=max_len, layer_ids=ids, eos_ids=eos_ids_of(model_dir),
-                   use_graphs=use_graphs)
+    if fast:
+        return Decoder(model, drafter, max_len=max_len, layer_ids=ids, eos_ids=target.eos_ids(),
+                       use_graphs=use_graphs)
+    return GenericDecoder(model, drafter, max_len=max_len, layer_ids=ids, eos_ids=target.eos_ids())

@@ -20,6 +20,7 @@ from transformers import LlamaConfig
 
 from eagle import checkpoint
 from eagle.common import EagleError
+from eagle.target import DraftShape, Target, open_target
 
 logger.remove()  # speculators logs every file it opens at INFO; our commands print their own tables
 
@@ -27,19 +28,11 @@ ATTN_IMPL = "sdpa"
 LOSS = "kl_div"
 
 
-def default_layer_ids(num_layers: int) -> list[int]:
-    return [2, num_layers // 2, num_layers - 3]
-
-
-def draft_layer_config(target_dir: str | os.PathLike[str]) -> LlamaConfig:
-    """A 1-layer llama config with the target's sizes and vocabulary (the drafter's decoder layer)."""
-    target_cfg = LlamaConfig.from_pretrained(str(target_dir))
-    if getattr(target_cfg, "model_type", "llama") not in ("llama",):
-        raise EagleError(f"{target_dir}: model_type {target_cfg.model_type!r}; only llama targets are supported")
-    target_cfg.num_hidden_layers = 1
-    target_cfg.tie_word_embeddings = False
-    target_cfg.use_cache = True
-    return target_cfg
+def draft_layer_config(target_dir: str | os.PathLike[str], shape: DraftShape | None = None,
+                       trust_remote_code: bool = False) -> LlamaConfig:
+    """The drafter's decoder layer: one Llama layer for every target, its shape the target's unless
+    `shape` sets it (eagle/target.py)."""
+    return open_target(target_dir, trust_remote_code).draft_layer_config(shape)
 
 
 def set_attn_impl(model: Eagle3DraftModel, impl: str = ATTN_IMPL) -> None:
@@ -63,23 +56,53 @@ def build_drafter(
     ttt_steps: int,
     norm_before_residual: bool = False,
     attn_impl: str = ATTN_IMPL,
+    shape: DraftShape | None = None,
+    trust_remote_code: bool = False,
 ) -> Eagle3DraftModel:
-    """A fresh drafter; embeddings, lm_head (target's, restricted to the draft vocab) and the final
-    norm come from the target's safetensors without loading the whole target."""
-    draft_vocab = int(d2t.shape[0])
-    model = Eagle3DraftModel.from_training_args(
-        draft_layer_config(target_dir),
-        t2d=t2d.to(torch.bool),
-        d2t=d2t.to(torch.long),
-        verifier_name_or_path=str(target_dir),
-        draft_vocab_size=draft_vocab,
+    """A fresh drafter for the target at `target_dir`: one Llama decoder layer (its shape the
+    target's, or `shape`), the target's embeddings, its lm_head restricted to the draft vocabulary
+    and its final norm, read from the target's safetensors (eagle/target.py) without loading the
+    target, and without running its code: custom-code targets need no trust here."""
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+
+    target = open_target(target_dir, trust_remote_code)
+    layer_config = target.draft_layer_config(shape)
+    layer_config._attn_implementation = attn_impl
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer_config,
+        draft_vocab_size=int(d2t.shape[0]),
         norm_before_residual=norm_before_residual,
-        ttt_steps=ttt_steps,
-        target_layer_ids=list(layer_ids),
-        draft_attn_impl=attn_impl,
+        eagle_aux_hidden_state_layer_ids=list(layer_ids),
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=ttt_steps)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig(name_or_path=str(target_dir), architectures=target.raw.get("architectures") or []),
+        ),
     )
+    model = Eagle3DraftModel(config=config)
+    model.load_vocab_mappings(t2d.to(torch.bool), d2t.to(torch.long))
+    load_target_rows(model, target)
     set_attn_impl(model, attn_impl)
     return model
+
+
+def load_target_rows(model: Eagle3DraftModel, target: Target) -> None:
+    """The verifier-owned tensors of a drafter, from the target's files: embed_tokens, lm_head and
+    verifier_lm_head (the target's lm_head rows of the draft vocabulary) and verifier_norm; frozen."""
+    w = target.read_weights(["embed_tokens.weight", "lm_head.weight", "norm.weight"])
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(w["embed_tokens.weight"])
+        rows = w["lm_head.weight"]
+        if model.use_draft_vocab:
+            rows = rows[model.t2d.to(torch.bool)]
+        model.lm_head.weight.copy_(rows)
+        model.verifier_lm_head.weight.copy_(rows)
+        model.verifier_norm.weight.copy_(w["norm.weight"])
+    for p in (model.embed_tokens.weight, model.lm_head.weight, model.verifier_lm_head.weight,
+              model.verifier_norm.weight):
+        p.requires_grad_(False)
 
 
 def load_drafter(

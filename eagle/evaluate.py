@@ -1,14 +1,20 @@
 """`eagle evaluate`: real greedy speculative decoding with the target and the drafter.
 
 For each prompt: draft k tokens, verify them in one target forward, accept the longest matching
-prefix plus the bonus token (eagle/decode.py). Reports
+prefix plus the bonus token. Llama and Qwen3 targets decode with the fast decoder
+(eagle/decode.py: static cache, CUDA graphs on GPU); every other architecture (DeepSeek-V3 / Kimi,
+multimodal wrappers, custom code) through its own transformers forward with a KV cache
+(eagle/generic_decode.py); `--decoder` forces one, and the report says which ran. Reports
 
 - accept_len: mean tokens per verify step, bonus included (vLLM's 1 + accepted / drafts);
 - accept_rate_j: the fraction of verify steps whose first j+1 drafts were all accepted (vLLM's
   per-position counter divided by the number of drafts);
-- greedy_match: 1 when every prompt's output equals transformers' own
-  `generate(do_sample=False)` token for token, else 0 -- a check of the decoding code, not of the
-  drafter (a random drafter must still give 1).
+- greedy_match: 1 when every prompt's speculative output equals plain greedy decoding with the same
+  decoder and dtype, else 0 -- exact by construction, so a 0 is a bug in the decoding code (a
+  random drafter must still give 1);
+- generate_match: 1 when every output also equals transformers' own `generate(do_sample=False)`;
+  computed in float32 only by default (bf16 rounding flips near-tied logits between two
+  implementations, which would read as failures), or never with --no-check.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pydantic import BaseModel
 
 from eagle.common import EagleError, fail, pick_device, pick_dtype, print_kv, progress
 from eagle.metrics import write_metrics
+from eagle.target import trust_remote_code_option
 
 
 class PromptResult(BaseModel):
@@ -29,16 +36,21 @@ class PromptResult(BaseModel):
     new_tokens: int
     verify_steps: int
     accepted: int
-    matches_reference: bool | None = None
+    matches_greedy: bool | None = None  # speculative output == plain greedy (same decoder, dtype)
+    first_greedy_mismatch: int | None = None
+    matches_reference: bool | None = None  # speculative output == transformers' generate
     first_mismatch: int | None = None
 
 
 class EvalReport(BaseModel):
     k: int
     prompts: int
+    decoder: str = "fast"  # which path decoded: fast (eagle/decode.py) or generic (transformers forward)
+    dtype: str = "float32"
     accept_len: float
     accept_rates: list[float]
     greedy_match: int | None
+    generate_match: int | None = None
     per_prompt: list[PromptResult]
 
     def metrics(self) -> dict[str, float]:
@@ -46,6 +58,9 @@ class EvalReport(BaseModel):
         out.update({f"accept_rate_{j}": r for j, r in enumerate(self.accept_rates)})
         if self.greedy_match is not None:
             out["greedy_match"] = self.greedy_match
+        if self.generate_match is not None:
+            out["generate_match"] = self.generate_match
+        out["fast_decoder"] = int(self.decoder == "fast")
         return out
 
 
@@ -67,66 +82,93 @@ def first_mismatch(a: list[int], b: list[int]) -> int | None:
 
 
 def reference_greedy(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int,
-                     device: Any, dtype: Any) -> list[list[int]]:
-    """transformers' own greedy decoding of each prompt (the reference for greedy_match)."""
+                     device: Any, dtype: Any, trust_remote_code: bool = False) -> list[list[int]]:
+    """transformers' own greedy decoding of each prompt (the reference for generate_match)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
-    pad = model.generation_config.pad_token_id
+    from eagle.target import input_device, open_target
+
+    target = open_target(model_dir, trust_remote_code)
+    model = target.load_model(device, dtype)
+    dev = input_device(model)
+    gen = model.generation_config
+    pad = gen.pad_token_id
     if pad is None:
-        pad = model.generation_config.eos_token_id
+        pad = gen.eos_token_id if gen.eos_token_id is not None else (target.eos_ids() or [0])
         pad = pad[0] if isinstance(pad, list) else pad
+    eos = target.eos_ids() or None
     outs = []
     with torch.inference_mode():
         for ids in progress(prompts, desc="reference", unit="prompt"):
-            x = torch.tensor([ids], device=device)
+            x = torch.tensor([ids], device=dev)
             y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
-                               do_sample=False, pad_token_id=pad)
+                               do_sample=False, pad_token_id=pad, eos_token_id=eos)
             outs.append(y[0, len(ids):].tolist())
     del model
     return outs
 
 
 def run_evaluate(model_dir: str | Path, draft_dir: str | Path, prompts: list[list[int]], k: int,
-                 max_new_tokens: int, device: Any, dtype: Any, check: bool = True) -> EvalReport:
+                 max_new_tokens: int, device: Any, dtype: Any, check: bool | None = True, decoder: str = "auto",
+                 trust_remote_code: bool = False) -> EvalReport:
+    """check: compare with transformers' generate (True), skip it (False), or do it in float32 only (None)."""
+    import torch
+
     from eagle.decode import load_decoder, required_len
 
     longest = max(len(p) for p in prompts)
-    decoder = load_decoder(model_dir, draft_dir, max_len=required_len(longest, max_new_tokens, k),
-                           device=device, dtype=dtype)
+    dec = load_decoder(model_dir, draft_dir, max_len=required_len(longest, max_new_tokens, k),
+                       device=device, dtype=dtype, path=decoder, trust_remote_code=trust_remote_code)
     outputs, all_accepted, per_prompt = [], [], []
-    for ids in progress(prompts, desc="speculative", unit="prompt"):
-        res = decoder.generate_speculative(ids, max_new_tokens, k)
+    for ids in progress(prompts, desc=f"speculative ({dec.path})", unit="prompt"):
+        res = dec.generate_speculative(ids, max_new_tokens, k)
+        plain = dec.generate_greedy(ids, max_new_tokens)
         outputs.append(res.tokens)
         all_accepted.extend(res.accepted)
+        miss = first_mismatch(res.tokens, plain)
         per_prompt.append(PromptResult(prompt_tokens=len(ids), new_tokens=len(res.tokens),
-                                       verify_steps=len(res.accepted), accepted=sum(res.accepted)))
-    del decoder
-    match = None
+                                       verify_steps=len(res.accepted), accepted=sum(res.accepted),
+                                       matches_greedy=miss is None, first_greedy_mismatch=miss))
+    path = dec.path
+    del dec
+    generate_match = None
+    if check is None:
+        check = dtype == torch.float32
     if check:
-        refs = reference_greedy(model_dir, prompts, max_new_tokens, device, dtype)
+        refs = reference_greedy(model_dir, prompts, max_new_tokens, device, dtype, trust_remote_code)
         for row, out, ref in zip(per_prompt, outputs, refs, strict=True):
             row.first_mismatch = first_mismatch(out, ref)
             row.matches_reference = row.first_mismatch is None
-        match = int(all(r.matches_reference for r in per_prompt))
+        generate_match = int(all(r.matches_reference for r in per_prompt))
     accept_len, rates = acceptance_stats(all_accepted, k)
-    return EvalReport(k=k, prompts=len(prompts), accept_len=accept_len, accept_rates=rates,
-                      greedy_match=match, per_prompt=per_prompt)
+    return EvalReport(k=k, prompts=len(prompts), decoder=path, dtype=str(dtype).removeprefix("torch."),
+                      accept_len=accept_len, accept_rates=rates,
+                      greedy_match=int(all(r.matches_greedy for r in per_prompt)), generate_match=generate_match,
+                      per_prompt=per_prompt)
 
 
-def load_inputs(model: Path, prompts_file: Path, limit: int | None, draft: Path | None = None) -> list[list[int]]:
+def load_inputs(model: Path, prompts_file: Path, limit: int | None, draft: Path | None = None,
+                trust_remote_code: bool = False) -> list[list[int]]:
     """Shared input checks of evaluate / bench / probe; raises EagleError with a fix."""
     from eagle.prompts import PromptFileError, load_prompt_token_ids
+    from eagle.target import open_target
 
-    if not (model / "config.json").is_file():
-        raise EagleError(f"{model}: not a model directory (no config.json); pass the target's save_pretrained dir")
+    open_target(model, trust_remote_code)
     if draft is not None and not (draft / "config.json").is_file():
         raise EagleError(f"{draft}: not a drafter checkpoint (no config.json); pass `eagle train --out` DIR")
     try:
-        return load_prompt_token_ids(model, prompts_file, limit)
+        return load_prompt_token_ids(model, prompts_file, limit, trust_remote_code)
     except PromptFileError as exc:
         raise EagleError(str(exc)) from exc
+
+
+def decoder_option(fn: Any) -> Any:
+    """`--decoder auto|fast|generic` of evaluate, probe and bench."""
+    return click.option("--decoder", type=click.Choice(["auto", "fast", "generic"]), default="auto",
+                        show_default=True,
+                        help="fast: eagle/decode.py (static cache, CUDA graphs; Llama and Qwen3 targets); generic: "
+                             "the target's own transformers forward with a KV cache (any architecture); auto: "
+                             "fast where it implements the target.")(fn)
 
 
 @click.command("evaluate")
@@ -139,33 +181,44 @@ def load_inputs(model: Path, prompts_file: Path, limit: int | None, draft: Path 
 @click.option("--limit", type=click.IntRange(1), default=None, help="Use only the first N prompts.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
 @click.option("--dtype", default="auto", show_default=True, help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16.")
-@click.option("--no-check", is_flag=True, help="Skip the token-for-token comparison with transformers' generate.")
+@click.option("--check/--no-check", "check", default=None,
+              help="Compare the output with transformers' generate token for token (generate_match) "
+                   "[default: in float32 only].")
+@decoder_option
+@trust_remote_code_option
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
 def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens: int, limit: int | None,
-            device: str, dtype: str, no_check: bool, as_json: bool) -> None:
+            device: str, dtype: str, check: bool | None, decoder: str, trust_remote_code: bool, as_json: bool) -> None:
     """Greedy speculative decoding: acceptance length, per-position acceptance, exactness.
 
     \b
     Metrics ($RUNBOOK_METRICS): accept_len (tokens per verify step, bonus included, as vLLM
-    counts it), accept_rate_0 .. accept_rate_{k-1}, greedy_match (1 when the output equals
-    transformers' greedy generate for every prompt). An untrained drafter gives accept_len ~1.0.
+    counts it), accept_rate_0 .. accept_rate_{k-1}, greedy_match (1 when the speculative output
+    equals plain greedy decoding with the same decoder and dtype for every prompt), generate_match
+    (1 when it also equals transformers' generate; float32 by default), fast_decoder (1 fast path,
+    0 generic). An untrained drafter gives accept_len ~1.0.
 
     \b
     Example:
       eagle evaluate --model work/target --draft work/draft --prompts plans/data/prompts.jsonl -k 3
     """
     try:
-        prompts = load_inputs(model, prompts_file, limit, draft)
+        prompts = load_inputs(model, prompts_file, limit, draft, trust_remote_code)
         dev = pick_device(device)
-        report = run_evaluate(model, draft, prompts, k, max_new_tokens, dev, pick_dtype(dtype, dev),
-                              check=not no_check)
+        report = run_evaluate(model, draft, prompts, k, max_new_tokens, dev, pick_dtype(dtype, dev), check=check,
+                              decoder=decoder, trust_remote_code=trust_remote_code)
     except (EagleError, ValueError, FileNotFoundError) as exc:
-        fail(str(exc))
+        fail(exc)
     write_metrics(report.metrics())
     if as_json:
         click.echo(json.dumps(report.model_dump(), indent=1))
         return
-    print_kv({"prompts": report.prompts, "k": k, **report.metrics()})
+    print_kv({"prompts": report.prompts, "k": k, "decoder": report.decoder, "dtype": report.dtype,
+              **{m: v for m, v in report.metrics().items() if m != "fast_decoder"}})
     if report.greedy_match == 0:
+        bad = [i for i, r in enumerate(report.per_prompt) if not r.matches_greedy]
+        click.echo(f"warning: speculative output differs from plain greedy decoding on prompts {bad[:10]} "
+                   f"({report.decoder} decoder): a decoding bug", err=True)
+    if report.generate_match == 0:
         bad = [i for i, r in enumerate(report.per_prompt) if not r.matches_reference]
-        click.echo(f"warning: output differs from transformers' greedy decoding on prompts {bad[:10]}", err=True)
+        click.echo(f"warning: output differs from transformers' generate on prompts {bad[:10]}", err=True)

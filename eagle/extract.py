@@ -25,9 +25,10 @@ import click
 from pydantic import BaseModel
 
 from eagle import hidden_io
-from eagle.common import EagleError, fail, human_bytes, print_kv, progress, quiet_hf, split_layer_ids, warn
+from eagle.common import EagleError, fail, human_bytes, print_kv, progress, quiet_hf, warn
 from eagle.metrics import write_metrics
 from eagle.serve import vllm_flags, vllm_options
+from eagle.target import open_target
 
 HEADER_BYTES = 256  # safetensors header, per file (rough)
 
@@ -56,36 +57,6 @@ class ExtractResult(BaseModel):
 
 
 # ---------------------------------------------------------------- pure helpers
-
-
-def default_layer_ids(num_layers: int) -> list[int]:
-    return [2, num_layers // 2, num_layers - 3]
-
-
-def parse_layer_ids(spec: str | Sequence[int] | None, num_layers: int) -> list[int]:
-    """Validate aux layer ids: distinct, in [0, N), ascending. None -> [2, N//2, N-3]."""
-    if spec is None or spec == "":
-        ids = default_layer_ids(num_layers)
-        if len(set(ids)) != len(ids) or min(ids) < 0:
-            raise EagleError(
-                f"the default layer ids {ids} for a {num_layers}-layer target collide; "
-                "pass --layer-ids explicitly (3 distinct ascending ids)"
-            )
-        return ids
-    if isinstance(spec, str):
-        ids = split_layer_ids(spec)
-    else:
-        ids = [int(x) for x in spec]
-    if not ids:
-        raise EagleError("--layer-ids is empty")
-    if len(set(ids)) != len(ids):
-        raise EagleError(f"--layer-ids {ids}: ids must be distinct")
-    bad = [k for k in ids if not 0 <= k < num_layers]
-    if bad:
-        raise EagleError(f"--layer-ids {ids}: {bad} out of range; the target has {num_layers} layers (use 0..{num_layers - 1})")
-    if ids != sorted(ids):
-        raise EagleError(f"--layer-ids {ids}: give them in ascending order ({','.join(map(str, sorted(ids)))})")
-    return ids
 
 
 def parse_shard(spec: str | None, env: dict[str, str]) -> tuple[int, int]:
@@ -200,18 +171,6 @@ def _extract_hf(model: Path, device: str, dtype: str, rows: list[list[int]], tod
     return stats.bytes_written, stats.tokens, stats.seconds
 
 
-def _target_config(model: Path, trust_remote_code: bool = False) -> Any:
-    from transformers import AutoConfig
-
-    if not Path(model).is_dir():
-        raise EagleError(f"--model {model}: no such directory")
-    try:
-        cfg = AutoConfig.from_pretrained(str(model), trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as e:
-        raise EagleError(f"cannot read the target config at {model}: {e}") from None
-    return getattr(cfg, "text_config", cfg)
-
-
 def _copy_dataset(src: Path, dst: Path) -> None:
     """Make `dst` a complete data dir: the dataset files of `src` next to the hidden states."""
     dst.mkdir(parents=True, exist_ok=True)
@@ -235,9 +194,9 @@ def extract(model: Path, data: Path, out: Path | None = None, layer_ids: str | S
     data, out = Path(data), Path(out) if out is not None else Path(data)
     ds = hidden_io.open_prepared(data)
     trust = bool(vllm_flags and vllm_flags.trusts_remote_code)
-    cfg = _target_config(model, trust)
-    num_layers, hidden, vocab = int(cfg.num_hidden_layers), int(cfg.hidden_size), int(cfg.vocab_size)
-    ids = parse_layer_ids(layer_ids, num_layers)
+    target = open_target(model, trust)
+    num_layers, hidden, vocab = target.num_layers, target.hidden_size, target.vocab_size
+    ids = target.layer_ids(layer_ids)
     if batch_tokens < 1:
         raise EagleError("--batch-tokens must be positive")
     plain = ds.with_format(None)

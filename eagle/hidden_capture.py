@@ -89,10 +89,9 @@ class HiddenCapture:
 
     def __init__(self, model: Any, layer_ids: Sequence[int], compile: bool = False) -> None:
         self.decoder = decoder_of(model)
-        n = len(self.decoder.layers)
-        if not layer_ids or any(not 0 <= k < n for k in layer_ids) or list(layer_ids) != sorted(set(layer_ids)):
-            raise EagleError(f"layer ids {list(layer_ids)}: need distinct ascending ids in [0, {n})")
-        self.layer_ids = list(layer_ids)
+        from eagle.target import check_layer_ids
+
+        self.layer_ids = check_layer_ids(layer_ids, len(self.decoder.layers), "layer ids")
         self.store: dict[int | str, torch.Tensor] = {}
         self.handles = [self.decoder.layers[k].register_forward_pre_hook(self._hook(k), with_kwargs=True)
                         for k in self.layer_ids]

@@ -132,7 +132,7 @@ class Attention(nn.Module):
     (one matrix-vector product per decode step instead of three)."""
 
     def __init__(self, in_dim: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
-                 bias: bool = False, device=None, dtype=None) -> None:
+                 bias: bool = False, device=None, dtype=None, qk_norm_eps: float | None = None) -> None:
         super().__init__()
         kw = {"device": device, "dtype": dtype}
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
@@ -140,6 +140,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias, **kw)
         self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias, **kw)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias, **kw)
+        # Qwen3: an RMSNorm over each query and key head before rope (None: Llama, no norm)
+        self.q_norm = RMSNorm(head_dim, qk_norm_eps, device, dtype) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(head_dim, qk_norm_eps, device, dtype) if qk_norm_eps is not None else None
         self.qkv_weight: nn.Parameter | None = None
         self.qkv_bias: nn.Parameter | None = None
 
@@ -160,7 +163,10 @@ class Attention(nn.Module):
         `residual` in place."""
         t, hq, hkv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = self._qkv(x).view(t, hq + 2 * hkv, d)
-        qk = apply_rope(qkv[:, : hq + hkv], cos, sin)
+        qk = qkv[:, : hq + hkv]
+        if self.q_norm is not None:
+            qk = torch.cat([self.q_norm(qk[:, :hq]), self.k_norm(qk[:, hq:])], dim=1)
+        qk = apply_rope(qk, cos, sin)
         k_cache.index_copy_(1, slots, qk[:, hq:].transpose(0, 1))
         v_cache.index_copy_(1, slots, qkv[:, hq + hkv:].transpose(0, 1))
         # GQA without repeating the cache: the g = hq / hkv query heads of each kv head become
@@ -222,6 +228,11 @@ def head_dim_of(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+def has_qk_norm(config) -> bool:
+    """Qwen3's attention: RMSNorm on every query and key head (else Llama's)."""
+    return getattr(config, "model_type", "llama") == "qwen3"
+
+
 def check_llama_config(config, what: str) -> None:
     """Refuse Llama variants this decoder does not implement, naming the field."""
     act = getattr(config, "hidden_act", "silu")
@@ -232,10 +243,14 @@ def check_llama_config(config, what: str) -> None:
     rope = getattr(config, "rope_parameters", None) or {}
     if isinstance(rope, dict) and rope.get("rope_type") == "dynamic":
         raise ValueError(f"{what}: dynamic rope scaling is not supported by the static-cache decoder")
+    if getattr(config, "use_sliding_window", False) or getattr(config, "layer_types", None) and any(
+            t != "full_attention" for t in config.layer_types):
+        raise ValueError(f"{what}: sliding-window attention is not supported by the static-cache decoder")
 
 
 class DecoderLayer(nn.Module):
-    """A standard Llama decoder layer (pre-norm attention + SwiGLU MLP, residuals).
+    """A standard Llama decoder layer (pre-norm attention + SwiGLU MLP, residuals); Qwen3's when
+    the config says so (the same plus q/k norms).
 
     The forward updates its input `x` in place (the residual stream) and returns it: callers that
     keep a layer's input (the target's aux hidden states) must clone it first."""
@@ -246,7 +261,8 @@ class DecoderLayer(nn.Module):
         bias = bool(getattr(config, "attention_bias", False))
         self.input_layernorm = RMSNorm(h, eps, device, dtype)
         self.self_attn = Attention(h, h, config.num_attention_heads, config.num_key_value_heads,
-                                   head_dim_of(config), bias, device, dtype)
+                                   head_dim_of(config), bias, device, dtype,
+                                   qk_norm_eps=eps if has_qk_norm(config) else None)
         self.post_attention_layernorm = RMSNorm(h, eps, device, dtype)
         self.mlp = MLP(h, config.intermediate_size, False, device, dtype)
 

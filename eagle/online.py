@@ -44,6 +44,7 @@ class OnlineStates:
     def __init__(self, data_dir: str | os.PathLike[str], target: Any, layer_ids: list[int], budget: int,
                  compile: bool | None = None) -> None:
         from eagle import hidden_capture, hidden_io
+        from eagle.target import input_device
 
         self.data_dir = Path(data_dir)
         ds = hidden_io.open_prepared(self.data_dir).with_format(None)
@@ -54,15 +55,16 @@ class OnlineStates:
         self.lengths = [len(r) for r in self.input_ids]
         self.rows = list(range(len(self.input_ids)))
         self.budget = budget
-        self.device = next(target.parameters()).device
+        self.device = input_device(target)
         cuda = self.device.type == "cuda"
         self.pad_multiple = CUDA_PAD_MULTIPLE if cuda else 1
         self.capture = hidden_capture.HiddenCapture(target, layer_ids, compile=cuda if compile is None else compile)
         self._events: list[tuple[Any, Any]] = []
         self._host_seconds = 0.0
         self.num_aux = len(layer_ids)
-        self.hidden_size = int(target.config.hidden_size)
-        vocab = int(target.config.vocab_size)
+        text = target.config.get_text_config()  # the text model's, also under a multimodal wrapper
+        self.hidden_size = int(text.hidden_size)
+        vocab = int(text.vocab_size)
         bad = next((i for i, r in enumerate(self.input_ids) if r and max(r) >= vocab), None)
         if bad is not None:
             raise EagleError(f"row {bad} of {self.data_dir} has token ids >= the target's vocab size {vocab}: "
@@ -123,13 +125,13 @@ class OnlineStates:
         self.capture.close()
 
 
-def load_target(model_dir: Path, device: torch.device) -> Any:
+def load_target(model_dir: Path, device: torch.device, trust_remote_code: bool = False) -> Any:
     """The target beside the drafter, on the training device (bf16 on GPU, fp32 on CPU), with a clear
     error when it does not fit there."""
     from eagle.data import load_model
 
     try:
-        return load_model(model_dir, str(device), "auto")
+        return load_model(model_dir, str(device), "auto", trust_remote_code)
     except torch.cuda.OutOfMemoryError:
         raise EagleError(f"--online: the target {model_dir} does not fit on {device}; drop --online and run "
                          "`eagle extract` first (offline training keeps only the drafter on the GPU)") from None

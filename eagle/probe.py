@@ -17,7 +17,9 @@ import click
 from pydantic import BaseModel
 
 from eagle.common import EagleError, fail, pick_device, pick_dtype, print_table, split_layer_ids
+from eagle.evaluate import decoder_option, load_inputs
 from eagle.metrics import write_metrics
+from eagle.target import trust_remote_code_option
 
 
 class LayerStats(BaseModel):
@@ -29,6 +31,7 @@ class LayerStats(BaseModel):
 class ProbeReport(BaseModel):
     layers: list[LayerStats]
     tokens: int
+    decoder: str = "fast"  # which decoding path ran (fast: eagle/decode.py; generic: transformers forward)
     accept_len: float | None = None
     base_accept_len: float | None = None
 
@@ -58,63 +61,54 @@ def layer_similarity(a, b) -> tuple[float, float]:
     return float(cos.mean()), float(rel.mean())
 
 
-def _check_pair(model_dir: Path, other_dir: Path, a, b) -> None:
-    for field in ("num_hidden_layers", "hidden_size", "vocab_size"):
-        if getattr(a.config, field) != getattr(b.config, field):
-            raise EagleError(f"{other_dir}: {field} is {getattr(b.config, field)} but {model_dir} has "
-                             f"{getattr(a.config, field)}; probe compares targets of the same architecture")
+def _check_pair(model_dir: Path, other_dir: Path, trust_remote_code: bool) -> None:
+    from eagle.target import open_target
+
+    a = open_target(model_dir, trust_remote_code)
+    b = open_target(other_dir, trust_remote_code, what="--other")
+    for field in ("num_layers", "hidden_size", "vocab_size"):
+        if getattr(a, field) != getattr(b, field):
+            raise EagleError(f"{other_dir}: {field} is {getattr(b, field)} but {model_dir} has "
+                             f"{getattr(a, field)}; probe compares targets of the same architecture")
 
 
 def run_probe(model_dir: Path, other_dir: Path, prompts: list[list[int]], layer_ids: list[int] | None,
-              draft_dir: Path | None, k: int, max_new_tokens: int, device, dtype) -> ProbeReport:
-    import torch
+              draft_dir: Path | None, k: int, max_new_tokens: int, device, dtype, decoder: str = "auto",
+              trust_remote_code: bool = False) -> ProbeReport:
+    from eagle.decode import load_decoder, required_len
+    from eagle.draft_infer import read_draft_spec
+    from eagle.target import check_layer_ids, open_target
 
-    from eagle.decode import (
-        Decoder,
-        TargetModel,
-        check_layer_ids,
-        default_layer_ids,
-        eos_ids_of,
-        required_len,
-    )
-    from eagle.draft_infer import load_drafter
-
-    base = TargetModel.from_pretrained(model_dir, device=device, dtype=dtype)
-    other = TargetModel.from_pretrained(other_dir, device=device, dtype=dtype)
-    _check_pair(model_dir, other_dir, base, other)
-    drafter = None
+    _check_pair(model_dir, other_dir, trust_remote_code)
+    n_layers = open_target(model_dir, trust_remote_code).num_layers
     if draft_dir is not None:
-        drafter = load_drafter(draft_dir, target_embed=base.embed_tokens.weight,
-                               target_vocab_size=base.config.vocab_size, device=device, dtype=dtype)
-        layer_ids = layer_ids or drafter.spec.layer_ids
-    layer_ids = check_layer_ids(layer_ids or default_layer_ids(base.num_layers), base.num_layers, "--layer-ids")
+        layer_ids = layer_ids or read_draft_spec(draft_dir).layer_ids
+    layer_ids = check_layer_ids(layer_ids or open_target(model_dir).default_layer_ids(), n_layers, "--layer-ids")
     max_len = required_len(max(len(p) for p in prompts), max_new_tokens, k)
-    plain = Decoder(base, None, max_len=max_len, eos_ids=eos_ids_of(model_dir))
+    kw = {"max_len": max_len, "device": device, "dtype": dtype, "path": decoder,
+          "trust_remote_code": trust_remote_code}
+    # each target decodes with the drafter as vLLM would serve it there (its own embeddings where the
+    # checkpoint has none); without --draft, plain decoders only
+    base = load_decoder(model_dir, draft_dir, layer_ids=layer_ids if draft_dir else None, **kw)
+    other = load_decoder(other_dir, draft_dir, layer_ids=layer_ids if draft_dir else None, **kw)
     sums = {i: [0.0, 0.0] for i in layer_ids}
     tokens = 0
     ordered = sorted(layer_ids)
-    with torch.inference_mode():
-        for ids in prompts:
-            seq = ids + plain.generate_greedy(ids, max_new_tokens)
-            x = torch.tensor(seq, device=device)
-            pos = torch.arange(len(seq), device=device)
-            _, aux_a, _ = base(x, pos, base.new_cache(len(seq)), ordered, last_only=True)
-            _, aux_b, _ = other(x, pos, other.new_cache(len(seq)), ordered, last_only=True)
-            h = base.config.hidden_size
-            for j, layer in enumerate(ordered):
-                cos, rel = layer_similarity(aux_a[:, j * h:(j + 1) * h], aux_b[:, j * h:(j + 1) * h])
-                sums[layer][0] += cos * len(seq)
-                sums[layer][1] += rel * len(seq)
-            tokens += len(seq)
+    h = open_target(model_dir).hidden_size
+    for ids in prompts:
+        seq = ids + base.generate_greedy(ids, max_new_tokens)
+        aux_a, aux_b = base.aux_states(seq, ordered), other.aux_states(seq, ordered)
+        for j, layer in enumerate(ordered):
+            cos, rel = layer_similarity(aux_a[:, j * h:(j + 1) * h], aux_b[:, j * h:(j + 1) * h])
+            sums[layer][0] += cos * len(seq)
+            sums[layer][1] += rel * len(seq)
+        tokens += len(seq)
     stats = [LayerStats(layer=i, cos_sim=sums[i][0] / tokens, rel_norm_diff=sums[i][1] / tokens) for i in ordered]
-    report = ProbeReport(layers=stats, tokens=tokens)
-    if drafter is not None:
-        del plain
-        for name, target, where in (("accept_len", other, other_dir), ("base_accept_len", base, model_dir)):
-            dec = Decoder(target, drafter, max_len=max_len, layer_ids=layer_ids, eos_ids=eos_ids_of(where))
+    report = ProbeReport(layers=stats, tokens=tokens, decoder=base.path)
+    if draft_dir is not None:
+        for name, dec in (("accept_len", other), ("base_accept_len", base)):
             accepted = [m for ids in prompts for m in dec.generate_speculative(ids, max_new_tokens, k).accepted]
             setattr(report, name, 1.0 + sum(accepted) / max(1, len(accepted)))
-            del dec
     return report
 
 
@@ -133,9 +127,12 @@ def run_probe(model_dir: Path, other_dir: Path, prompts: list[list[int]], layer_
 @click.option("--limit", type=click.IntRange(1), default=None, help="Use only the first N prompts.")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--dtype", default="auto", show_default=True)
+@decoder_option
+@trust_remote_code_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def command(model: Path, other: Path, prompts_file: Path, draft: Path | None, layer_ids: str | None, k: int,
-            max_new_tokens: int, limit: int | None, device: str, dtype: str, as_json: bool) -> None:
+            max_new_tokens: int, limit: int | None, device: str, dtype: str, decoder: str, trust_remote_code: bool,
+            as_json: bool) -> None:
     """How alike two targets are; does a drafter carry over?
 
     \b
@@ -149,22 +146,22 @@ def command(model: Path, other: Path, prompts_file: Path, draft: Path | None, la
       eagle probe --model work/target --other work/target-v2 --prompts plans/data/prompts.jsonl \\
           --draft work/draft
     """
-    from eagle.evaluate import load_inputs
+    from eagle.target import open_target
 
     try:
-        if not (other / "config.json").is_file():
-            raise EagleError(f"{other}: not a model directory (no config.json)")
-        prompts = load_inputs(model, prompts_file, limit, draft)
+        open_target(other, trust_remote_code, what="--other")
+        prompts = load_inputs(model, prompts_file, limit, draft, trust_remote_code)
         dev = pick_device(device)
         report = run_probe(model, other, prompts, parse_layer_ids(layer_ids), draft, k, max_new_tokens, dev,
-                           pick_dtype(dtype, dev))
+                           pick_dtype(dtype, dev), decoder, trust_remote_code)
     except (EagleError, ValueError, FileNotFoundError) as exc:
-        fail(str(exc))
+        fail(exc)
     write_metrics(report.metrics())
     if as_json:
         click.echo(json.dumps(report.model_dump(), indent=1))
         return
     print_table([(f"l{s.layer}", s.cos_sim, s.rel_norm_diff) for s in report.layers],
                 headers=["layer", "cos_sim", "rel_norm_diff"])
+    click.echo(f"decoder: {report.decoder}")
     if report.accept_len is not None:
         click.echo(f"accept_len on --other: {report.accept_len:.3f}   on --model: {report.base_accept_len:.3f}")

@@ -78,10 +78,10 @@ def read_prompt_messages(prompts_file: str | Path, limit: int | None = None) -> 
 def load_prompt_token_ids(model_dir: str | Path, prompts_file: str | Path,
                           limit: int | None = None, trust_remote_code: bool = False) -> list[list[int]]:
     """Token ids of each prompt: the target tokenizer's chat template, add_generation_prompt=True."""
-    from transformers import AutoTokenizer
+    from eagle.target import load_tokenizer
 
     conversations = read_prompt_messages(prompts_file, limit)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(model_dir, trust_remote_code, need_chat_template=False)
     if not getattr(tokenizer, "chat_template", None):
         raise PromptFileError(f"{model_dir}: the tokenizer has no chat template; prompts cannot be formatted")
     result = []

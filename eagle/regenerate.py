@@ -111,11 +111,12 @@ def hf_answerer(model_dir: Path, tokenizer: Any, settings: RegenSettings, trust_
     import torch
 
     from eagle.data import load_model
+    from eagle.target import input_device
 
     model = load_model(model_dir, settings.device, settings.dtype, trust_remote_code=trust_remote_code)
     eos = stop_ids(model_dir, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
-    dev = next(model.parameters()).device
+    dev = input_device(model)  # the embedding's device (a big model may be spread over GPUs)
     s = settings.sampling
     calls = [0]
 

@@ -214,12 +214,12 @@ def server_env(scratch: Path, base: dict[str, str] | None = None) -> dict[str, s
 
 def max_positions(model_dir: str | os.PathLike[str]) -> int | None:
     """The target's `max_position_embeddings` (text config when nested), or None when not stated."""
+    from eagle.target import open_target
+
     try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
+        value = open_target(model_dir).text.get("max_position_embeddings")
+    except EagleError:
         return None
-    cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
-    value = cfg.get("max_position_embeddings")
     return int(value) if isinstance(value, int) else None
 
 
@@ -655,12 +655,11 @@ def extraction_spec(model_dir: str | os.PathLike[str], samples: Sequence[Sequenc
                     storage: Path, flags: VllmFlags, cuda: bool, concurrency: int,
                     dtype: str | None = None) -> ServerSpec:
     """The server that extracts: the target with vLLM's extract_hidden_states method (pure)."""
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    cfg = cfg.get("text_config", cfg)
-    n_layers = int(cfg["num_hidden_layers"])
-    bad = [i for i in layer_ids if not 0 <= int(i) < n_layers]
-    if bad or len(set(layer_ids)) != len(list(layer_ids)):
-        raise EagleError(f"layer ids {list(layer_ids)} must be distinct and within 0..{n_layers - 1}")
+    from eagle.target import open_target
+
+    target = open_target(model_dir, flags.trusts_remote_code)
+    n_layers = target.num_layers
+    layer_ids = target.layer_ids(layer_ids)
     return server_spec(model_dir, flags, cuda, dtype=dtype, max_model_len=max(len(s) for s in samples) + 8,
                        max_num_seqs=max(1, concurrency),
                        task_args=extraction_args(layer_ids, n_layers, storage, cpu=not cuda))

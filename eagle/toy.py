@@ -1,4 +1,4 @@
-"""Tiny trained Llama targets made locally: `eagle toy-target`.
+"""Tiny trained targets made locally: `eagle toy-target [--arch llama|qwen3|deepseek_v3|kimi_k25]`.
 
 The toy language is a first-order Markov chain over pronounceable made-up words ("bako",
 "tizu", ...): about 400 *active* words, each followed by one of three successors with
@@ -8,8 +8,9 @@ assistant turn that continues the walk from the user's last word, wrapped in the
     <|user|> w w w <|end|>
     <|assistant|> w w w ... <|end|>
 
-A small LlamaForCausalLM trained on such samples for a few hundred steps gives peaked greedy
-outputs (top-1 probability near 0.75, far above the runner-up), which is what makes acceptance
+A small causal LM (Llama by default; Qwen3, DeepSeek-V3 MoE + MLA, or that DeepSeek-V3 inside
+Kimi-K2.5's multimodal wrapper with `--arch`) trained on such samples for a few hundred steps gives
+peaked greedy outputs (top-1 probability near 0.75, far above the runner-up), which is what makes acceptance
 lengths of a drafter meaningful. The vocabulary (and so the tokenizer) depends only on
 `--vocab`; the chain depends on `--seed`.
 
@@ -49,9 +50,13 @@ META_FILE = "toy_meta.json"
 TOY_VERSION = 1  # bump when the corpus or training changes meaningfully (cache keys use it)
 
 
+ARCHS = ("llama", "qwen3", "deepseek_v3", "kimi_k25")
+
+
 class ToyConfig(BaseModel):
     """Everything that determines a toy target (a cache key hashes this)."""
 
+    arch: str = "llama"  # one of ARCHS (kimi_k25: the deepseek_v3 toy inside Kimi-K2.5's multimodal wrapper)
     num_layers: int = 8
     hidden: int = 128
     intermediate: int = 256
@@ -206,30 +211,47 @@ def build_tokenizer(vocab_size: int) -> Any:
     return fast
 
 
-def build_model(cfg: ToyConfig, tokenizer: Any) -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def model_config(cfg: ToyConfig, tokenizer: Any) -> Any:
+    """The transformers config of a toy target's text model (kimi_k25: of its deepseek_v3 text model).
 
+    qwen3: Llama plus q/k norms, head_dim explicit. deepseek_v3: MoE (8 routed experts of width
+    intermediate/4, top 2, 1 shared expert, the first layer dense, DeepSeek-V3's sigmoid routing with
+    a correction bias) and MLA with DeepSeek-V3's kv_lora_rank 512 and rope head 64 (vLLM's CPU MLA
+    kernel takes only those), small q_lora_rank and per-head nope/v sizes."""
+    from transformers import DeepseekV3Config, LlamaConfig, Qwen3Config
+
+    if cfg.arch not in ARCHS:
+        raise EagleError(f"--arch {cfg.arch!r}: use one of {', '.join(ARCHS)}")
     if cfg.num_layers < 8:
         raise EagleError(
             f"--num-layers {cfg.num_layers}: use at least 8 so the default layer ids [2, N//2, N-3] are distinct"
         )
     if cfg.hidden % cfg.heads or cfg.heads % cfg.kv_heads:
         raise EagleError("--hidden must be divisible by --heads, and --heads by --kv-heads")
-    config = LlamaConfig(
-        vocab_size=cfg.vocab,
-        hidden_size=cfg.hidden,
-        intermediate_size=cfg.intermediate,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.heads,
-        num_key_value_heads=cfg.kv_heads,
-        max_position_embeddings=cfg.max_positions,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
-    return LlamaForCausalLM(config)
+    common = dict(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.intermediate,
+                  num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.heads,
+                  max_position_embeddings=cfg.max_positions, tie_word_embeddings=False,
+                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    if cfg.arch == "llama":
+        return LlamaConfig(**common, num_key_value_heads=cfg.kv_heads, rms_norm_eps=1e-5)
+    if cfg.arch == "qwen3":
+        return Qwen3Config(**common, num_key_value_heads=cfg.kv_heads, head_dim=cfg.hidden // cfg.heads,
+                           rms_norm_eps=1e-6)
+    head = cfg.hidden // cfg.heads
+    return DeepseekV3Config(**common, num_key_value_heads=cfg.heads, rms_norm_eps=1e-6,
+                            n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+                            moe_intermediate_size=max(8, cfg.intermediate // 4), first_k_dense_replace=1,
+                            n_group=1, topk_group=1, routed_scaling_factor=1.0,
+                            q_lora_rank=2 * cfg.hidden, kv_lora_rank=512, qk_rope_head_dim=64,
+                            qk_nope_head_dim=head, v_head_dim=head,
+                            topk_method="noaux_tc", scoring_func="sigmoid")  # as DeepSeek-V3's config.json
+
+
+def build_model(cfg: ToyConfig, tokenizer: Any) -> Any:
+    """A fresh causal LM of the toy's text architecture (kimi_k25's wrapper is added at save time)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(model_config(cfg, tokenizer))
 
 
 def _encode_samples(tokenizer: Any, convs: list[list[dict[str, str]]]) -> list[list[int]]:
@@ -296,28 +318,86 @@ def _train_loop(model: Any, tokenizer: Any, chain: Chain, cfg: ToyConfig, seed: 
     return sum(recent) / max(1, len(recent))
 
 
-def build_toy_target(out: Path, cfg: ToyConfig, echo: bool = True) -> ToyMeta:
-    """Make, train and save a toy target at `out` (which must not exist or be empty)."""
+def build_toy_target(out: Path, cfg: ToyConfig, echo: bool = True, text_from: Path | None = None) -> ToyMeta:
+    """Make, train and save a toy target at `out` (which must not exist or be empty).
+
+    kimi_k25: the deepseek_v3 toy (trained here, or taken trained from the toy at `text_from`)
+    inside Kimi-K2.5's multimodal wrapper."""
     import torch
 
     t0 = time.time()
     torch.manual_seed(cfg.seed)
     tok = build_tokenizer(cfg.vocab)
-    model = build_model(cfg, tok)
-    chain = make_chain(cfg.vocab, cfg.active, cfg.seed)
-    loss = train(model, tok, chain, cfg, seed=cfg.seed, steps=cfg.steps, echo=echo)
+    text_cfg = cfg.model_copy(update={"arch": "deepseek_v3"}) if cfg.arch == "kimi_k25" else cfg
+    if text_from is not None:
+        from transformers import AutoModelForCausalLM
+
+        given = read_toy_meta(text_from)
+        if given.config != text_cfg:
+            raise EagleError(f"{text_from} is not the {text_cfg.arch} toy of this config")
+        model = AutoModelForCausalLM.from_pretrained(str(text_from), dtype=torch.float32).eval()
+        loss = given.final_loss
+    else:
+        model = build_model(text_cfg, tok)
+        chain = make_chain(cfg.vocab, cfg.active, cfg.seed)
+        loss = train(model, tok, chain, cfg, seed=cfg.seed, steps=cfg.steps, echo=echo)
     meta = ToyMeta(config=cfg, final_loss=loss, build_seconds=0.0, chain_seed=cfg.seed)
+    if cfg.arch == "kimi_k25":
+        model = wrap_kimi_k25(model)
     return _save(out, model, tok, meta, t0)
+
+
+def wrap_kimi_k25(text_model: Any) -> Any:
+    """Kimi-K2.5's layout around a DeepSeek-V3 causal LM: `Kimi_K25ForConditionalGeneration` with the
+    text model under `text_config` and a tiny random vision tower and projector (never used by
+    text prompts). The text weights are the given model's, so it decodes exactly as that model."""
+    import torch
+    from transformers import Kimi_K25Config, Kimi_K25ForConditionalGeneration
+
+    tc = text_model.config
+    vocab = tc.vocab_size
+    config = Kimi_K25Config(
+        text_config=tc.to_dict(),
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_hidden_layers": 1,
+                       "patch_size": 14, "pos_emb_height": 8, "pos_emb_width": 8, "pos_emb_time": 2},
+        projection_hidden_size=32, tie_word_embeddings=False,
+        # media placeholder ids: past the toy vocabulary's words, as Kimi's are past its text tokens
+        image_token_id=vocab - 4, video_token_id=vocab - 3, vision_start_token_id=vocab - 2,
+        vision_end_token_id=vocab - 1)
+    torch.manual_seed(0)
+    model = Kimi_K25ForConditionalGeneration(config).eval()
+    model.model.language_model.load_state_dict(text_model.model.state_dict())
+    with torch.no_grad():
+        model.lm_head.weight.copy_(text_model.lm_head.weight)
+    return model
+
+
+def _original_kimi_layout(out: Path) -> None:
+    """transformers 5.19 saves Kimi-K2.5's decoder layers as `language_model.model.blocks.N`; Kimi's
+    published checkpoints (and vLLM's loader) name them `language_model.model.layers.N`, which
+    transformers also reads. Rename in place."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    file = out / "model.safetensors"
+    with safe_open(str(file), framework="pt") as fh:
+        meta = fh.metadata()
+        tensors = {k.replace("language_model.model.blocks.", "language_model.model.layers."): fh.get_tensor(k)
+                   for k in fh.keys()}
+    save_file(tensors, str(file), metadata=meta)
 
 
 def build_successor(base: Path, out: Path, steps: int | None = None, shift: float | None = None,
                     seed: int | None = None, echo: bool = True) -> ToyMeta:
     """Train a copy of the toy target at `base` further on a shifted chain; save it at `out`."""
     import torch
-    from transformers import AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.time()
     base_meta = read_toy_meta(base)
+    if base_meta.config.arch == "kimi_k25":
+        raise EagleError(f"--base {base}: successors of the kimi_k25 toy are not supported (make one of its "
+                         "deepseek_v3 toy)")
     cfg = base_meta.config.model_copy()
     if steps is not None:
         cfg.steps = steps
@@ -328,7 +408,7 @@ def build_successor(base: Path, out: Path, steps: int | None = None, shift: floa
     train_seed = (seed if seed is not None else base_meta.config.seed) + 1
     torch.manual_seed(train_seed)
     tok = AutoTokenizer.from_pretrained(str(base))
-    model = LlamaForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
     chain, n_changed = shift_chain(make_chain(cfg.vocab, cfg.active, base_meta.chain_seed), cfg.shift, train_seed)
     cfg.lr = cfg.lr / 3  # a gentler continuation of training, as a new release would be
     loss = train(model, tok, chain, cfg, seed=train_seed, steps=cfg.steps, echo=echo)
@@ -345,6 +425,8 @@ def _save(out: Path, model: Any, tok: Any, meta: ToyMeta, t0: float) -> ToyMeta:
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, do_sample=False
     )
     model.save_pretrained(str(out))
+    if meta.config.arch == "kimi_k25":
+        _original_kimi_layout(out)
     tok.save_pretrained(str(out))
     meta.build_seconds = round(time.time() - t0, 2)
     (out / META_FILE).write_text(meta.model_dump_json(indent=1) + "\n")
@@ -361,10 +443,12 @@ def read_toy_meta(path: Path) -> ToyMeta:
 def greedy_peakedness(model_dir: Path, prompts: list[dict[str, Any]], max_new_tokens: int = 32) -> dict[str, float]:
     """Mean top-1 probability and top-1 minus top-2 margin along greedy continuations."""
     import torch
-    from transformers import AutoTokenizer, LlamaForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    model = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    from eagle.target import open_target
+
+    target = open_target(model_dir)
+    tok = target.load_tokenizer()
+    model = target.load_model("cpu", torch.float32)
     top1, margin = [], []
     with torch.no_grad():
         for rec in prompts:
@@ -396,7 +480,8 @@ def cache_key(cfg: ToyConfig, successor: bool) -> str:
 
     import transformers
 
-    blob = json.dumps([TOY_VERSION, transformers.__version__, successor, cfg.model_dump()], sort_keys=True)
+    fields = cfg.model_dump(exclude={"arch"} if cfg.arch == "llama" else None)  # llama keys as before arch existed
+    blob = json.dumps([TOY_VERSION, transformers.__version__, successor, fields], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -415,6 +500,8 @@ def cached_target(cfg: ToyConfig | None = None, successor: bool = False, root: P
     root = root or cache_root()
     root.mkdir(parents=True, exist_ok=True)
     base = cached_target(cfg, False, root, echo) if successor else None
+    text = cached_target(cfg.model_copy(update={"arch": "deepseek_v3"}), False, root, echo) \
+        if cfg.arch == "kimi_k25" else None  # the wrapper around the cached deepseek_v3 toy: no training
     name = ("successor-" if successor else "target-") + cache_key(cfg, successor)
     final = root / name
     if (final / META_FILE).is_file():
@@ -428,7 +515,7 @@ def cached_target(cfg: ToyConfig | None = None, successor: bool = False, root: P
         if base is not None:
             build_successor(base, tmp, steps=None, shift=cfg.shift, echo=echo)
         else:
-            build_toy_target(tmp, cfg, echo=echo)
+            build_toy_target(tmp, cfg, echo=echo, text_from=text)
         if final.exists():  # a broken leftover without toy_meta.json
             shutil.rmtree(final)
         os.rename(tmp, final)
@@ -441,6 +528,10 @@ def cached_target(cfg: ToyConfig | None = None, successor: bool = False, root: P
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="Directory to write the target into (must be empty or absent).")
 @click.option("--base", type=click.Path(path_type=Path), default=None, help="Make the successor of this toy target instead of a new one.")
+@click.option("--arch", type=click.Choice(ARCHS), default="llama", show_default=True,
+              help="The target's architecture: llama, qwen3 (q/k norms), deepseek_v3 (MoE + MLA, as DeepSeek-V3 "
+                   "and Kimi-K2), kimi_k25 (the deepseek_v3 toy inside Kimi-K2.5's multimodal wrapper, its text "
+                   "model under text_config).")
 @click.option("--num-layers", default=8, show_default=True, help="Decoder layers (>= 8 so default layer ids are distinct).")
 @click.option("--hidden", default=128, show_default=True)
 @click.option("--intermediate", default=256, show_default=True)
@@ -453,13 +544,13 @@ def cached_target(cfg: ToyConfig | None = None, successor: bool = False, root: P
 @click.option("--seed", type=int, default=None, help="Seed of the language and the training [0].")
 @click.option("--force", is_flag=True, help="Overwrite a non-empty --out.")
 @click.option("--json", "as_json", is_flag=True, help="Print toy_meta.json instead of a table.")
-def command(out: Path, base: Path | None, num_layers: int, hidden: int, intermediate: int, heads: int,
+def command(out: Path, base: Path | None, arch: str, num_layers: int, hidden: int, intermediate: int, heads: int,
             kv_heads: int, vocab: int, active: int, steps: int | None, shift: float | None,
             seed: int | None, force: bool, as_json: bool) -> None:
-    """Make a tiny trained Llama target and tokenizer locally (no hub needed).
+    """Make a tiny trained target (Llama, Qwen3, DeepSeek-V3 or Kimi-K2.5 layout) and tokenizer locally.
 
     \b
-    New target:   eagle toy-target --out work/target
+    New target:   eagle toy-target --out work/target [--arch qwen3|deepseek_v3|kimi_k25]
     Its successor: eagle toy-target --base work/target --out work/target-v2 --steps 200
 
     The target speaks a synthetic Markov language (peaked greedy outputs), has a chat template
@@ -474,7 +565,7 @@ def command(out: Path, base: Path | None, num_layers: int, hidden: int, intermed
         if base is not None:
             meta = build_successor(base, out, steps=steps, shift=shift, seed=seed)
         else:
-            cfg = ToyConfig(num_layers=num_layers, hidden=hidden, intermediate=intermediate, heads=heads,
+            cfg = ToyConfig(arch=arch, num_layers=num_layers, hidden=hidden, intermediate=intermediate, heads=heads,
                             kv_heads=kv_heads, vocab=vocab, active=active,
                             steps=steps if steps is not None else 300,
                             seed=seed if seed is not None else 0)
@@ -482,7 +573,7 @@ def command(out: Path, base: Path | None, num_layers: int, hidden: int, intermed
                 cfg.shift = shift
             meta = build_toy_target(out, cfg)
     except EagleError as e:
-        fail(str(e))
+        fail(e)
     if as_json:
         click.echo(json.dumps(meta.model_dump(), indent=1))
         return
@@ -490,6 +581,7 @@ def command(out: Path, base: Path | None, num_layers: int, hidden: int, intermed
     print_kv({
         "out": str(out),
         "kind": "successor of " + str(base) if base else "new target",
+        "arch": c.arch,
         "layers x hidden": f"{c.num_layers} x {c.hidden}",
         "vocab": c.vocab,
         "steps": c.steps,

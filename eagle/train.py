@@ -26,12 +26,20 @@ import click
 from pydantic import BaseModel
 
 from eagle.common import EagleError, fail, pick_device, print_table, progress, split_layer_ids, warn
+from eagle.target import (
+    DraftShape,
+    Target,
+    merge_shape,
+    open_target,
+    read_draft_shape,
+    trust_remote_code_option,
+)
 
 STATE_FILE = "state.pt"
 LOG_FILE = "train_log.json"
 # Arguments a resumed run must share with the run it continues (epochs may grow).
 RESUME_FIELDS = ("model", "data", "ttt_steps", "batch_tokens", "val_fraction", "seed", "lr", "init_from", "world_size",
-                 "online", "layer_ids")
+                 "online", "layer_ids", "draft_shape")
 
 
 class TrainArgs(BaseModel):
@@ -52,6 +60,8 @@ class TrainArgs(BaseModel):
     layout_multiple: int = 1  # per-document attention width rounded up to this (fewer distinct shapes)
     online: bool = False  # hidden states from the target on the fly (eagle/online.py), not from files
     layer_ids: list[int] | None = None  # --online: aux layers (None: eagle extract's default)
+    draft_shape: DraftShape = DraftShape()  # the drafter layer's shape where it differs from the target's
+    trust_remote_code: bool = False  # --online with a custom-code target
 
 
 class EpochRecord(BaseModel):
@@ -240,28 +250,23 @@ def _check_resume_args(saved: TrainArgs, now: TrainArgs, where: Path) -> None:
 
 
 # ---------------------------------------------------------------- the run
-def _online_states(args: TrainArgs, model_dir: Path, n_layers: int, device: Any) -> tuple[Any, list[int]]:
+def _online_states(args: TrainArgs, target: Target, device: Any) -> tuple[Any, list[int]]:
     """--online: the target loaded beside the drafter and the prepared rows it runs on."""
     from eagle import online
-    from eagle.extract import parse_layer_ids
 
-    layer_ids = parse_layer_ids(args.layer_ids, n_layers)
-    target = online.load_target(model_dir, device)
-    return online.OnlineStates(args.data, target, layer_ids, args.batch_tokens), layer_ids
-
-
-def _target_config(model_dir: Path) -> dict[str, Any]:
-    file = model_dir / "config.json"
-    if not file.exists():
-        raise EagleError(f"--model {model_dir}: no config.json (expected a transformers model directory)")
-    return json.loads(file.read_text())
+    layer_ids = target.layer_ids(args.layer_ids)
+    model = online.load_target(target.dir, device, args.trust_remote_code)
+    return online.OnlineStates(args.data, model, layer_ids, args.batch_tokens), layer_ids
 
 
-def _init_from_problems(init_from: Path, want: Any, d2t: Any) -> list[str]:
+def _init_from_problems(init_from: Path, want: Any, d2t: Any, shape: DraftShape) -> list[str]:
     from eagle import checkpoint
 
     have = checkpoint.read_draft_config(init_from)
-    problems = checkpoint.fit_problems(have, want)
+    # The drafter's own layer shape is kept unless the user set one: compare only what is fixed.
+    shape_fields = ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+    fields = tuple(f for f in checkpoint.FIT_FIELDS if f not in shape_fields or f in shape.set_fields())
+    problems = checkpoint.fit_problems(have, want, fields)
     if not problems:
         state = checkpoint.load_draft_state(init_from)
         diff = int((state["d2t"].long() != d2t.long()).sum()) if state["d2t"].shape == d2t.shape else -1
@@ -283,14 +288,15 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     if args.epochs < 1 or args.ttt_steps < 1 or args.lr <= 0 or args.layout_multiple < 1:
         raise EagleError("--epochs, --ttt-steps and --layout-multiple must be >= 1 and --lr > 0")
 
-    target_cfg = _target_config(model_dir)
-    n_layers = int(target_cfg["num_hidden_layers"])
-    if args.online:  # cheap checks first (dataset, vocabulary), then the target's load
+    target = open_target(model_dir, args.trust_remote_code)
+    layer_config = target.draft_layer_config(args.draft_shape)  # a bad shape fails here, before any work
+    if args.online:  # cheap checks first (layer ids, dataset, vocabulary), then the target's load
         from eagle.hidden_io import open_prepared
 
+        target.layer_ids(args.layer_ids)
         open_prepared(data_dir)
         d2t, t2d = dataset.read_vocab(data_dir)
-        data, layer_ids = _online_states(args, model_dir, n_layers, device)
+        data, layer_ids = _online_states(args, target, device)
         args = args.model_copy(update={"layer_ids": layer_ids})
     elif args.layer_ids is not None:
         raise EagleError("--layer-ids goes with --online; offline hidden states carry their layers in "
@@ -299,27 +305,27 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
         data = dataset.HiddenStates(data_dir, args.batch_tokens)
         layer_ids = dataset.read_layer_ids(data_dir)
         d2t, t2d = dataset.read_vocab(data_dir)
+        target.layer_ids(layer_ids, where=f"layer ids of {data_dir}/eagle_data.json")
     problems = []
-    if max(layer_ids) > n_layers or min(layer_ids) < 0 or len(set(layer_ids)) != len(layer_ids):
-        problems.append(f"layer ids {layer_ids} (eagle_data.json) must be distinct and within [0, {n_layers}]")
     if len(layer_ids) != data.num_aux:
         problems.append(f"layer ids {layer_ids} name {len(layer_ids)} aux layers but the hidden states hold {data.num_aux}")
-    if data.hidden_size != int(target_cfg["hidden_size"]):
-        problems.append(f"hidden states have size {data.hidden_size}, the target's hidden_size is {target_cfg['hidden_size']}")
-    if t2d.shape[0] != int(target_cfg["vocab_size"]):
-        problems.append(f"vocab.safetensors t2d covers {t2d.shape[0]} tokens, the target's vocab_size is {target_cfg['vocab_size']}")
+    if data.hidden_size != target.hidden_size:
+        problems.append(f"hidden states have size {data.hidden_size}, the target's hidden_size is {target.hidden_size}")
+    if t2d.shape[0] != target.vocab_size:
+        problems.append(f"vocab.safetensors t2d covers {t2d.shape[0]} tokens, the target's vocab_size is {target.vocab_size}")
     if problems:
         raise EagleError(f"--data {data_dir} does not fit --model {model_dir}: " + "; ".join(problems))
 
-    want = checkpoint.expected_draft_config(target_cfg, layer_ids, int(d2t.shape[0]), args.ttt_steps)
+    want = checkpoint.expected_draft_config(layer_config.to_dict(), layer_ids, int(d2t.shape[0]), args.ttt_steps)
     torch.manual_seed(args.seed)
     if args.init_from:
-        problems = _init_from_problems(Path(args.init_from), want, d2t)
+        problems = _init_from_problems(Path(args.init_from), want, d2t, args.draft_shape)
         if problems:
             raise EagleError(f"--init-from {args.init_from} does not fit this target/data:\n  " + "\n  ".join(problems))
         model = drafter.load_drafter(args.init_from, target_dir=model_dir)
     else:
-        model = drafter.build_drafter(model_dir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=args.ttt_steps)
+        model = drafter.build_drafter(model_dir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=args.ttt_steps,
+                                      shape=args.draft_shape, trust_remote_code=args.trust_remote_code)
     # The checkpoint records the target it was trained for; keep that a path others can open.
     model.config.speculators_config.verifier.name_or_path = str(model_dir)
     model.config.speculators_config.proposal_methods[0].speculative_tokens = args.ttt_steps
@@ -522,12 +528,28 @@ def summary_metrics(log: TrainLog) -> dict[str, float]:
               help="Round each batch's longest document up to a multiple of this in the per-document "
                    "attention (same results; packs of varying lengths then share a few shapes, and cuDNN "
                    "builds an attention plan per new shape). Try 128-256 on GPUs; see docs/benchmarks.md.")
+@click.option("--draft-config", type=click.Path(path_type=Path), default=None,
+              help="JSON file with the drafter layer's shape (any of intermediate_size, num_attention_heads, "
+                   "num_key_value_heads, head_dim; a published drafter's config.json works too). Flags below "
+                   "override it; unset fields are the target's.")
+@click.option("--draft-intermediate-size", type=click.IntRange(1), default=None,
+              help="The drafter layer's MLP size [default: the target's].")
+@click.option("--draft-heads", type=click.IntRange(1), default=None,
+              help="The drafter layer's attention heads [default: the target's].")
+@click.option("--draft-kv-heads", type=click.IntRange(1), default=None,
+              help="The drafter layer's key/value heads; must divide --draft-heads [default: the target's].")
+@click.option("--draft-head-dim", type=click.IntRange(2), default=None,
+              help="The drafter layer's head size (heads x head dim may differ from the hidden size) "
+                   "[default: the target's, else hidden // heads].")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@trust_remote_code_option
 @click.option("--json", "as_json", is_flag=True, help="Print the summary metrics as JSON.")
 def command(model: Path, data: Path, out: Path, epochs: int, lr: float, ttt_steps: int, batch_tokens: int,
             val_fraction: float, resume: bool, init_from: Path | None, online: bool, layer_ids: str | None,
-            layout_multiple: int, seed: int, device: str, as_json: bool) -> None:
+            layout_multiple: int, draft_config: Path | None, draft_intermediate_size: int | None,
+            draft_heads: int | None, draft_kv_heads: int | None, draft_head_dim: int | None, seed: int,
+            device: str, trust_remote_code: bool, as_json: bool) -> None:
     """Train the EAGLE-3 drafter (speculators' Eagle3 draft model, our own loop).
 
     \b
@@ -538,18 +560,26 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float, ttt_step
     \b
     Writes OUT/config.json + OUT/model.safetensors (vLLM loads OUT as the drafter), and the
     metrics train_loss, val_loss, val_acc_0..k-1, est_accept_len, train_tok_s to $RUNBOOK_METRICS.
-    Exit codes: 0 trained, 1 bad input (the message names the file and the fix).
+    The drafter is one Llama decoder layer for every target (Llama, Qwen3, DeepSeek-V3 / Kimi, ...);
+    its shape is the target's unless --draft-config / --draft-* set it.
+    Exit codes: 0 trained, 1 bad data or environment, 2 bad arguments (a drafter shape whose heads do
+    not divide, a target without a text model, a layer id out of range); the message names the file
+    and the fix, and nothing is written.
     """
     from eagle.metrics import write_metrics
 
     try:
+        shape = read_draft_shape(draft_config) if draft_config is not None else DraftShape()
+        shape = merge_shape(shape, DraftShape(intermediate_size=draft_intermediate_size, num_attention_heads=draft_heads,
+                                              num_key_value_heads=draft_kv_heads, head_dim=draft_head_dim))
         args = TrainArgs(model=str(model), data=str(data), out=str(out), epochs=epochs, lr=lr, ttt_steps=ttt_steps,
                          batch_tokens=batch_tokens, val_fraction=val_fraction, seed=seed,
                          init_from=str(init_from) if init_from else None, device=device, resume=resume,
-                         online=online, layer_ids=None if layer_ids is None else split_layer_ids(layer_ids), layout_multiple=layout_multiple)
+                         online=online, layer_ids=None if layer_ids is None else split_layer_ids(layer_ids),
+                         layout_multiple=layout_multiple, draft_shape=shape, trust_remote_code=trust_remote_code)
         log = train(args)
     except EagleError as exc:
-        fail(str(exc))
+        fail(exc)
     if int(os.environ.get("RANK", "0")) != 0:
         return
     metrics = summary_metrics(log)

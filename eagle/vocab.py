@@ -117,12 +117,9 @@ def check_maps(d2t: Any, t2d: Any) -> list[str]:
 
 def _vocab_size(data: Path, model: Path | None) -> int:
     if model is not None:
-        from transformers import AutoConfig
+        from eagle.target import open_target
 
-        if not Path(model).is_dir():
-            raise EagleError(f"--model {model}: no such directory")
-        cfg = AutoConfig.from_pretrained(str(model))
-        return int(getattr(cfg, "text_config", cfg).vocab_size)
+        return open_target(model).vocab_size
     try:
         return hidden_io.read_data_meta(data).vocab_size
     except EagleError:
@@ -266,7 +263,7 @@ def command(data: Path, draft_vocab: int | None, from_draft: Path | None, model:
     try:
         res = build_vocab(data, draft_vocab, model, from_draft)
     except EagleError as e:
-        fail(str(e))
+        fail(e)
     write_metrics({"vocab_coverage": res.coverage})
     if as_json:
         click.echo(res.model_dump_json(indent=1))

@@ -45,7 +45,8 @@ def random_draft(toy_target: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def _decoder(target: Path, draft: Path | None, proposer=None, max_len: int = 256):
-    from eagle.decode import Decoder, TargetModel, default_layer_ids, eos_ids_of, load_decoder
+    from eagle.decode import Decoder, TargetModel, eos_ids_of, load_decoder
+    from eagle.target import default_layer_ids
 
     if proposer is None:
         return load_decoder(target, draft, max_len=max_len)
@@ -181,12 +182,13 @@ def test_bad_drafter_checkpoints_are_named(tmp_path: Path, random_draft: Path) -
 
 
 def test_layer_ids_are_checked() -> None:
-    from eagle.decode import check_layer_ids
+    from eagle.common import EagleError
+    from eagle.target import check_layer_ids
 
     assert check_layer_ids([2, 4, 5], 8, "x") == [2, 4, 5]
-    with pytest.raises(ValueError, match="out of range"):
+    with pytest.raises(EagleError, match="out of range"):
         check_layer_ids([2, 4, 8], 8, "x")
-    with pytest.raises(ValueError, match="collide"):
+    with pytest.raises(EagleError, match="collide"):
         check_layer_ids([2, 2, 1], 4, "x")
 
 
@@ -223,8 +225,9 @@ def test_rope_and_fused_projections_match_the_reference(toy_target: Path) -> Non
 @pytest.mark.parametrize("in_flight", [1, 3])
 def test_launches_in_flight_do_not_change_the_output(toy_target, random_draft, prompts, references,
                                                       in_flight) -> None:
-    from eagle.decode import Decoder, TargetModel, default_layer_ids, eos_ids_of
+    from eagle.decode import Decoder, TargetModel, eos_ids_of
     from eagle.draft_infer import load_drafter
+    from eagle.target import default_layer_ids
 
     target = TargetModel.from_pretrained(toy_target)
     drafter = load_drafter(random_draft, target_embed=target.embed_tokens.weight,

@@ -69,9 +69,11 @@ def test_evaluate_random_drafter(toy_target: Path, random_draft: Path, prompts_f
                 str(prompts_file), "-k", "3", "--max-new-tokens", "24"], metrics)
     assert res.exit_code == 0, res.output
     m = json.loads(metrics.read_text())
-    assert m["greedy_match"] == 1
+    assert m["greedy_match"] == 1 and m["generate_match"] == 1  # float32: transformers' generate agrees too
+    assert m["fast_decoder"] == 1  # a Llama target takes the fast path
     assert 1.0 <= m["accept_len"] < 1.15
-    assert set(m) == {"accept_len", "accept_rate_0", "accept_rate_1", "accept_rate_2", "greedy_match"}
+    assert set(m) == {"accept_len", "accept_rate_0", "accept_rate_1", "accept_rate_2", "greedy_match",
+                      "generate_match", "fast_decoder"}
     assert m["accept_rate_0"] >= m["accept_rate_1"] >= m["accept_rate_2"]
     assert "accept_len" in res.output
 

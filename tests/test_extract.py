@@ -18,29 +18,6 @@ from eagle.common import EagleError
 # ---------------------------------------------------------------- pure rules
 
 
-def test_default_layer_ids():
-    assert extract.parse_layer_ids(None, 8) == [2, 4, 5]
-    assert extract.parse_layer_ids("", 32) == [2, 16, 29]
-
-
-@pytest.mark.parametrize("spec, n, why", [
-    ("2,2,5", 8, "distinct"),
-    ("2,4,8", 8, "out of range"),
-    ("-1,4,5", 8, "out of range"),
-    ("5,4,2", 8, "ascending order"),
-    ("2,x", 8, "comma-separated integers"),
-    (None, 4, "collide"),  # [2, 2, 1] for a 4-layer target
-])
-def test_layer_id_rules(spec, n, why):
-    with pytest.raises(EagleError, match=why):
-        extract.parse_layer_ids(spec, n)
-
-
-def test_explicit_layer_ids_pass():
-    assert extract.parse_layer_ids("0,3,7", 8) == [0, 3, 7]
-    assert extract.parse_layer_ids([1, 2], 8) == [1, 2]
-
-
 def test_disk_check_names_sizes_and_path(tmp_path):
     extract.check_disk(tmp_path, 1000, 0)
     with pytest.raises(EagleError, match=r"needs 0\.00 GB .* GB free at " + re.escape(str(tmp_path))):

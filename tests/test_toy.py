@@ -157,9 +157,9 @@ def test_cached_target_builds_once_and_renames_into_place(tmp_path, monkeypatch)
     calls = []
     real = toy.build_toy_target
 
-    def counting(out, cfg, echo=False):
+    def counting(out, cfg, echo=False, **kw):
         calls.append(out)
-        return real(out, cfg, echo=echo)
+        return real(out, cfg, echo=echo, **kw)
 
     monkeypatch.setattr(toy, "build_toy_target", counting)
     cfg = TINY.model_copy(update={"steps": 1})

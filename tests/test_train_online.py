@@ -108,16 +108,16 @@ def test_online_bad_input_is_named_and_writes_nothing(small: tuple[Path, Path, P
     runner = CliRunner()
     out = tmp_path / "draft"
 
-    def run(*extra: str, data_dir: Path = bare) -> str:
+    def run(*extra: str, data_dir: Path = bare, code: int = 1) -> str:
         res = runner.invoke(command, ["--model", str(target), "--data", str(data_dir), "--out", str(out),
                                       "--device", "cpu", "--epochs", "1", *extra])
-        assert res.exit_code == 1, res.output
+        assert res.exit_code == code, res.output
         assert "Traceback" not in res.output and not out.exists()
         return res.output
 
     assert "--layer-ids goes with --online" in run("--layer-ids", "2,4,5", data_dir=data)
-    assert "out of range" in run("--online", "--layer-ids", "2,4,9")
-    assert "comma-separated integers" in run("--online", "--layer-ids", "two")
+    assert "out of range" in run("--online", "--layer-ids", "2,4,9", code=2)  # a bad argument: exit 2
+    assert "comma-separated integers" in run("--online", "--layer-ids", "two", code=2)
     assert "--layout-multiple must be >= 1" in run("--online", "--layout-multiple", "0")
     no_vocab = tmp_path / "no-vocab"
     shutil.copytree(bare, no_vocab, ignore=shutil.ignore_patterns("vocab.safetensors"))
