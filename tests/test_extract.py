@@ -199,15 +199,15 @@ def test_cli_out_dir_metrics_and_errors(toy_target, prepared, tmp_path):
     assert re.search(r"capture tok/s\s+[\d.,]+ \(load excluded\)", r.stdout), r.stdout
     assert not (prepared / "hidden_states").exists()  # --out leaves the prepared dir alone
     assert hidden_io.list_samples(out) == list(range(6))  # OUT is a complete data dir
-    for args, why in [
-        (["--layer-ids", "2,4,9"], "out of range"),
-        (["--layer-ids", "4,4,5"], "distinct"),
-        (["--keep-free", "1e9"], "GB free at"),
-        (["--data", str(tmp_path / "missing")], "does not exist"),
-        (["--model", str(tmp_path / "missing")], "no such directory"),
+    for args, why, code in [  # bad arguments exit 2, bad data / environment 1
+        (["--layer-ids", "2,4,9"], "out of range", 2),
+        (["--layer-ids", "4,4,5"], "distinct", 2),
+        (["--keep-free", "1e9"], "GB free at", 1),
+        (["--data", str(tmp_path / "missing")], "does not exist", 1),
+        (["--model", str(tmp_path / "missing")], "no such directory", 2),
     ]:
         base = {"--model": str(toy_target), "--data": str(prepared), "--out": str(tmp_path / "o2")}
         base.update(dict(zip(args[::2], args[1::2], strict=True)))
         r = runner.invoke(extract.command, [x for kv in base.items() for x in kv])
-        assert r.exit_code == 1 and why in r.stderr, (args, r.output)
+        assert r.exit_code == code and why in r.stderr, (args, r.output)
         assert not (tmp_path / "o2").exists()  # refused before writing anything

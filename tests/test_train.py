@@ -107,8 +107,13 @@ def test_cli_metrics_and_init_from(small: tuple[Path, Path], tmp_path: Path) -> 
     assert res.exit_code == 0, res.output
     res = runner.invoke(command, [*base, "--out", str(tmp_path / "c"), "--init-from", str(tmp_path / "w")])
     assert res.exit_code == 1
-    for field in ("hidden_size", "intermediate_size", "draft_vocab_size"):
+    for field in ("hidden_size", "draft_vocab_size"):
         assert field in res.output, res.output
+    # the drafter's own layer shape is kept unless one is asked for: then a different one is named too
+    assert "intermediate_size" not in res.output
+    res = runner.invoke(command, [*base, "--out", str(tmp_path / "c"), "--init-from", str(tmp_path / "w"),
+                                  "--draft-intermediate-size", "64"])
+    assert res.exit_code == 1 and "intermediate_size: drafter has 96, target/data need 64" in res.output, res.output
     assert "Traceback" not in res.output and not (tmp_path / "c").exists()
 
 
