@@ -437,7 +437,7 @@ def command(model: Path, data: Path, out: Path, limit: int | None, regenerate: b
     except KeyboardInterrupt:
         fail("interrupted; nothing written", code=130)
     except EagleError as e:
-        fail(str(e))
+        fail(e)
     if as_json:
         click.echo(info.model_dump_json(indent=1))
         return

@@ -192,9 +192,9 @@ def extract(model: Path, data: Path, out: Path | None = None, layer_ids: str | S
     import torch
 
     data, out = Path(data), Path(out) if out is not None else Path(data)
-    ds = hidden_io.open_prepared(data)
     trust = bool(vllm_flags and vllm_flags.trusts_remote_code)
     target = open_target(model, trust)
+    ds = hidden_io.open_prepared(data)
     num_layers, hidden, vocab = target.num_layers, target.hidden_size, target.vocab_size
     ids = target.layer_ids(layer_ids)
     if batch_tokens < 1:
@@ -400,7 +400,7 @@ def command(model: Path, data: Path, out: Path | None, layer_ids: str | None, ba
                       device=device, dtype=dtype, keep_free_gb=keep_free_gb, shard=kn, vllm_flags=flags,
                       vllm_concurrency=vllm_concurrency)
     except EagleError as e:
-        fail(str(e))
+        fail(e)
     ranks = gather_results(res) if shard is None else None
     if ranks is not None:
         if int(os.environ.get("RANK", "0")) != 0:

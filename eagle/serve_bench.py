@@ -350,7 +350,7 @@ def command(model: str, draft: str | None, prompts_file: str, k: int, max_new_to
     except KeyboardInterrupt:
         fail("interrupted; the vLLM server was stopped", code=130)
     except EagleError as e:
-        fail(str(e))
+        fail(e)
     write_metrics(report.metrics)
     for w in report.warnings:
         warn(w)

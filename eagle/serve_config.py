@@ -168,5 +168,5 @@ def command(model: str | None, draft: str | None, k: int, vllm_args: tuple[str, 
             flags = serve.vllm_flags(vllm_args, trust_remote_code, eager)
             dc = deploy_commands(serve.server_spec(model, flags, cuda=True, dtype=dtype, draft=draft, k=k))
     except EagleError as exc:
-        fail(str(exc))
+        fail(exc)
     click.echo(dc.model_dump_json(indent=1) if as_json else render(dc))
