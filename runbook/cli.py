@@ -17,9 +17,13 @@ import importlib.util
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from runbook.contract import ErrorInfo
+    from runbook.errors import RunbookError
 
 # verb -> (module, one-line help shown by `runbook --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -33,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "brief": ("runbook.commands.brief", "Print the handoff for a new agent or engineer."),
     "forget": ("runbook.commands.forget", "Drop a run from the ledger and the plan's results."),
     "reset": ("runbook.commands.reset", "Drop every run of a phase: it becomes not run."),
+    "mcp": ("runbook.commands.mcp", "Serve these verbs to an agent host over MCP (stdio)."),
 }
 
 EXIT_CODES_HELP = """\b
@@ -99,36 +104,57 @@ def command_name(argv: list[str]) -> str:
 
 def run(group: click.Group, argv: list[str], prog_name: str, complete_var: str | None = None, **extra: Any) -> int:
     """Run the CLI on `argv`; print the outcome; return the exit code."""
-    from runbook.errors import RunbookError
-
     as_json = json_requested(argv)
     name = command_name(argv)
     try:
         outcome = click.Group.main(group, argv, prog_name, complete_var, standalone_mode=False, **extra)
-    except RunbookError as exc:
-        return _refuse(exc, name, as_json)
     except click.ClickException as exc:
         if not as_json:
             exc.show()
             return exc.exit_code
-        hint = f"see `runbook {name} --help`" if name != "runbook" else "see `runbook --help`"
-        return _refuse(RunbookError(exc.format_message(), "usage", hint=hint), name, as_json)
-    except (click.exceptions.Abort, KeyboardInterrupt, EOFError):
-        return _refuse(RunbookError("interrupted: nothing more was done", "interrupted"), name, as_json)
-    except OSError as exc:
-        where = f"{exc.filename}: " if exc.filename else ""
-        return _refuse(RunbookError(f"runbook {name}: {where}{exc.strerror or exc}", "io",
-                                    file=str(exc.filename) if exc.filename else None), name, as_json)
-    except Exception as exc:  # a bug: say so plainly, with the traceback only on request
-        if os.environ.get("RUNBOOK_DEBUG"):
+        return _refuse(refusal(exc, name), name, as_json)
+    except (KeyboardInterrupt, Exception) as exc:
+        error = refusal(exc, name)
+        if error is not exc and error.code == "internal" and os.environ.get("RUNBOOK_DEBUG"):
             raise
-        detail = f"{type(exc).__name__}: {exc}"
-        return _refuse(RunbookError(f"runbook {name}: internal error ({detail})", "internal",
-                                    hint="rerun with RUNBOOK_DEBUG=1 for the traceback, and report it"), name, as_json)
+        return _refuse(error, name, as_json)
     if isinstance(outcome, Output):
         _emit(outcome, name, as_json)
         return outcome.exit_code
     return outcome if isinstance(outcome, int) else 0
+
+
+def refusal(exc: BaseException, name: str) -> RunbookError:
+    """What verb `name` raising `exc` means for its user, as a RunbookError: the RunbookError itself,
+    click's usage errors, Ctrl-C, a file that could not be read or written, or a bug. One mapping
+    for the command line and the MCP server (runbook/mcp_server.py)."""
+    from runbook.errors import RunbookError
+
+    if isinstance(exc, RunbookError):
+        return exc
+    if isinstance(exc, click.ClickException):
+        hint = f"see `runbook {name} --help`" if name != "runbook" else "see `runbook --help`"
+        return RunbookError(exc.format_message(), "usage", hint=hint)
+    if isinstance(exc, (click.exceptions.Abort, KeyboardInterrupt, EOFError)):
+        return RunbookError("interrupted: nothing more was done", "interrupted")
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return RunbookError(f"runbook {name}: {where}{exc.strerror or exc}", "io",
+                            file=str(exc.filename) if exc.filename else None)
+    # a bug: say so plainly, with the traceback only on request
+    detail = f"{type(exc).__name__}: {exc}"
+    return RunbookError(f"runbook {name}: internal error ({detail})", "internal",
+                        hint="rerun with RUNBOOK_DEBUG=1 for the traceback, and report it")
+
+
+def error_info(exc: RunbookError) -> ErrorInfo:
+    """The `error` of the --json envelope for a refusal."""
+    from runbook.contract import ErrorInfo, ProblemView
+
+    return ErrorInfo(
+        code=exc.code, message=exc.message, file=exc.file, line=exc.line, col=exc.col, hint=exc.hint,
+        problems=[ProblemView.of(p) for p in exc.problems], lock=exc.lock,
+    )
 
 
 def _emit(out: Output, name: str, as_json: bool) -> None:
@@ -143,13 +169,9 @@ def _emit(out: Output, name: str, as_json: bool) -> None:
 def _refuse(exc, name: str, as_json: bool) -> int:
     """A RunbookError as output: text on stderr, or the error envelope on stdout under --json."""
     if as_json:
-        from runbook.contract import ErrorInfo, ProblemView, envelope_json
+        from runbook.contract import envelope_json
 
-        error = ErrorInfo(
-            code=exc.code, message=exc.message, file=exc.file, line=exc.line, col=exc.col, hint=exc.hint,
-            problems=[ProblemView.of(p) for p in exc.problems], lock=exc.lock,
-        )
-        click.echo(envelope_json(name, exc.exit_code, error=error))
+        click.echo(envelope_json(name, exc.exit_code, error=error_info(exc)))
     else:
         click.echo(exc.text(), err=True)
     return exc.exit_code

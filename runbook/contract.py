@@ -426,6 +426,7 @@ class InitResult(Model):
     plan: str
     notes: str | None
     git_init: bool  # `git init` was run
+    mcp_config: dict = {}  # the `mcpServers` entry an agent host needs to start `runbook mcp` here
 
 
 class ForgetResult(Model):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from runbook.agents import AGENTS_FILE, agents_addition, client_config, runbook_argv
 from runbook.cli import Output
 from runbook.commands._options import json_option
 from runbook.contract import InitResult
@@ -91,9 +92,11 @@ def command(directory: Path, example: str | None, title: str, as_json: bool) -> 
     """Scaffold a runbook workspace in DIRECTORY (default: the current directory).
 
     Writes a plan and its notes document under plans/ (with --example eagle3: the EAGLE-3 game
-    plan, its notes and the prompt files it uses), runbook.toml, state/runs/, and the .gitignore
-    entries for the locks and logs; runs `git init` when DIRECTORY is not in a git repository.
-    Refuses, writing nothing, when any of these files already exists.
+    plan, its notes and the prompt files it uses), runbook.toml, state/runs/, the .gitignore
+    entries for the locks and logs, and AGENTS.md (how an agent starts: `runbook brief`; an
+    existing AGENTS.md gets the runbook section appended); runs `git init` when DIRECTORY is not
+    in a git repository; prints the MCP client configuration for `runbook mcp`. Refuses, writing
+    nothing, when the plan, its notes or runbook.toml already exists.
     """
     root = directory.resolve()
     if not title.strip() or "\n" in title or "\r" in title:
@@ -146,11 +149,29 @@ def command(directory: Path, example: str | None, title: str, as_json: bool) -> 
         )
     plan = next(rel for rel in files if rel.endswith(".md") and "next-steps" not in rel)
     notes = next((rel for rel in files if "next-steps" in rel), None)
+    created += _write_agents_md(root, plan, notes)
+    config = client_config(root, runbook_argv())
     where = "" if root == Path.cwd().resolve() else f"cd {directory} && "
     text = "\n".join(f"created {rel}" for rel in created) + (
         f"\n\nNext: read {plan}, then\n  {where}git add -A && git commit -m 'runbook init'\n"
         "  runbook validate && runbook next --dry-run"
+        "\n\nAgents: AGENTS.md says where to start. To let an agent host drive the plan through MCP tools,\n"
+        "add this to its MCP servers (Claude Code: .mcp.json; Claude Desktop, Cursor: their mcpServers file):\n"
+        + json.dumps(config, indent=2)
     )
     result = InitResult(root=str(root), created=[rel.split(" (")[0] for rel in created], plan=plan, notes=notes,
-                        git_init=git_init)
+                        git_init=git_init, mcp_config=config)
     return Output(result, 0, text)
+
+
+def _write_agents_md(root: Path, plan: str, notes: str | None) -> list[str]:
+    """AGENTS.md: written when there is none, the runbook section appended when it does not tell
+    agents about runbook yet, left alone when it does. Returns what to list as created."""
+    path = root / AGENTS_FILE
+    old = path.read_text(encoding="utf-8") if path.is_file() else None
+    addition = agents_addition(old, plan, notes)
+    if not addition:
+        return []
+    with open(path, "a" if old is not None else "x", encoding="utf-8", newline="") as handle:
+        handle.write(addition)
+    return [AGENTS_FILE + (" (runbook section added)" if old is not None else "")]

@@ -1,0 +1,574 @@
+"""`runbook mcp`: the Model Context Protocol server, a thin adapter over the command line's own code.
+
+An agent host starts `runbook mcp` and talks to it over stdin/stdout (the official `mcp` SDK,
+imported only here). Every tool is a `runbook` verb, run by the very code the command line runs,
+and answers with that verb's `--json` envelope (runbook/contract.py): its JSON Schema is the tool's
+output schema, `ok: false` is an MCP tool error carrying the same code, exit code and
+`file:line:col` message the command line prints. Nothing here decides anything about a plan.
+
+- brief, status, show, validate, history, record, forget, reset and `next` without `run` (a dry
+  run) call the verb's click callback in this process, with `--json` semantics, one at a time;
+  what the verb says on stderr (warnings, the dry run's preview) comes back as a second text block.
+- `next` with `run: true` runs `runbook next --yes --json` as a child process in its own session,
+  its output going to unlinked temporary files: the run lock, the signals, the judging, the
+  write-back and the commit are exactly the command line's. Its stderr (step output, the summary)
+  is streamed as progress notifications. When the client cancels the call, disconnects, or this
+  server gets SIGTERM, SIGHUP or SIGINT, the child gets SIGTERM (it is ours: we started it) and
+  is waited for: it records the run `interrupted` and commits it, as `runbook next` does when its
+  terminal goes away. Should this server die without that (kill -9), the child is not in our
+  process group and writes to no pipe of ours, so it finishes and records the run on its own.
+- Resources (read-only, read from disk at each request): each plan, each plan's notes document,
+  the latest run (`runbook://run/latest`) and any run by id (`runbook://run/{run_id}`), as the
+  `RunView` of the contract.
+
+Adding a tool is one `Tool(...)` line in `TOOLS` (and its arguments model); `runbook logs` /
+`runbook cancel` (detached runs) will be two such lines when they land.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server import Server
+from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from runbook.agents import runbook_argv
+from runbook.cli import COMMANDS, Output, error_info, refusal
+from runbook.contract import envelope_json, output_schema
+from runbook.errors import RunbookError
+
+__all__ = ["TOOLS", "build_server", "serve"]
+
+logger = logging.getLogger("runbook.mcp")
+
+INSTRUCTIONS = """\
+runbook keeps a Markdown game plan (phases with exact commands and Pass: criteria), runs its
+phases, judges them, writes the verdicts back into the plan and commits. Start with `brief`: it
+says where the plan stands and the exact next action. `next` shows what would run; call it with
+run=true to run the phase (step output arrives as progress). After a judged phase, `record` the
+milestone and lessons into the notes. Every tool answers with the JSON envelope of the matching
+`runbook VERB --json` (docs/json.md); refusals are tool errors with a stable `error.code`."""
+
+OUTPUT_TAIL_CHARS = 6000  # of a run's stderr, returned with its result
+PROGRESS_CHARS = 8000  # of output in one progress notification
+POLL_S = 0.2  # how often a running `runbook next` child's output is read
+STOP_WAIT_S = 30.0  # after this, an interrupted child gets a second SIGTERM
+
+
+# ---- tool arguments -------------------------------------------------------------------------------
+
+
+class Args(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    def cli_kwargs(self) -> dict[str, Any]:
+        """The verb's click parameters these arguments stand for (the rest keep their defaults)."""
+        return {}
+
+
+class PlanArgs(Args):
+    plan: str | None = Field(None, description="The plan file (a path relative to the repository root), needed "
+                                               "only when the repository has several plans.")
+
+    def cli_kwargs(self) -> dict[str, Any]:
+        return {"plan_opt": self.plan}
+
+
+class BriefArgs(PlanArgs):
+    max_chars: int | None = Field(None, ge=200, description="Shorten the brief to about this many characters "
+                                                            "(default: no limit).")
+
+    def cli_kwargs(self) -> dict[str, Any]:
+        return {**super().cli_kwargs(), "max_chars": self.max_chars}
+
+
+class ShowArgs(PlanArgs):
+    phase: str | None = Field(None, description="A phase label (`1`, `Phase 1`) or id (`phase-1`); default: "
+                                                "the phase the next action acts on.")
+
+    def cli_kwargs(self) -> dict[str, Any]:
+        return {**super().cli_kwargs(), "phase_ref": self.phase}
+
+
+class ValidateArgs(Args):
+    plans: list[str] = Field([], description="Plan files to check; default: every plan of the repository.")
+
+    def cli_kwargs(self) -> dict[str, Any]:
+        return {"plans": tuple(self.plans)}
+
+
+class HistoryArgs(ShowArgs):
+    plan: str | None = Field(None, description="Only runs of this plan file (default: every plan's runs; the "
+                                               "only plan's when a phase is given).")
+    phase: str | None = Field(None, description="Only runs of this phase (label or id).")
+
+
+class NextArgs(PlanArgs):
+    run: bool = Field(False, description="true: run the phase (take the lock, run its steps, judge, write back, "
+                                         "commit). false (default): only show what would run.")
+    phase: str | None = Field(None, description="Run this phase (label or id) instead of the current one.")
+    restart: bool = Field(False, description="Untick the phase's steps and run it from its first step.")
+    until_stop: bool = Field(False, description="Keep following On pass:/On fail: until stop, the end, "
+                                                "inconclusive, error, timeout or an interrupt.")
+    no_commit: bool = Field(False, description="Write the results but do not commit them.")
+
+    def cli_kwargs(self) -> dict[str, Any]:
+        return {**super().cli_kwargs(), "phase_ref": self.phase, "restart": self.restart,
+                "until_stop": self.until_stop, "no_commit": self.no_commit, "dry_run": not self.run}
+
+    def argv(self) -> list[str]:
+        """`runbook next` arguments that run what these arguments ask for."""
+        argv = ["next", "--yes", "--json"]
+        argv += ["--plan", self.plan] if self.plan else []
+        argv += ["--phase", self.phase] if self.phase else []
+        argv += [flag for flag, on in (("--restart", self.restart), ("--until-stop", self.until_stop),
+                                       ("--no-commit", self.no_commit)) if on]
+        return argv
+
+
+class RecordArgs(PlanArgs):
+    title: str = Field(..., min_length=1, description="The milestone's title.")
+    body: str = Field("", description="The milestone's text (Markdown).")
+    metrics: dict[str, float] = Field({}, description="Numbers to record, by name; they win over the run's.")
+    lessons: list[str] = Field([], description="Lessons to add to 'Lessons learned' (ones already there are skipped).")
+    next_steps: list[str] = Field([], description="Replace 'Next steps' with these items (left as they are when "
+                                                  "empty).")
+    run: str | None = Field(None, description="Attach a run of the plan: its id, or `last`.")
+    no_commit: bool = Field(False, description="Write the notes but do not commit them.")
+
+    def cli_kwargs(self) -> dict[str, Any]:
+        return {**super().cli_kwargs(), "title": self.title, "body": io.StringIO(self.body),
+                "metric_args": tuple(f"{name}={value!r}" for name, value in self.metrics.items()),
+                "lessons": tuple(self.lessons), "next_steps": tuple(self.next_steps), "run_ref": self.run,
+                "no_commit": self.no_commit}
+
+
+class ForgetArgs(PlanArgs):
+    run: str = Field(..., description="The run to drop: its id, a unique prefix, or `last`.")
+    no_commit: bool = Field(False, description="Write the plan and remove the ledger file, but do not commit.")
+
+    def cli_kwargs(self) -> dict[str, Any]:
+        return {**super().cli_kwargs(), "run_ref": self.run, "no_commit": self.no_commit}
+
+
+class ResetArgs(PlanArgs):
+    phase: str = Field(..., description="The phase whose runs all go (label or id).")
+    no_commit: bool = Field(False, description="Write the plan and remove the ledger files, but do not commit.")
+
+    def cli_kwargs(self) -> dict[str, Any]:
+        return {**super().cli_kwargs(), "phase_ref": self.phase, "no_commit": self.no_commit}
+
+
+# ---- the tools ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One MCP tool: the `runbook` verb of the same name, its arguments and how hosts should treat it."""
+
+    name: str
+    args: type[Args]
+    description: str
+    read_only: bool = True
+    destructive: bool = False
+
+    def listing(self) -> types.Tool:
+        return types.Tool(
+            name=self.name,
+            description=self.description,
+            input_schema=self.args.model_json_schema(),
+            output_schema=output_schema(self.name),
+            annotations=types.ToolAnnotations(read_only_hint=self.read_only, destructive_hint=self.destructive,
+                                              idempotent_hint=self.read_only, open_world_hint=False),
+        )
+
+
+TOOLS: list[Tool] = [
+    Tool("brief", BriefArgs, "The handoff for a newcomer: goal, phase table, last run, milestones, lessons, next "
+         "steps and THE next action with its resolved commands. Start here."),
+    Tool("status", PlanArgs, "Each phase's state (not_run, running, passed, failed, inconclusive, stale, "
+         "resumable) and what runs next."),
+    Tool("show", ShowArgs, "One phase exactly as written, its commands with vars resolved, its criterion and state."),
+    Tool("validate", ValidateArgs, "Check plans; every problem as file:line:col. exit_code 2 when a plan has "
+         "errors (the result still lists them)."),
+    Tool("history", HistoryArgs, "Past runs from the ledger, oldest first, with verdicts, metrics and why; and "
+         "the run in progress."),
+    Tool("next", NextArgs, "What `runbook next` runs now. By default a dry run: the selected phase and its "
+         "resolved commands, nothing runs. With run=true it runs the phase under the run lock, streams step "
+         "output as progress, judges Pass:, writes the verdict into the plan and commits; the result holds the "
+         "run with its verdict and metrics. exit_code: 0 pass, 1 fail, 3 inconclusive, 4 error/timeout/"
+         "interrupted. Another run holding the lock is a tool error with code `locked`.",
+         read_only=False),
+    Tool("record", RecordArgs, "Write a milestone (title, body, metrics, the run it is about), lessons and next "
+         "steps into the plan's notes document, and commit it. Works while a phase runs.", read_only=False),
+    Tool("forget", ForgetArgs, "Drop one run from the ledger and the plan's results (a mistaken run, one of a "
+         "phase since rewritten). Committed, so `git revert` brings it back; refused while a run is in progress.",
+         read_only=False, destructive=True),
+    Tool("reset", ResetArgs, "Drop every run of a phase so that it is `not run` again (the phase was rewritten "
+         "from scratch). Committed, so `git revert` brings them back; refused while a run is in progress.",
+         read_only=False, destructive=True),
+]
+BY_NAME = {tool.name: tool for tool in TOOLS}
+
+
+# ---- calling the verbs ----------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """A verb's answer: exactly the JSON document `runbook VERB --json` prints, and what it said."""
+
+    envelope: dict
+    error_text: str | None = None  # for a refusal: what the command line prints on stderr
+    said: str = ""  # the verb's stderr: warnings, a dry run's preview, a run's output (its tail)
+
+    @classmethod
+    def of(cls, command: str, exit_code: int, result: BaseModel | None = None, error: RunbookError | None = None,
+           said: str = "") -> Outcome:
+        text = envelope_json(command, exit_code, result, error_info(error) if error is not None else None)
+        return cls(json.loads(text), error.text() if error is not None else None, said)
+
+    @classmethod
+    def refused(cls, command: str, error: RunbookError, said: str = "") -> Outcome:
+        return cls.of(command, error.exit_code, error=error, said=said)
+
+    def tool_result(self) -> types.CallToolResult:
+        command = self.envelope.get("command", "runbook")
+        content = [types.TextContent(type="text", text=json.dumps(self.envelope, indent=2, ensure_ascii=False))]
+        if self.error_text is not None:
+            content.insert(0, types.TextContent(type="text", text=self.error_text))
+        if self.said.strip():
+            content.append(types.TextContent(type="text", text=f"runbook {command} said:\n{self.said.rstrip()}"))
+        return types.CallToolResult(content=content, structured_content=self.envelope,
+                                    is_error=not self.envelope.get("ok", False))
+
+
+def call_verb(name: str, kwargs: dict[str, Any]) -> Outcome:
+    """Run verb `name`'s click callback as `runbook NAME --json` would, in this process.
+
+    Its stderr is captured (the MCP wire is on the real stdout's duplicate, never on sys.stderr)."""
+    import click
+
+    command = importlib.import_module(COMMANDS[name][0]).command
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said), click.Context(command, info_name=name) as ctx:
+            out = ctx.invoke(command, as_json=True, **kwargs)
+    except (KeyboardInterrupt, Exception) as exc:  # the command line's own mapping (runbook/cli.py)
+        error = refusal(exc, name)
+        if error.code == "internal":  # a bug: its traceback goes to the host's log of this server
+            logger.error("runbook %s raised", name, exc_info=exc)
+        return Outcome.refused(name, error, said.getvalue())
+    if not isinstance(out, Output):
+        error = RunbookError(f"runbook {name}: internal error (the verb returned {type(out).__name__})", "internal")
+        return Outcome.refused(name, error, said.getvalue())
+    return Outcome.of(name, out.exit_code, out.result, said=said.getvalue())
+
+
+Report = Callable[[list[str]], Awaitable[None]]
+
+
+class Children:
+    """The `runbook next` processes this server started, to interrupt and wait for on the way out."""
+
+    def __init__(self) -> None:
+        self.procs: set[subprocess.Popen] = set()
+        self.signalled: dict[int, float] = {}  # pid -> when we sent it SIGTERM
+
+    async def stop(self, proc: subprocess.Popen, wait_s: float = STOP_WAIT_S) -> None:
+        """SIGTERM our child and wait until it has recorded its run as interrupted.
+
+        One SIGTERM, as a closed terminal gives `runbook next` one SIGHUP: it stops the step's
+        process group (SIGTERM, SIGKILL after its grace period), judges, records and commits. A
+        second SIGTERM (which makes it kill the step at once) only when it is still there after
+        `wait_s`. Never SIGKILL: that would leave the run unrecorded."""
+        while proc.poll() is None:
+            now = anyio.current_time()
+            sent = self.signalled.get(proc.pid)
+            if sent is None or now - sent > wait_s:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)  # a pid we started and have not reaped: provably ours
+                self.signalled[proc.pid] = now
+            await anyio.sleep(0.05)
+
+    async def stop_all(self) -> None:
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for proc in list(self.procs):
+                    tg.start_soon(self.stop, proc)
+
+    async def run(self, name: str, argv: list[str], report: Report) -> Outcome:
+        """Run `runbook ARGV` (which ends in --json) to its end; stream its stderr lines to `report`."""
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            proc = subprocess.Popen([*runbook_argv(), *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                    env=env, start_new_session=True)
+            self.procs.add(proc)
+            tail = _Tail(err.fileno())
+            try:
+                while True:
+                    finished = proc.poll() is not None
+                    lines = tail.read()
+                    if lines:
+                        with contextlib.suppress(Exception):  # a client gone away cannot stop the run
+                            await report(lines)
+                    if finished and not lines:
+                        break
+                    await anyio.sleep(POLL_S)
+            except BaseException:  # cancelled (client cancel or disconnect, our own shutdown)
+                with anyio.CancelScope(shield=True):
+                    await self.stop(proc)
+                raise
+            finally:
+                self.procs.discard(proc)
+                self.signalled.pop(proc.pid, None)
+            return _child_outcome(name, proc.returncode, os.pread(out.fileno(), 1 << 24, 0), tail.text())
+
+
+class _Tail:
+    """Read what a child appended to a file since the last read, in whole lines."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.pos, self.partial = fd, 0, b""
+        self.kept = ""
+
+    def read(self) -> list[str]:
+        data = b""
+        while chunk := os.pread(self.fd, 1 << 16, self.pos):
+            self.pos += len(chunk)
+            data += chunk
+        if not data:
+            return []
+        data = self.partial + data
+        *whole, self.partial = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        lines = [line.decode("utf-8", "replace") for line in whole]
+        self.kept = (self.kept + "".join(line + "\n" for line in lines))[-OUTPUT_TAIL_CHARS:]
+        return lines
+
+    def text(self) -> str:
+        return self.kept + self.partial.decode("utf-8", "replace")
+
+
+def _child_outcome(name: str, code: int, stdout: bytes, said: str) -> Outcome:
+    """The child's --json envelope, as it printed it; a child that printed none is an internal error."""
+    try:
+        envelope = json.loads(stdout.decode("utf-8"))
+        ok = envelope["ok"]
+    except (ValueError, KeyError, TypeError):
+        error = RunbookError(f"runbook {name}: internal error (exit {code} without a JSON result; what it said "
+                             "is below)", "internal", hint="rerun with RUNBOOK_DEBUG=1 for the traceback, and report it")
+        return Outcome.refused(name, error, said)
+    return Outcome(envelope, None if ok else _error_text(envelope.get("error") or {}), said)
+
+
+def _error_text(info: dict) -> str:
+    """What the command line prints on stderr for the refusal in a child's envelope."""
+    from runbook.contract import ErrorInfo
+    from runbook.errors import EXIT_CODES
+    from runbook.model import Problem
+
+    try:
+        error = ErrorInfo.model_validate(info)
+    except ValidationError:
+        return json.dumps(info)
+    problems = [Problem(**p.model_dump()) for p in error.problems]
+    code = error.code if error.code in EXIT_CODES else "internal"
+    return RunbookError(error.message, code, hint=error.hint, problems=problems).text()
+
+
+# ---- resources ------------------------------------------------------------------------------------
+
+PLAN_URI, NOTES_URI, RUN_URI = "runbook://plan/", "runbook://notes/", "runbook://run/"
+
+
+def _documents() -> list[tuple[str, str, Path, str]]:
+    """(uri, name, path, description) of every plan of the workspace and of each plan's notes."""
+    from runbook.parse import read_plan
+    from runbook.project import discover_plans
+    from runbook.workspace import Workspace
+
+    ws = Workspace.at()
+    docs: list[tuple[str, str, Path, str]] = []
+    for path in discover_plans(ws.root):
+        rel = ws.rel(Path(path))
+        docs.append((PLAN_URI + rel, rel, Path(path), "The game plan (read-only: runbook writes its marked blocks)."))
+        plan, _ = read_plan(str(path))
+        if plan is not None and plan.notes:
+            notes = Path(os.path.normpath(Path(path).parent / plan.notes))
+            if notes.is_file() and notes.resolve().is_relative_to(ws.root):
+                docs.append((NOTES_URI + ws.rel(notes), ws.rel(notes), notes,
+                             f"The notes of {rel}: milestones, lessons learned, next steps (write with `record`)."))
+    return docs
+
+
+@contextlib.contextmanager
+def _as_mcp_error(uri: str | None = None):
+    """A workspace that cannot be read (broken runbook.toml, unreadable file) as an MCP error."""
+    from runbook.project import ConfigError
+
+    try:
+        yield
+    except (RunbookError, ConfigError, OSError) as exc:
+        message = exc.text() if isinstance(exc, RunbookError) else str(exc)
+        raise MCPError(code=types.INVALID_REQUEST if uri is None else types.INVALID_PARAMS, message=message,
+                       data={"uri": uri} if uri else None) from None
+
+
+def list_resources() -> list[types.Resource]:
+    with _as_mcp_error():
+        documents = _documents()
+    resources = [types.Resource(uri=uri, name=name, description=desc, mime_type="text/markdown")
+                 for uri, name, _path, desc in documents]
+    resources.append(types.Resource(uri=RUN_URI + "latest", name="latest run", mime_type="application/json",
+                                    description="The latest run of any plan here, as the RunView of docs/json.md."))
+    return resources
+
+
+def read_resource(uri: str) -> types.ReadResourceResult:
+    with _as_mcp_error(uri):
+        if uri.startswith(RUN_URI):
+            return _read_run(uri, uri[len(RUN_URI):])
+        for known, _name, path, _desc in _documents():
+            if known == uri:
+                return types.ReadResourceResult(contents=[types.TextResourceContents(
+                    uri=uri, mime_type="text/markdown", text=path.read_text(encoding="utf-8", errors="replace"))])
+    raise MCPError(code=types.INVALID_PARAMS, message=f"no resource {uri}: list the resources for the plans and "
+                   "notes there are", data={"uri": uri})
+
+
+def _read_run(uri: str, ref: str) -> types.ReadResourceResult:
+    from runbook.contract import RunView
+    from runbook.workspace import Workspace
+
+    runs = Workspace.at().runs(every_plan=True)
+    if ref == "latest":
+        found = max(runs, key=lambda r: (r.started or "", r.run_id)) if runs else None
+    else:
+        found = next((r for r in runs if r.run_id == ref), None)
+    if found is None:
+        what = "no runs yet" if not runs else f"no run {ref!r}"
+        raise MCPError(code=types.INVALID_PARAMS, message=f"{uri}: {what}", data={"uri": uri})
+    return types.ReadResourceResult(contents=[types.TextResourceContents(
+        uri=uri, mime_type="application/json", text=RunView.of(found).model_dump_json(indent=2))])
+
+
+# ---- the server -----------------------------------------------------------------------------------
+
+
+class RunbookServer:
+    """The MCP handlers; in-process verbs run one at a time in a worker thread."""
+
+    def __init__(self) -> None:
+        self.children = Children()
+        self.verb_lock = anyio.Lock()
+
+    async def shutdown(self) -> None:
+        """Interrupt our runs (each records itself as interrupted) and let a verb in progress finish."""
+        with anyio.CancelScope(shield=True):
+            await self.children.stop_all()
+            with anyio.move_on_after(60):
+                async with self.verb_lock:
+                    pass
+
+    async def list_tools(self, ctx, params) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[tool.listing() for tool in TOOLS])
+
+    async def call_tool(self, ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+        tool = BY_NAME.get(params.name)
+        if tool is None:
+            error = RunbookError(f"no tool {params.name!r}; tools: {', '.join(BY_NAME)}", "usage")
+            return Outcome.refused(params.name, error).tool_result()
+        try:
+            args = tool.args.model_validate(params.arguments or {})
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
+            error = RunbookError(f"{tool.name}: bad arguments: {problems}", "usage",
+                                 hint=f"see the input schema of the `{tool.name}` tool")
+            return Outcome.refused(tool.name, error).tool_result()
+        if isinstance(args, NextArgs) and args.run:
+            seen = 0
+
+            async def report(lines: list[str]) -> None:
+                nonlocal seen
+                seen += len(lines)
+                text = "\n".join(lines)
+                if len(text) > PROGRESS_CHARS:
+                    text = "[... earlier lines: see the step logs under state/runs/]\n" + text[-PROGRESS_CHARS:]
+                await ctx.session.report_progress(seen, None, text)
+
+            outcome = await self.children.run(tool.name, args.argv(), report)
+        else:
+            async with self.verb_lock:
+                outcome = await anyio.to_thread.run_sync(call_verb, tool.name, args.cli_kwargs())
+        return outcome.tool_result()
+
+    async def list_resources(self, ctx, params) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=await anyio.to_thread.run_sync(list_resources))
+
+    async def list_resource_templates(self, ctx, params) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(resource_templates=[types.ResourceTemplate(
+            uri_template=RUN_URI + "{run_id}", name="run", mime_type="application/json",
+            description="A run by id (as `history` lists them), as the RunView of docs/json.md.")])
+
+    async def read_resource(self, ctx, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        return await anyio.to_thread.run_sync(read_resource, str(params.uri))
+
+
+def build_server() -> tuple[Server, RunbookServer]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ours = version("runbook-eagle")
+    except PackageNotFoundError:
+        ours = "0"
+    handlers = RunbookServer()
+    server = Server(
+        "runbook", version=ours, instructions=INSTRUCTIONS,
+        on_list_tools=handlers.list_tools, on_call_tool=handlers.call_tool,
+        on_list_resources=handlers.list_resources, on_list_resource_templates=handlers.list_resource_templates,
+        on_read_resource=handlers.read_resource,
+    )
+    return server, handlers
+
+
+async def _serve() -> None:
+    server, handlers = build_server()
+    async with anyio.create_task_group() as tg:
+
+        async def on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP, signal.SIGINT) as signals:
+                async for signum in signals:
+                    await handlers.shutdown()
+                    os._exit(128 + signum)  # the stdin reader may block forever: leave now
+
+        tg.start_soon(on_signal)
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+        await handlers.shutdown()
+        tg.cancel_scope.cancel()
+
+
+def serve(root: str | None = None) -> None:
+    """Serve MCP over stdio until the client goes away (`runbook mcp`)."""
+    if root:
+        os.chdir(root)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="runbook mcp: %(levelname)s %(message)s")
+    anyio.run(_serve)
+
