@@ -170,7 +170,9 @@ def _metrics_text(metrics: dict, sep: str) -> str:
 
 
 def _render_parts(brief: Brief) -> tuple[str, str]:
-    context = {"b": brief, "num": format_number, "metrics": _metrics_text}
+    from runbook.writeback import format_took
+
+    context = {"b": brief, "num": format_number, "metrics": _metrics_text, "took": format_took}
     head = render("brief-head.md.j2", **context)
     tail = render("brief-next.md.j2", **context)
     return head.rstrip("\n") + "\n", tail.rstrip("\n") + "\n"

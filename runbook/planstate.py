@@ -90,19 +90,13 @@ def holder_view(info, plan: Plan | None, state_rel: str, now: _dt.datetime | Non
     )
 
 
-def _took(seconds: float | None) -> str:
-    from runbook.writeback import format_took
-
-    return format_took(seconds)
-
-
 def running_text(holder: LockHolder, plan_rel: str) -> str:
     what = holder.label or holder.phase or "a phase"
     if holder.plan and holder.plan != plan_rel:
         what = f"{what} of {holder.plan}"
     bits = [f"run {holder.run_id}" if holder.run_id else None, f"pid {holder.pid} on {holder.host}",
             f"at {holder.step}" if holder.step else None,
-            f"for {_took(holder.elapsed_s)}" if holder.elapsed_s is not None else None,
+            f"since {holder.started.replace('T', ' ').replace('Z', ' UTC')}" if holder.started else None,
             f"log {holder.log_path}" if holder.log_path else None]
     return f"{what} is running ({', '.join(b for b in bits if b)})"
 
@@ -183,15 +177,18 @@ def _next_action(
     if end == "finished":
         why = _sentence(sel.message.removeprefix("nothing to run: "))
         if failed_ids:
-            names = ", ".join(phase_label(plan.find_phase(i).label) for i in failed_ids if plan.find_phase(i))
-            why += f" Along the way {names} failed (see the phase table)."
+            latest = {r.phase: r for r in runs}
+            names = ", ".join(f"{phase_label(latest[i].phase_label)} failed (run {latest[i].run_id})"
+                              for i in failed_ids if i in latest)
+            why += f" Along the way {names}."
         return NextAction(kind="nothing", why=lead + why, outcome="finished")
     return NextAction(kind="nothing", why=lead + _sentence(sel.message), outcome=end)
 
 
 def nothing_text(action: NextAction) -> str:
     """`runbook next`'s line when it runs nothing on its own: why, and the command if there is one."""
-    why = action.why[:1].lower() + action.why[1:] if action.why[:2] != action.why[:2].upper() else action.why
+    first = action.why.split(" ", 1)[0]
+    why = action.why[:1].lower() + action.why[1:] if first in ("The", "A", "Nothing") else action.why
     if action.kind == "retry" and action.command:
         return f"nothing to run on its own: {why}\n  to retry it: {action.command}"
     if action.kind == "running":
@@ -248,7 +245,7 @@ def _phase_views(plan: Plan, runs: list[RunRecord], holder: LockHolder | None, p
 
 
 def _summary(action: NextAction, last: RunView | None, holder: LockHolder | None, plan_rel: str,
-             failed: list[PhaseView]) -> str:
+             failed: list[PhaseView], phases: list[PhaseView]) -> str:
     if action.kind == "running" and holder is not None:
         return "running: " + running_text(holder, plan_rel)
     if action.kind == "nothing":
@@ -263,7 +260,8 @@ def _summary(action: NextAction, last: RunView | None, holder: LockHolder | None
     if action.kind == "retry" and action.changed:
         return f"stopped: {action.label} failed; files changed since, so it can be retried"
     lead = "not started" if last is None else f"last run {last.label} {last.verdict}"
-    return f"{lead}; next: {action.label} ({action.phase}), {action.kind}"
+    stale = " (its verdict is stale)" if any(p.state == "stale" and p.next for p in phases) else ""
+    return f"{lead}; next: {action.label} ({action.phase}), {action.kind}{stale}"
 
 
 def derive(
@@ -293,7 +291,7 @@ def derive(
     last = RunView.of(mine[-1]) if mine else None
     running = holder if holder is not None and holder.alive is not False else None
     view = PlanStateView(
-        plan=plan_rel, title=plan.title, summary=_summary(action, last, running, plan_rel, failed), phases=phases,
+        plan=plan_rel, title=plan.title, summary=_summary(action, last, running, plan_rel, failed, phases), phases=phases,
         next=action, running=running, last_run=last, failed=[p.id for p in failed],
     )
     return PlanState(view=view, selection=sel)

@@ -47,3 +47,16 @@ def toy_data(toy_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     extract(model=toy_target, data=out)
     build_vocab(data=out, draft_vocab=256)
     return out
+
+
+@pytest.fixture(scope="session")
+def plan_states(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The plan states of docs/next.md's table (tests/plan_states.py), each a git repo built with
+    real `runbook next` runs, `running` aside. Read-only: copy one (plan_states.py `copy`) to change it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plan_states", Path(__file__).with_name("plan_states.py"))
+    states = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(states)
+    base = tmp_path_factory.mktemp("plan-states")
+    return {name: states.build(name, base / name) for name in states.STATES if name != "running"}

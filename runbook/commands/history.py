@@ -7,6 +7,7 @@ import click
 from runbook.cli import Output
 from runbook.commands._options import json_option, warn
 from runbook.contract import HistoryResult, RunView
+from runbook.errors import RunbookError
 
 
 @click.command("history")
@@ -29,7 +30,6 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
       runbook history --json | jq '.result.runs[-1].verdict'
     """
     from runbook.commands.show import unknown_phase
-    from runbook.errors import RunbookError
     from runbook.planstate import holder_view
     from runbook.project import discover_plans
     from runbook.workspace import Workspace
@@ -59,7 +59,8 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
     if phase_id:
         runs = [r for r in runs if r.phase == phase_id]
     lock = ws.lock_info()
-    holder = holder_view(lock, plan, ws.rel(ws.state)) if lock is not None else None
+    labels = plan if plan is not None else _only_plan()
+    holder = holder_view(lock, labels, ws.rel(ws.state)) if lock is not None else None
     running = holder if holder is not None and holder.alive is not False else None
     if running is not None and plan is not None and running.plan not in (None, ws.plan_rel):
         running = None
@@ -97,8 +98,18 @@ def _render(result: HistoryResult, runs: list, metrics: tuple[str, ...], state_r
         from runbook.planstate import running_text
 
         lines.append("")
-        lines.append("now: " + running_text(result.running, result.plan or ""))
+        lines.append("now: " + running_text(result.running, result.plan or result.running.plan or ""))
     return "\n".join(lines)
+
+
+def _only_plan():  # -> Plan | None
+    """The repository's only plan, for phase labels; None when there are several, none, or it is broken."""
+    from runbook.workspace import Workspace
+
+    try:
+        return Workspace.open(None).load_plan()
+    except RunbookError:
+        return None
 
 
 def _criterion_names(criterion: str | None) -> list[str]:
