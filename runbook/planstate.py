@@ -274,8 +274,11 @@ def derive(
     plan_arg: str | None = None,
     changed_since: ChangedSince | None = None,
     current_hash: Callable[[Phase], str] | None = None,
+    unreadable: list[str] | None = None,
 ) -> PlanState:
-    """Each phase's state and the next action. `runs`: this plan's runs, oldest first."""
+    """Each phase's state and the next action. `runs`: this plan's runs, oldest first.
+    `unreadable`: ledger files that could not be read; `runbook next` refuses to choose a phase
+    while there are any (one could hide a pass), so the next action is then `blocked`."""
     from runbook.writeback import phase_text_hash
 
     runs = [r for r in runs if r.plan == plan_rel]
@@ -284,6 +287,13 @@ def derive(
     phases = _phase_views(plan, runs, holder, plan_rel)
     failed = [p for p in phases if p.state == "failed"]
     action = _next_action(plan, runs, sel, holder, plan_rel, plan_arg, changed_since, [p.id for p in failed])
+    if unreadable and action.kind != "running":
+        action = NextAction(
+            kind="blocked",
+            why=_sentence("The ledger has unreadable run records, and one could hide the verdict of a phase: "
+                          f"{'; '.join(unreadable)}. `runbook next` refuses to choose a phase until each is restored "
+                          "(git checkout -- FILE) or removed (git rm FILE)"),
+        )
     for row in phases:
         row.next = action.phase == row.id and action.kind != "nothing"
     known = {p.id for p in plan.phases}
@@ -301,13 +311,23 @@ def for_workspace(
     ws, runs: list[RunRecord] | None = None, problems: list[str] | None = None, *, holding_lock: bool = False
 ) -> PlanState:
     """`derive` for a `workspace.Workspace`: its plan, its ledger, its lock, its git.
-    `holding_lock`: the caller holds the run lock itself (`runbook next` between runs)."""
+    `holding_lock`: the caller holds the run lock itself (`runbook next` between runs).
+    Unreadable ledger files block the next action; they are added to `problems` (for warnings), or,
+    when the caller passes `runs`, taken from the `problems` it collected while reading them."""
+    if runs is None:
+        unreadable: list[str] = []
+        runs = ws.runs(unreadable)
+        if problems is not None:
+            problems.extend(unreadable)
+    else:  # the caller read the ledger and collected its problems
+        unreadable = list(problems or [])
     return derive(
         ws.plan,
         ws.plan_rel,
-        ws.runs(problems) if runs is None else runs,
+        runs,
         lock=None if holding_lock else ws.lock_info(),
         state_rel=ws.rel(ws.state),
         plan_arg=ws.plan_arg,
         changed_since=lambda run: ws.changed_since(run.commit_before),
+        unreadable=unreadable,
     )

@@ -114,8 +114,9 @@ def write_record(
                 listed = [Problem(file=notes_rel, line=line, message=message) for line, message in found]
                 raise RunbookError(f"{notes_rel} needs fixing before runbook can edit it", "notes_invalid",
                                    file=notes_rel, line=found[0][0], col=1, problems=listed)
-            runs = ws.runs()
-            state = for_workspace(ws, runs)
+            unreadable: list[str] = []
+            runs = ws.runs(unreadable)
+            state = for_workspace(ws, runs, unreadable)
             status = status_block(ws.plan, ws.plan_rel, runs, milestone.when, state)
             new_text, outcome = apply_record(text, milestone, lessons, next_steps, status)
             try:

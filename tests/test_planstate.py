@@ -207,3 +207,14 @@ def test_one_error_type_no_exit_calls_in_the_verbs() -> None:
         source = path.read_text()
         for banned in ("sys.exit(", "click.exceptions.Exit", "raise click.UsageError", "ClickException", "def fail("):
             assert banned not in source, f"{path.name} uses {banned}: raise RunbookError instead"
+
+
+def test_an_unreadable_ledger_file_blocks_the_next_action_as_next_refuses(tmp_path: Path) -> None:
+    repo = S.build("mid-plan", tmp_path / "repo")
+    record = next((repo / "state" / "runs").glob("*.json"))
+    record.write_text('{"run_id": "truncated')
+    status = js(repo, "status")["result"]["next"]
+    assert status["kind"] == "blocked" and status["argv"] is None and record.name in status["why"]
+    assert js(repo, "brief")["result"]["next"] == status
+    refused = js(repo, "next", "--yes")
+    assert refused["error"]["code"] == "io" and record.name in refused["error"]["message"]
