@@ -72,6 +72,7 @@ WAIT_PLAN = """\
 ---
 runbook: 1
 title: Signals
+notes: notes.md
 ---
 
 ## Phase 0: Wait
@@ -98,7 +99,7 @@ def cli_json(repo: Path, *args: str) -> dict:
 
 
 def wait_repo(tmp_path: Path) -> Path:
-    repo = H.make_repo(tmp_path / "repo", WAIT_PLAN)
+    repo = H.make_repo(tmp_path / "repo", WAIT_PLAN, notes=NOTES)
     (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "step2.pid\ncount.txt\nok\n")
     git(repo, "commit", "-qam", "ignore the steps' files")
     return repo
@@ -214,8 +215,9 @@ def test_tools_are_the_verbs_and_answer_exactly_what_the_cli_prints(tmp_path: Pa
 def test_refusals_are_tool_errors_with_the_cli_code_and_message(tmp_path: Path) -> None:
     repo = H.make_repo(tmp_path / "repo", PLAN.replace("Pass: `score >= 2`\nOn fail", "Pass: `score >=`\nOn fail"))
 
-    async def main():
-        async with Client(params(repo)) as client:
+    async def main():  # the 2025 handshake era, as most hosts speak it today
+        async with Client(params(repo), mode="legacy") as client:
+            assert client.protocol_version == "2025-11-25"
             return (await client.call_tool("status", {}), await client.call_tool("next", {"run": True}),
                     await client.call_tool("show", {"bogus": 1}))
 
@@ -322,6 +324,8 @@ def test_a_second_client_gets_the_lock_error_never_a_second_run(tmp_path: Path) 
                 results["lock"] = lock
                 results["second"] = await second.call_tool("next", {"run": True})
                 results["status"] = await second.call_tool("status", {})
+                results["reset"] = await second.call_tool("reset", {"phase": "0"})  # takes the run lock too
+                results["record"] = await second.call_tool("record", {"title": "Waiting", "lessons": ["patience"]})
                 (repo / "ok").write_text("")
         return results
 
@@ -332,6 +336,11 @@ def test_a_second_client_gets_the_lock_error_never_a_second_run(tmp_path: Path) 
     assert error["code"] == "locked" and error["lock"]["pid"] == lock["pid"] and error["lock"]["run_id"] == lock["run_id"]
     assert f"pid {lock['pid']}" in second.content[0].text and lock["run_id"] in second.content[0].text
     assert results["status"].structured_content["result"]["running"]["run_id"] == lock["run_id"]
+    reset = results["reset"]
+    assert reset.is_error and reset.structured_content["error"]["code"] == "locked"
+    assert reset.structured_content["error"]["lock"]["run_id"] == lock["run_id"]
+    assert not results["record"].is_error  # record needs only the short write lock
+    assert "patience" in (repo / "plans" / "notes.md").read_text()
     assert results["first"].structured_content["exit_code"] == 0
     assert [r["verdict"] for r in runs(repo)] == ["pass"]  # one run, never a second
     assert (repo / "count.txt").read_text() == "run\n"
@@ -344,7 +353,7 @@ CLIENT = textwrap.dedent("""
     async def main():
         params = StdioServerParameters(command=sys.argv[1], args=sys.argv[2:] + ["mcp"], cwd=".",
                                        env={"RUNBOOK_ENV_PROBE": "0"})
-        async with Client(params) as client:
+        async with Client(params, mode="legacy") as client:
             print("calling next", flush=True)
             await client.call_tool("next", {"run": True})
     anyio.run(main)
@@ -472,3 +481,51 @@ def test_init_writes_agents_md_and_a_config_that_starts_the_server(tmp_path: Pat
     (mine / "runbook.toml").unlink()
     H.runbook(mine, "init", env=ENV)
     assert (mine / "AGENTS.md").read_text() == grown
+
+
+def test_the_locks_pin_the_sdk_and_what_it_needs() -> None:
+    from importlib.metadata import requires, version
+
+    from packaging.requirements import Requirement
+
+    root = Path(__file__).resolve().parents[1]
+    extra = next(line for line in (root / "pyproject.toml").read_text().splitlines() if line.startswith("mcp = "))
+    assert extra == f'mcp = ["mcp=={version("mcp")}"]'
+    locks = [path for path in sorted((root / "requirements").glob("lock-*.txt")) if "\nmcp==" in path.read_text()]
+    assert any(path.name == "lock-cpu.txt" for path in locks)
+    for path in locks:
+        pins = {}
+        for line in path.read_text().splitlines():
+            if "==" in line and not line.startswith("#"):
+                name, pinned = line.split("==", 1)
+                pins[name.strip().lower().replace("_", "-")] = pinned.split(";")[0].strip()
+        assert pins["mcp"] == version("mcp"), path
+        for dist in ("mcp", "mcp-types"):
+            for text in requires(dist) or []:
+                req = Requirement(text)
+                if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                    continue
+                name = req.name.lower().replace("_", "-")
+                assert name in pins, f"{path.name}: {dist} needs {req}, not pinned"
+                assert req.specifier.contains(pins[name], prereleases=True), f"{path.name}: {name}=={pins[name]} vs {req}"
+
+
+def test_every_tool_argument_is_a_parameter_of_its_verb() -> None:
+    import importlib
+
+    from runbook.cli import COMMANDS
+    from runbook.mcp_server import NextArgs
+
+    samples = {"title": "t", "run": "last", "phase": "1"}
+    for tool in TOOLS:
+        command = importlib.import_module(COMMANDS[tool.name][0]).command
+        names = {param.name for param in command.params}
+        required = {name: samples[name] for name, field in tool.args.model_fields.items() if field.is_required()}
+        assert set(tool.args(**required).cli_kwargs()) <= names, tool.name
+        assert "as_json" in names
+    argv = NextArgs(run=True, plan="plans/p.md", phase="1", restart=True, until_stop=True, no_commit=True).argv()
+    assert argv == ["next", "--yes", "--json", "--plan", "plans/p.md", "--phase", "1", "--restart", "--until-stop",
+                    "--no-commit"]
+    command = importlib.import_module(COMMANDS["next"][0]).command
+    flags = {opt for param in command.params for opt in param.opts}
+    assert {a for a in argv if a.startswith("--")} <= flags
