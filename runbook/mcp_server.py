@@ -569,6 +569,9 @@ def serve(root: str | None = None) -> None:
     """Serve MCP over stdio until the client goes away (`runbook mcp`)."""
     if root:
         os.chdir(root)
+    if sys.stdin.isatty():
+        print(f"runbook mcp: serving {os.getcwd()} to an MCP client on stdin/stdout (JSON-RPC, one message a "
+              "line); agent hosts start this themselves (docs/mcp.md). Ctrl-D ends it.", file=sys.stderr)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="runbook mcp: %(levelname)s %(message)s")
     anyio.run(_serve)
 
