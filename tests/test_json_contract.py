@@ -167,6 +167,11 @@ def test_refusals_are_error_envelopes(case: str, tmp_path: Path, monkeypatch: py
         env = invoke(repo, ["status"], monkeypatch)
         [problem] = env["error"]["problems"]
         assert problem["file"] == "plans/plan.md" and problem["line"] == env["error"]["line"] > 1
+    if case == "no plan":  # history reads every plan's ledger: with neither plan nor ledger it refuses too
+        env = invoke(repo, ["history"], monkeypatch)
+        assert (env["ok"], env["error"]["code"]) == (False, "no_plan")
+        env = invoke(repo, ["history", "--plan", "plans/missing.md"], monkeypatch)
+        assert env["error"]["code"] == "no_plan" and env["error"]["file"] == "plans/missing.md"
     # validate reports rather than refuses, except when there is no plan at all
     env = invoke(repo, ["validate"], monkeypatch)
     if case == "no plan":

@@ -71,8 +71,8 @@ def test_forget_one_of_two_runs_rewrites_the_phase_from_the_other(tmp_path: Path
     assert js(repo, "history")["result"]["runs"][0]["run_id"] == first
 
 
-def test_reset_a_rewritten_phase_drops_its_old_runs_everywhere(tmp_path: Path) -> None:
-    repo = S.build("rewritten-phase", tmp_path / "repo")
+def test_reset_a_rewritten_phase_drops_its_old_runs_everywhere(tmp_path: Path, plan_states: dict[str, Path]) -> None:
+    repo = S.copy(plan_states["rewritten-phase"], tmp_path / "repo")
     before = js(repo, "status")["result"]
     assert before["phases"][0]["state"] == "stale"
     old = before["phases"][0]["run_id"]
@@ -120,8 +120,9 @@ def test_plan_edits_during_a_run_are_committed_alone_with_a_warning(tmp_path: Pa
 # ---- failed comparisons, everywhere the verdict is shown --------------------------------------
 
 
-def test_a_failed_comparison_is_marked_everywhere_the_verdict_line_is_shown(tmp_path: Path) -> None:
-    repo = S.build("failed-with-fallback", tmp_path / "repo")
+def test_a_failed_comparison_is_marked_everywhere_the_verdict_line_is_shown(tmp_path: Path,
+                                                                           plan_states: dict[str, Path]) -> None:
+    repo = plan_states["failed-with-fallback"]  # read only here; the rerun below is on a copy
     mark = "✗ acc 0.3 >= 0.5"
     text = (repo / "plans" / "plan.md").read_text()
     assert "**Status:** fail · " in text and mark in text.split("## Phase 1", 1)[1].split("## Phase 2")[0]
@@ -193,13 +194,14 @@ def test_validate_warns_about_phases_nothing_leads_to(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("title", ["A: B", "yes", "#1 plan", "Bob's 'quoted' \"plan\"", "3.14", "- dash"])
-def test_init_title_is_valid_yaml_whatever_it_holds(title: str, tmp_path: Path) -> None:
-    done = rb(tmp_path, "init", "ws", "--title", title)
-    assert done.returncode == 0, done.stderr
-    ws = tmp_path / "ws"
-    assert rb(ws, "validate").returncode == 0
-    assert js(ws, "status")["result"]["title"] == title
-    assert "work/" in (ws / ".gitignore").read_text().splitlines()
+def test_init_title_is_valid_yaml_whatever_it_holds(title: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(cli, ["init", "ws", "--title", title])
+    assert done.exit_code == 0, done.output
+    monkeypatch.chdir(tmp_path / "ws")
+    assert CliRunner().invoke(cli, ["validate"]).exit_code == 0
+    assert json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["result"]["title"] == title
+    assert "work/" in (tmp_path / "ws" / ".gitignore").read_text().splitlines()
 
 
 def test_one_error_type_no_exit_calls_in_the_verbs() -> None:
@@ -209,8 +211,9 @@ def test_one_error_type_no_exit_calls_in_the_verbs() -> None:
             assert banned not in source, f"{path.name} uses {banned}: raise RunbookError instead"
 
 
-def test_an_unreadable_ledger_file_blocks_the_next_action_as_next_refuses(tmp_path: Path) -> None:
-    repo = S.build("mid-plan", tmp_path / "repo")
+def test_an_unreadable_ledger_file_blocks_the_next_action_as_next_refuses(tmp_path: Path,
+                                                                         plan_states: dict[str, Path]) -> None:
+    repo = S.copy(plan_states["mid-plan"], tmp_path / "repo")
     record = next((repo / "state" / "runs").glob("*.json"))
     record.write_text('{"run_id": "truncated')
     status = js(repo, "status")["result"]["next"]

@@ -56,7 +56,9 @@ def command(phase_ref: str | None, plan_opt: str | None, as_json: bool) -> Outpu
     else:
         phase = plan.find_phase(nxt.phase) if nxt.phase and nxt.kind != "nothing" else None
         if phase is None:
-            text = f"{ws.plan_display}: nothing to show: {nxt.why}"
+            from runbook.planstate import nothing_text
+
+            text = f"{ws.plan_display}: {nothing_text(nxt)}"
             if plan.phases:
                 text += f"\nName a phase to show it, e.g. `runbook show {plan.phases[-1].id}`"
             return Output(ShowResult(plan=ws.plan_rel, phase=None, next=nxt), 0, text)
