@@ -24,6 +24,11 @@ The next action (`contract.NextAction.kind`):
 - `blocked`: the chosen phase's `Needs:` are unmet (`unmet_needs`);
 - `nothing`: `outcome` finished (the end, or a stop after a pass), failed (stopped after a fail
   and nothing changed since: a retry would repeat it), empty or loop.
+
+A run in progress is known from the run lock alone (`holder_view`: its plan, phase, run, step,
+and whether its pid lives). An executor that outlives its caller (a detached supervisor, a
+Slurm job) keeps the same lock fields up to date and may add a heartbeat; `holder_view` is the
+one place that decides whether the holder is alive.
 """
 
 from __future__ import annotations
