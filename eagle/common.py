@@ -101,6 +101,17 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def concrete_device(device: str | torch.device) -> torch.device:
+    """The device with its index: "cuda" becomes the current CUDA device ("cuda:N"), as
+    `torch.cuda.set_device`, streams and events need; cpu and indexed devices are returned as given."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 

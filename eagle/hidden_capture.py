@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from eagle.common import EagleError
+from eagle.common import EagleError, concrete_device
 
 
 # ---------------------------------------------------------------- planning (pure)
@@ -226,7 +226,7 @@ class CapturePipeline:
     def __init__(self, capture: HiddenCapture, device: torch.device, depth: int = 4, writers: int = 2,
                  pad_multiple: int = 1) -> None:
         self.capture = capture
-        self.device = torch.device(device)
+        self.device = concrete_device(device)  # "cuda" -> "cuda:N": set_device needs the index
         self.cuda = self.device.type == "cuda"
         self.depth = max(1, depth)
         self.writers = max(1, writers)
