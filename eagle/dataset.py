@@ -10,8 +10,8 @@ token (as speculators' `shift_batch` does):
     loss_mask   m1 .. m_{T-1}        position_ids   1 .. T-1
 
 Batches pack whole samples into one row of at most `batch_tokens` tokens (documents are kept
-apart by `document_ids`, so packing never lets one sample attend to another); a sample longer
-than the budget is truncated to it. Which samples go into which batch is a pure function of
+apart by `document_ids`, so packing never lets one sample attend to another); `eagle train`
+refuses a sample longer than the budget (check_lengths) rather than cut it. Which samples go into which batch is a pure function of
 (lengths, budget, seed, epoch), so a resumed run sees exactly the batches it would have seen.
 """
 
@@ -81,30 +81,52 @@ def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], li
     return sorted(order[n_val:]), sorted(order[:n_val])
 
 
+OPEN_BATCHES = 32  # pack_batches keeps this many batches open (first fit among them)
+
+
 def pack_batches(indices: list[int], lengths: list[int], budget: int, seed: int | None,
                  epoch: int = 0) -> list[list[int]]:
-    """Group `indices` into batches of at most `budget` (shifted) tokens; shuffled when `seed` is set."""
+    """Group `indices` into batches of at most `budget` (shifted) tokens; shuffled when `seed` is set.
+
+    First fit over the (shuffled) order among the last OPEN_BATCHES batches: a sample goes into the
+    first open batch it fits, a batch that overflows the window is closed. On 1024-2048-token samples
+    and 8192-token batches that fills 95% of each batch where filling them in order fills 90%, which
+    matters when every batch is padded to the budget (train's shape buckets). A sample longer than
+    the budget is truncated here; `eagle train` refuses such data first (check_lengths)."""
     if budget < 2:
         raise EagleError(f"--batch-tokens must be >= 2, got {budget}")
     order = list(indices)
     if seed is not None:
         perm = torch.randperm(len(order), generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
         order = [order[i] for i in perm.tolist()]
-    batches: list[list[int]] = []
-    current: list[int] = []
-    used = 0
+    done: list[list[int]] = []
+    open_: list[tuple[list[int], int]] = []  # (samples, tokens used)
     for i in order:
         n = min(max(lengths[i] - 1, 0), budget)
         if n == 0:
             continue
-        if current and used + n > budget:
-            batches.append(current)
-            current, used = [], 0
-        current.append(i)
-        used += n
-    if current:
-        batches.append(current)
-    return batches
+        k = next((k for k, (_, used) in enumerate(open_) if used + n <= budget), None)
+        if k is None:
+            if len(open_) == OPEN_BATCHES:
+                done.append(open_.pop(0)[0])
+            open_.append(([], 0))
+            k = len(open_) - 1
+        batch, used = open_[k]
+        batch.append(i)
+        open_[k] = (batch, used + n)
+    return done + [b for b, _ in open_]
+
+
+def check_lengths(lengths: list[int], rows: list[int], budget: int, where: str) -> None:
+    """Refuse data with a sample longer than the batch budget: packing would cut it, and the cut
+    part (often a conversation's whole answer) would silently never be trained on."""
+    long = [(n - 1, r) for r, n in zip(rows, lengths, strict=True) if n - 1 > budget]
+    if long:
+        worst, row = max(long)
+        raise EagleError(f"{where}: {len(long)} of {len(lengths)} samples are longer than --batch-tokens {budget} "
+                         f"(the longest, row {row} of the dataset, has {worst} tokens after the shift); training would cut "
+                         f"them. Pass --batch-tokens {worst} or more (GPUs: 4096-16384), or drop the long rows "
+                         "when preparing the data")
 
 
 def shard(batches: list[list[int]], rank: int, world: int) -> list[list[int]]:
@@ -130,29 +152,44 @@ def shift_sample(raw: dict[str, torch.Tensor], budget: int) -> dict[str, torch.T
 
 
 def collate(samples: list[dict[str, torch.Tensor]], dtype: torch.dtype = torch.float32,
-            layout: bool = False, pin: bool = False, layout_multiple: int = 1) -> dict[str, torch.Tensor]:
+            layout: bool = False, pin: bool = False, layout_multiple: int = 1,
+            pad_to: int | None = None) -> dict[str, torch.Tensor]:
     """Pack shifted samples into one row: every tensor gets a leading batch dim of 1.
 
-    layout=True adds `doc_index` [B, Lmax] and `doc_valid` [B, Lmax] (eagle/doc_attention.py): where
+    layout=True adds eagle/doc_attention.py's layout (`doc_index`, `doc_pos`, `doc_mask`): where
     each document sits in the row, so attention can run per document instead of over the pack;
     its longest-document width is rounded up to `layout_multiple`.
+    pad_to=N appends padding up to N tokens (its own document, loss_mask 0, zero hidden states):
+    every pack then has the same length, so the compiled step sees one shape (see shape_buckets).
     pin=True gathers the hidden states straight into pinned host memory (one copy, and the copy to
     a GPU can then run asynchronously)."""
-    out = {k: torch.cat([s[k] for s in samples], dim=0).unsqueeze(0)
+    real = sum(s["input_ids"].shape[0] for s in samples)
+    pad = 0 if pad_to is None else pad_to - real
+    if pad < 0:
+        raise EagleError(f"a pack of {real} tokens does not fit pad_to={pad_to}")
+    filler = {"input_ids": torch.zeros(pad, dtype=torch.long), "loss_mask": torch.zeros(pad, dtype=torch.bool),
+              "position_ids": torch.arange(1, pad + 1, dtype=torch.long)}
+    out = {k: torch.cat([s[k] for s in samples] + [filler[k]] * bool(pad), dim=0).unsqueeze(0)
            for k in ("input_ids", "loss_mask", "position_ids")}
     for k in ("hidden_states", "verifier_last_hidden_states"):
         parts = [s[k] for s in samples]
-        if pin and all(p.dtype == dtype for p in parts):
-            buf = torch.empty((sum(p.shape[0] for p in parts), *parts[0].shape[1:]), dtype=dtype, pin_memory=True)
-            out[k] = torch.cat(parts, dim=0, out=buf).unsqueeze(0)
+        shape = (real + pad, *parts[0].shape[1:])
+        same = all(p.dtype == dtype for p in parts)
+        on_cpu = parts[0].device.type == "cpu"  # --online's hidden states are already on the GPU
+        buf = torch.empty(shape, dtype=dtype, device=parts[0].device, pin_memory=pin and same and on_cpu)
+        if same:
+            torch.cat(parts, dim=0, out=buf[:real])
         else:
-            out[k] = torch.cat(parts, dim=0).to(dtype).unsqueeze(0)
+            buf[:real].copy_(torch.cat(parts, dim=0))
+        buf[real:].zero_()
+        out[k] = buf.unsqueeze(0)
+    lengths = [s["input_ids"].shape[0] for s in samples]
     out["document_ids"] = torch.cat(
-        [torch.full((s["input_ids"].shape[0],), d, dtype=torch.long) for d, s in enumerate(samples)]).unsqueeze(0)
+        [torch.full((n,), d, dtype=torch.long) for d, n in enumerate(lengths + [pad] * bool(pad))]).unsqueeze(0)
     if layout:
         from eagle.doc_attention import layout as doc_layout
 
-        out["doc_index"], out["doc_valid"] = doc_layout([s["input_ids"].shape[0] for s in samples], layout_multiple)
+        out.update(doc_layout(lengths, layout_multiple, real + pad))
     return out
 
 
@@ -224,10 +261,10 @@ class HiddenStates:
         return s
 
     def batch(self, indices: list[int], device: torch.device, dtype: torch.dtype = torch.float32,
-              layout: bool = False, layout_multiple: int = 1) -> dict[str, torch.Tensor]:
+              layout: bool = False, layout_multiple: int = 1, pad_to: int | None = None) -> dict[str, torch.Tensor]:
         pin = torch.device(device).type == "cuda"  # pinned: the copy runs async, the CPU prepares the next batch
         b = collate([self.sample(i) for i in indices], dtype=dtype, layout=layout, pin=pin,
-                    layout_multiple=layout_multiple)
+                    layout_multiple=layout_multiple, pad_to=pad_to)
         return {k: (v if not pin or v.is_pinned() else v.pin_memory()).to(device, non_blocking=True)
                 for k, v in b.items()}
 

@@ -90,11 +90,11 @@ class OnlineStates:
                 for r, (i, n) in enumerate(zip(indices, keep, strict=True))]
 
     def batch(self, indices: list[int], device: torch.device, dtype: torch.dtype = torch.float32,
-              layout: bool = False, layout_multiple: int = 1) -> dict[str, torch.Tensor]:
+              layout: bool = False, layout_multiple: int = 1, pad_to: int | None = None) -> dict[str, torch.Tensor]:
         from eagle import dataset
 
         samples = [dataset.shift_sample(raw, self.budget) for raw in self.raw_batch(indices)]
-        b = dataset.collate(samples, dtype=dtype, layout=layout, layout_multiple=layout_multiple)
+        b = dataset.collate(samples, dtype=dtype, layout=layout, layout_multiple=layout_multiple, pad_to=pad_to)
         return {k: v.to(device, non_blocking=True) for k, v in b.items()}
 
     @contextlib.contextmanager

@@ -13,6 +13,7 @@ OUT/
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -39,7 +40,9 @@ STATE_FILE = "state.pt"
 LOG_FILE = "train_log.json"
 # Arguments a resumed run must share with the run it continues (epochs may grow).
 RESUME_FIELDS = ("model", "data", "ttt_steps", "batch_tokens", "val_fraction", "seed", "lr", "init_from", "world_size",
-                 "online", "layer_ids", "draft_shape")
+                 "online", "layer_ids", "draft_shape", "loss_decay", "grad_accum")
+MAX_TTT_STEPS = 7
+BUCKET_MULTIPLE = 256  # shape buckets' per-document width (measured on the H200: docs/benchmarks.md)
 
 
 class TrainArgs(BaseModel):
@@ -47,17 +50,23 @@ class TrainArgs(BaseModel):
     data: str
     out: str
     epochs: int = 12
-    lr: float = 3e-3
+    lr: float | None = None  # None: default_lr(the target's hidden size)
     ttt_steps: int = 3
+    loss_decay: float = 0.8  # step i of the draft weighs loss_decay**i in the loss (EAGLE-3's 0.8)
     batch_tokens: int = 256
+    grad_accum: int = 1  # batches per optimizer step
     val_fraction: float = 0.1
+    val_every: int = 0  # optimizer steps between validations (0: once per epoch, at its end)
+    save_every: int = 0  # optimizer steps between servable checkpoints OUT/checkpoints/step-N (0: none)
+    tensorboard: bool = True  # OUT/tensorboard: per-step losses and accuracies
     seed: int = 0
     init_from: str | None = None
     device: str = "auto"
     resume: bool = False
     warmup_fraction: float = 0.05
     world_size: int = 1
-    layout_multiple: int = 1  # per-document attention width rounded up to this (fewer distinct shapes)
+    shape_buckets: bool | None = None  # None: on for CUDA (pad packs to batch_tokens, widths to 256)
+    layout_multiple: int | None = None  # per-document attention width rounded up to this (None: by buckets)
     online: bool = False  # hidden states from the target on the fly (eagle/online.py), not from files
     layer_ids: list[int] | None = None  # --online: aux layers (None: eagle extract's default)
     draft_shape: DraftShape = DraftShape()  # the drafter layer's shape where it differs from the target's
@@ -82,6 +91,16 @@ class TrainLog(BaseModel):
     args: TrainArgs
     epochs: list[EpochRecord] = []
     best_epoch: int | None = None
+
+
+def default_lr(hidden_size: int) -> float:
+    """The peak learning rate when --lr is not given: 1e-4 x 4096 / hidden size, at most 3e-3.
+
+    Adam's stable step size shrinks about as 1 / width for hidden matrices, so the rule scales
+    from SpecForge's 1e-4 for 4096-wide targets (Llama-3.1-8B): 5e-5 at 8192 (EAGLE's 70B recipe),
+    5.7e-5 for Kimi-K2's 7168, 2e-4 for the 1.1B shape's 2048 (where 3e-3 diverged), and the cap
+    3e-3 for the toy's 128, the setting it was tuned with."""
+    return min(3e-3, 1e-4 * 4096 / max(1, hidden_size))
 
 
 def est_accept_len(step_acc: list[float]) -> float:
@@ -118,37 +137,86 @@ def lr_lambda(total_steps: int, warmup_steps: int):
 
 
 # ---------------------------------------------------------------- one step
-def forward(model: Any, batch: dict[str, Any], ttt_steps: int, losses: Any) -> tuple[Any, dict[str, Any]]:
+def forward(model: Any, batch: dict[str, Any], ttt_steps: int, losses: Any,
+            loss_decay: float = 1.0) -> tuple[Any, dict[str, Any]]:
     """(loss, metrics) of one packed batch; per-document attention when the batch carries its
-    layout (dataset.collate(layout=True)) and the model uses eagle/doc_attention.py's backend."""
-    from eagle import drafter
+    layout (dataset.collate(layout=True)) and the model uses eagle/doc_attention.py's backend.
+    Draft step i's loss weighs loss_decay**i."""
+    from eagle.doc_attention import LAYOUT_KEYS
 
-    if "doc_index" not in batch:
-        return drafter.train_forward(model, batch, ttt_steps, losses)
     _, loss, metrics = model(
         hidden_states=batch["hidden_states"], input_ids=batch["input_ids"], document_ids=batch["document_ids"],
         loss_mask=batch["loss_mask"], position_ids=batch["position_ids"],
         verifier_last_hidden_states=batch["verifier_last_hidden_states"], ttt_steps=ttt_steps,
-        loss_config=losses, doc_index=batch["doc_index"], doc_valid=batch["doc_valid"])
+        ttt_step_loss_decay=loss_decay, loss_config=losses, **{k: batch[k] for k in LAYOUT_KEYS if k in batch})
     return loss, metrics
 
 
-def train_step(model: Any, batch: dict[str, Any], opt: Any, sched: Any, params: list[Any], ttt_steps: int,
-               losses: Any, autocast: Any) -> tuple[Any, dict[str, Any]]:
-    """One optimisation step of `eagle train` (forward, backward, clip 1.0, AdamW, schedule).
+def backward_step(model: Any, batch: dict[str, Any], ttt_steps: int, losses: Any, autocast: Any,
+                  loss_decay: float = 1.0, scale: float = 1.0) -> tuple[Any, dict[str, Any]]:
+    """Forward and backward of one batch, its gradient scaled by `scale` (1 / accumulated batches)
+    and added to .grad. Returns the detached loss and the metrics as device tensors."""
+    with autocast:
+        loss, metrics = forward(model, batch, ttt_steps, losses, loss_decay)
+    (loss * scale if scale != 1.0 else loss).backward()
+    return loss.detach(), metrics
 
-    Returns the detached loss and the metrics as device tensors: nothing here waits for the GPU."""
+
+def optimizer_step(opt: Any, sched: Any, params: list[Any]) -> None:
+    """Clip to 1.0, AdamW, schedule, clear the gradients."""
     import torch
 
-    with autocast:
-        loss, metrics = forward(model, batch, ttt_steps, losses)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()
     if sched is not None:
         sched.step()
-    return loss.detach(), metrics
+    opt.zero_grad(set_to_none=True)
+
+
+def train_step(model: Any, batch: dict[str, Any], opt: Any, sched: Any, params: list[Any], ttt_steps: int,
+               losses: Any, autocast: Any, loss_decay: float = 1.0) -> tuple[Any, dict[str, Any]]:
+    """One optimisation step on one batch (forward, backward, clip 1.0, AdamW, schedule).
+
+    Returns the detached loss and the metrics as device tensors: nothing here waits for the GPU."""
+    opt.zero_grad(set_to_none=True)
+    loss, metrics = backward_step(model, batch, ttt_steps, losses, autocast, loss_decay)
+    optimizer_step(opt, sched, params)
+    return loss, metrics
+
+
+def step_scalars(loss: Any, metrics: dict[str, Any], ttt_steps: int) -> Any:
+    """One device tensor [1 + 3k] of a batch's loss, per-step losses and accuracy counts (for the
+    per-step log: stacked on the device, read once per log interval, so no host sync per step)."""
+    import torch
+
+    parts = [loss] + [metrics[f"loss_{i}_sum"] for i in range(ttt_steps)]
+    parts += [metrics[f"full_acc_{i}_sum"] for i in range(ttt_steps)]
+    parts += [metrics[f"full_acc_{i}_total"] for i in range(ttt_steps)]
+    return torch.stack([p.detach().float().reshape(()) for p in parts])
+
+
+def compile_settings(recompile_limit: int = 64) -> None:
+    """torch.compile settings for the drafter's step (speculators compiles its forward on CUDA).
+
+    - dynamo specialises some frames per draft step (the KV cache grows each step, `ttt_step` is a
+      Python int) and per grad mode (validation): up to 2 x 7 variants of a frame before any shape
+      changes, past dynamo's default limit of 8, after which the frame silently runs eagerly. With
+      shape buckets the variants are bounded, so a higher limit compiles them all once and nothing
+      recompiles after warm-up.
+    - inductor's memory-coalescing tiling analysis asserts ("get_pw_red_splits") when a fused
+      reduction's pointwise size happens to equal its reduction size (pytorch issue 197077), which
+      the 1.1B shape's backward hit on the H200 with packs of 8192 tokens (torch 2.11): turned off,
+      as that issue's workaround (a tiling heuristic; the kernels stay correct)."""
+    import torch._dynamo
+    import torch._inductor.config as inductor
+
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    setattr(cfg, name, max(getattr(cfg, name), recompile_limit))
+    if hasattr(inductor.triton, "coalesce_tiling_analysis"):
+        inductor.triton.coalesce_tiling_analysis = False
+    if hasattr(inductor, "loop_reindexing_after_fusion"):
+        inductor.loop_reindexing_after_fusion = False
 
 
 def use_doc_attention(model: Any) -> None:
@@ -170,17 +238,25 @@ class Dist(BaseModel):
 
 
 def init_dist(device_name: str) -> tuple[Dist, Any]:
+    """This process's rank and device. Under torchrun, rank R trains on cuda:R over NCCL; when there
+    are more processes than GPUs they share them (cuda:R mod count) over gloo, which NCCL refuses
+    (one rank per GPU) but which runs DDP correctly, if slowly (a test of DDP on one GPU)."""
     import torch
     import torch.distributed as td
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     dist = Dist(rank=int(os.environ.get("RANK", "0")), world=world, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
     device = pick_device(device_name)
+    backend = "gloo"
     if device.type == "cuda":
-        device = torch.device("cuda", dist.local_rank if world > 1 else (device.index or 0))
+        count, local = torch.cuda.device_count(), int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        device = torch.device("cuda", dist.local_rank % count if world > 1 else (device.index or 0))
         torch.cuda.set_device(device)
+        backend = "nccl" if local <= count else "gloo"
+        if local > count and dist.main:
+            warn(f"{local} processes on {count} GPU(s): they share GPUs over gloo (slow; NCCL needs one GPU each)")
     if world > 1 and not td.is_initialized():
-        td.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        td.init_process_group(backend=backend)
     if device.type == "cpu" and world > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     return dist, device
@@ -276,20 +352,51 @@ def _init_from_problems(init_from: Path, want: Any, d2t: Any, shape: DraftShape)
     return problems
 
 
+def resolve_args(args: TrainArgs, hidden_size: int, device: Any) -> TrainArgs:
+    """Fill the settings left to the run: the learning rate (default_lr) and the shape buckets (on for
+    CUDA: every pack padded to --batch-tokens and per-document widths rounded up to BUCKET_MULTIPLE,
+    so the compiled step sees a few shapes instead of one per batch)."""
+    buckets = device.type == "cuda" if args.shape_buckets is None else args.shape_buckets
+    multiple = args.layout_multiple or (BUCKET_MULTIPLE if buckets else 1)
+    return args.model_copy(update={"lr": args.lr or default_lr(hidden_size), "shape_buckets": buckets,
+                                   "layout_multiple": multiple})
+
+
+def _check_args(args: TrainArgs) -> None:
+    problems = []
+    if args.epochs < 1:
+        problems.append(f"--epochs must be >= 1 (got {args.epochs})")
+    if not 1 <= args.ttt_steps <= MAX_TTT_STEPS:
+        problems.append(f"--ttt-steps must be in 1..{MAX_TTT_STEPS} (got {args.ttt_steps})")
+    if args.lr is not None and args.lr <= 0:
+        problems.append(f"--lr must be > 0 (got {args.lr:g})")
+    if not 0 < args.loss_decay <= 1:
+        problems.append(f"--loss-decay must be in (0, 1] (got {args.loss_decay:g})")
+    for name in ("grad_accum", "layout_multiple"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            problems.append(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
+    for name in ("val_every", "save_every"):
+        if getattr(args, name) < 0:
+            problems.append(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(args, name)})")
+    if problems:
+        raise EagleError("; ".join(problems))
+
+
 def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one readable loop
     import torch
 
     from eagle import checkpoint, dataset, drafter
+    from eagle.step_log import StepLog
 
+    _check_args(args)
     dist, device = init_dist(args.device)
     args = args.model_copy(update={"world_size": dist.world})
     out, data_dir, model_dir = Path(args.out), Path(args.data), Path(args.model)
     say = (lambda msg: click.echo(msg, err=True)) if (echo and dist.main) else (lambda msg: None)
-    if args.epochs < 1 or args.ttt_steps < 1 or args.lr <= 0 or args.layout_multiple < 1:
-        raise EagleError("--epochs, --ttt-steps and --layout-multiple must be >= 1 and --lr > 0")
 
     target = open_target(model_dir, args.trust_remote_code)
     layer_config = target.draft_layer_config(args.draft_shape)  # a bad shape fails here, before any work
+    args = resolve_args(args, target.hidden_size, device)
     if args.online:  # cheap checks first (layer ids, dataset, vocabulary), then the target's load
         from eagle.hidden_io import open_prepared
 
@@ -306,6 +413,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
         layer_ids = dataset.read_layer_ids(data_dir)
         d2t, t2d = dataset.read_vocab(data_dir)
         target.layer_ids(layer_ids, where=f"layer ids of {data_dir}/eagle_data.json")
+    dataset.check_lengths(data.lengths, data.rows, args.batch_tokens, f"--data {data_dir}")
     problems = []
     if len(layer_ids) != data.num_aux:
         problems.append(f"layer ids {layer_ids} name {len(layer_ids)} aux layers but the hidden states hold {data.num_aux}")
@@ -331,15 +439,18 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     model.config.speculators_config.proposal_methods[0].speculative_tokens = args.ttt_steps
     model.to(device)
     use_doc_attention(model)
+    compile_settings()
 
     train_idx, val_idx = dataset.split_indices(len(data), args.val_fraction, args.seed)
     if not train_idx:
         raise EagleError(f"{data_dir}: no training samples left after the validation split")
-    steps_per_epoch = len(dataset.shard(dataset.pack_batches(train_idx, data.lengths, args.batch_tokens, args.seed, 0),
-                                        dist.rank, dist.world))
-    if steps_per_epoch == 0:
+    accum = args.grad_accum
+    batches_per_epoch = len(dataset.shard(dataset.pack_batches(train_idx, data.lengths, args.batch_tokens,
+                                                                args.seed, 0), dist.rank, dist.world))
+    if batches_per_epoch == 0:
         raise EagleError(f"{len(train_idx)} training samples make fewer batches than the {dist.world} processes; "
                          "lower --batch-tokens or use fewer processes")
+    steps_per_epoch = -(-batches_per_epoch // accum)  # optimizer steps
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     total = steps_per_epoch * args.epochs
@@ -378,72 +489,120 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
                                             broadcast_buffers=False)
     losses = drafter.loss_config()
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    hdt = torch.bfloat16 if device.type == "cuda" else torch.float32
+    pad_to = args.batch_tokens if args.shape_buckets else None
+
+    def make(idx: list[int]) -> dict[str, Any]:
+        return data.batch(idx, device, hdt, layout=True, layout_multiple=args.layout_multiple, pad_to=pad_to)
+
+    k, decay = args.ttt_steps, args.loss_decay
+    tb = StepLog(out / "tensorboard" if (args.tensorboard and dist.main) else None, k, decay)
     say(f"training {sum(p.numel() for p in params):,} parameters on {device} x{dist.world}: "
-        f"{len(train_idx)} train / {len(val_idx)} val samples, {steps_per_epoch} steps/epoch, "
-        f"epochs {start_epoch}..{args.epochs}")
+        f"{len(train_idx)} train / {len(val_idx)} val samples, {steps_per_epoch} steps/epoch"
+        f"{f' of {accum} batches' if accum > 1 else ''}, epochs {start_epoch}..{args.epochs}, lr {args.lr:.3g}"
+        f"{f', shape buckets (packs of {pad_to}, widths x{args.layout_multiple})' if args.shape_buckets else ''}")
 
-    for epoch in range(start_epoch, args.epochs + 1):
-        batches = dataset.shard(dataset.pack_batches(train_idx, data.lengths, args.batch_tokens, args.seed, epoch),
-                                dist.rank, dist.world)
-        model.train()
-        t0, tokens, loss_sum = time.perf_counter(), 0, 0.0
-        bar = progress(total=len(batches), desc=f"epoch {epoch}/{args.epochs}", unit="step",
-                       disable=None if dist.main else True)
-        hdt = torch.bfloat16 if device.type == "cuda" else torch.float32
+    def validate(opt_step: int) -> tuple[float | None, list[float]]:
+        val_loss, val_acc = evaluate(model, data, val_idx, args, dist, device, losses, autocast, make)
+        if val_loss is not None:
+            tb.scalars({"val/loss": val_loss, "val/est_accept_len": est_accept_len(val_acc),
+                        **{f"val/acc_step{i}": a for i, a in enumerate(val_acc)}}, opt_step)
+        return val_loss, val_acc
 
-        def make(idx: list[int], hdt: Any = hdt) -> dict[str, Any]:
-            return data.batch(idx, device, hdt, layout=True, layout_multiple=args.layout_multiple)
-
-        stream = (dataset.prefetched(make, batches, dataset.loader_workers(device))
-                  if getattr(data, "prefetch", True) else map(make, batches))
-        wait, w0 = 0.0, time.perf_counter()
-        for step, batch in enumerate(stream):
-            wait += time.perf_counter() - w0
-            loss, _ = train_step(ddp_model, batch, opt, sched, params, args.ttt_steps, losses, autocast)
-            loss_sum += loss  # a device tensor: no host sync per step
-            tokens += batch["input_ids"].shape[1]
-            rate = tokens * dist.world / max(time.perf_counter() - t0, 1e-9)
-            bar.update(1)
-            if step % 25 == 24 or step == len(batches) - 1:  # reading the loss waits for the GPU
-                bar.set_postfix(loss=f"{float(loss_sum) / (step + 1):.4f}", tok_s=f"{rate:,.0f}")
-            w0 = time.perf_counter()
-        bar.close()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        seconds = time.perf_counter() - t0
-        target_s = data.take_target_seconds() if hasattr(data, "take_target_seconds") else None
-        n_steps, loss_total, tok_total = all_sum([len(batches), float(loss_sum), tokens], dist, device)
-        val_loss, val_acc = evaluate(model, data, val_idx, args, dist, device, losses, autocast)
-        if target_s is not None:
-            data.take_target_seconds()  # validation's forwards are not training time
-        record = EpochRecord(
-            epoch=epoch, train_loss=loss_total / max(n_steps, 1), val_loss=val_loss, val_acc=val_acc,
-            est_accept_len=est_accept_len(val_acc) if val_acc else None,
-            train_tok_s=tok_total / max(seconds, 1e-9), step_ms=1000 * seconds / max(len(batches), 1),
-            steps=int(n_steps), seconds=seconds, data_wait_s=wait, target_s=target_s)
-        log.epochs.append(record)
-        score = record.val_loss if record.val_loss is not None else record.train_loss
-        prev = next((r for r in log.epochs if r.epoch == log.best_epoch), None)
-        best = prev is None or score < _score(prev)
-        if best:
-            log.best_epoch = epoch
-        if dist.main:
-            out.mkdir(parents=True, exist_ok=True)
+    opt_step = (start_epoch - 1) * steps_per_epoch
+    try:
+        for epoch in range(start_epoch, args.epochs + 1):
+            batches = dataset.shard(dataset.pack_batches(train_idx, data.lengths, args.batch_tokens, args.seed, epoch),
+                                    dist.rank, dist.world)
+            model.train()
+            t0, tokens, loss_sum, side_s, target_s = time.perf_counter(), 0, 0.0, 0.0, 0.0
+            bar = progress(total=len(batches), desc=f"epoch {epoch}/{args.epochs}", unit="batch",
+                           disable=None if dist.main else True)
+            stream = (dataset.prefetched(make, batches, dataset.loader_workers(device))
+                      if getattr(data, "prefetch", True) else map(make, batches))
+            wait, w0 = 0.0, time.perf_counter()
+            group, in_group = None, 0
+            opt.zero_grad(set_to_none=True)
+            for step, batch in enumerate(stream):
+                wait += time.perf_counter() - w0
+                group_size = min(accum, len(batches) - (step // accum) * accum)
+                last = step % accum == group_size - 1
+                sync = contextlib.nullcontext() if last or dist.world == 1 else ddp_model.no_sync()
+                with sync:
+                    loss, metrics = backward_step(ddp_model, batch, k, losses, autocast, decay, 1.0 / group_size)
+                scalars = step_scalars(loss, metrics, k)
+                group, in_group = (scalars if group is None else group + scalars), in_group + 1
+                loss_sum += loss  # a device tensor: no host sync per step
+                tokens += data.tokens(batches[step])  # real tokens, padding not counted
+                if last:
+                    lr_now = sched.get_last_lr()[0]
+                    optimizer_step(opt, sched, params)
+                    opt_step += 1
+                    tb.step(opt_step, group, in_group, lr_now)
+                    group, in_group = None, 0
+                    if (args.val_every and opt_step % args.val_every == 0) or (args.save_every and opt_step % args.save_every == 0):
+                        v0 = time.perf_counter()
+                        if hasattr(data, "take_target_seconds"):
+                            target_s += data.take_target_seconds()
+                        if args.val_every and opt_step % args.val_every == 0:
+                            val_loss, val_acc = validate(opt_step)
+                            acc = " ".join(f"{a:.3f}" for a in val_acc)
+                            say(f"step {opt_step}: val_loss {val_loss if val_loss is not None else float('nan'):.4f}  "
+                                f"val_acc [{acc}]")
+                            model.train()
+                        if args.save_every and opt_step % args.save_every == 0 and dist.main:
+                            drafter.save(model, out / "checkpoints" / f"step-{opt_step}")
+                        if hasattr(data, "take_target_seconds"):
+                            data.take_target_seconds()  # validation's forwards are not training time
+                        barrier(dist)
+                        side_s += time.perf_counter() - v0
+                rate = tokens * dist.world / max(time.perf_counter() - t0 - side_s, 1e-9)
+                bar.update(1)
+                if step % 25 == 24 or step == len(batches) - 1:  # reading the loss waits for the GPU
+                    bar.set_postfix(loss=f"{float(loss_sum) / (step + 1):.4f}", tok_s=f"{rate:,.0f}")
+                w0 = time.perf_counter()
+            bar.close()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds = time.perf_counter() - t0 - side_s
+            if hasattr(data, "take_target_seconds"):
+                target_s += data.take_target_seconds()
+            n_batches, loss_total, tok_total = all_sum([len(batches), float(loss_sum), tokens], dist, device)
+            val_loss, val_acc = validate(opt_step)
+            if hasattr(data, "take_target_seconds"):
+                data.take_target_seconds()  # validation's forwards are not training time
+            record = EpochRecord(
+                epoch=epoch, train_loss=loss_total / max(n_batches, 1), val_loss=val_loss, val_acc=val_acc,
+                est_accept_len=est_accept_len(val_acc) if val_acc else None,
+                train_tok_s=tok_total / max(seconds, 1e-9), step_ms=1000 * seconds / max(len(batches), 1),
+                steps=int(n_batches), seconds=seconds, data_wait_s=wait,
+                target_s=target_s if hasattr(data, "take_target_seconds") else None)
+            log.epochs.append(record)
+            tb.scalars({"speed/train_tok_s": record.train_tok_s}, opt_step)
+            score = record.val_loss if record.val_loss is not None else record.train_loss
+            prev = next((r for r in log.epochs if r.epoch == log.best_epoch), None)
+            best = prev is None or score < _score(prev)
             if best:
-                drafter.save(model, out)
-            save_epoch_state(out, epoch, {
-                "model": drafter.trainable_state(model), "optimizer": opt.state_dict(),
-                "scheduler": sched.state_dict(), "rng": {"torch": torch.get_rng_state()},
-                "log": log.model_dump()})
-            write_log(out, log)
-            acc = " ".join(f"{a:.3f}" for a in record.val_acc)
-            say(f"epoch {epoch}: train_loss {record.train_loss:.4f}  val_loss "
-                f"{record.val_loss if record.val_loss is not None else float('nan'):.4f}  val_acc [{acc}]  "
-                f"est_accept_len {record.est_accept_len or float('nan'):.2f}  {record.train_tok_s:,.0f} tok/s  "
-                f"{record.step_ms:.0f} ms/step  (data wait {record.data_wait_s / max(seconds, 1e-9):.0%}"
-                + (f", target {record.target_s / max(seconds, 1e-9):.0%}" if record.target_s is not None else "")
-                + f"){'  *best' if best else ''}")
-        barrier(dist)
+                log.best_epoch = epoch
+            if dist.main:
+                out.mkdir(parents=True, exist_ok=True)
+                if best:
+                    drafter.save(model, out)
+                save_epoch_state(out, epoch, {
+                    "model": drafter.trainable_state(model), "optimizer": opt.state_dict(),
+                    "scheduler": sched.state_dict(), "rng": {"torch": torch.get_rng_state()},
+                    "log": log.model_dump()})
+                write_log(out, log)
+                acc = " ".join(f"{a:.3f}" for a in record.val_acc)
+                say(f"epoch {epoch}: train_loss {record.train_loss:.4f}  val_loss "
+                    f"{record.val_loss if record.val_loss is not None else float('nan'):.4f}  val_acc [{acc}]  "
+                    f"est_accept_len {record.est_accept_len or float('nan'):.2f}  {record.train_tok_s:,.0f} tok/s  "
+                    f"{record.step_ms:.0f} ms/batch  (data wait {record.data_wait_s / max(seconds, 1e-9):.0%}"
+                    + (f", target {record.target_s / max(seconds, 1e-9):.0%}" if record.target_s is not None else "")
+                    + f"){'  *best' if best else ''}")
+            barrier(dist)
+    finally:
+        tb.close()
     return log
 
 
@@ -452,21 +611,23 @@ def _score(r: EpochRecord) -> float:
 
 
 def evaluate(model: Any, data: Any, val_idx: list[int], args: TrainArgs, dist: Dist, device: Any,
-             losses: Any, autocast: Any) -> tuple[float | None, list[float]]:
-    """(mean val loss per batch, per-step conditional accuracies), summed over all processes."""
+             losses: Any, autocast: Any, make: Any = None) -> tuple[float | None, list[float]]:
+    """(mean val loss per batch, per-step conditional accuracies), summed over all processes.
+    `make(indices) -> batch` builds batches as training does (same shapes: no recompiles)."""
     import torch
 
-    from eagle import dataset, drafter
+    from eagle import dataset
 
     if not val_idx:
         return None, []
+    make = make or (lambda idx: data.batch(idx, device))
     batches = dataset.pack_batches(val_idx, data.lengths, args.batch_tokens, seed=None)[dist.rank::dist.world]
     k = args.ttt_steps
     sums = [0.0] * (2 + 2 * k)  # batches, loss, correct_0..k-1, total_0..k-1
     model.eval()
     with torch.no_grad(), autocast:
         for idx in batches:
-            loss, metrics = drafter.train_forward(model, data.batch(idx, device), k, losses)
+            loss, metrics = forward(model, make(idx), k, losses, args.loss_decay)
             sums[0] += 1
             sums[1] += float(loss)
             for s in range(k):
@@ -507,14 +668,28 @@ def summary_metrics(log: TrainLog) -> dict[str, float]:
 @click.option("--out", required=True, type=click.Path(path_type=Path),
               help="Output: the servable checkpoint of the best epoch, plus checkpoints/epoch-N/ states.")
 @click.option("--epochs", default=TrainArgs.model_fields["epochs"].default, show_default=True, type=int)
-@click.option("--lr", default=TrainArgs.model_fields["lr"].default, show_default=True, type=float,
-              help="Peak AdamW learning rate (linear warm-up over 5% of steps, cosine decay to 10%).")
+@click.option("--lr", default=None, type=float,
+              help="Peak AdamW learning rate (linear warm-up over 5% of steps, cosine decay to 10%) "
+                   "[default: 1e-4 x 4096 / the target's hidden size, at most 3e-3: 1e-4 for 8B-class "
+                   "targets, 5e-5 at hidden 8192; see docs/eagle.md].")
 @click.option("--ttt-steps", default=3, show_default=True, type=int,
-              help="Draft steps trained (test-time training depth); also the checkpoint's speculative_tokens.")
+              help=f"Draft steps trained (test-time training depth, 1..{MAX_TTT_STEPS}); also the "
+                   "checkpoint's speculative_tokens.")
+@click.option("--loss-decay", default=TrainArgs.model_fields["loss_decay"].default, show_default=True, type=float,
+              help="Draft step i's loss weighs DECAY**i (EAGLE-3's recipe: 0.8; 1.0 weighs all steps alike).")
 @click.option("--batch-tokens", default=TrainArgs.model_fields["batch_tokens"].default, show_default=True, type=int,
-              help="Tokens per packed batch (per process); longer samples are truncated to it. The default "
-                   "suits the toy target on a CPU; on GPUs use 4096-16384.")
+              help="Tokens per packed batch (per process). A sample longer than this is refused, never cut. "
+                   "The default suits the toy target on a CPU; on GPUs use 4096-16384.")
+@click.option("--grad-accum", default=1, show_default=True, type=int,
+              help="Batches per optimizer step (gradient accumulation; the schedule counts optimizer steps).")
 @click.option("--val-fraction", default=0.1, show_default=True, type=float, help="Samples held out for validation.")
+@click.option("--val-every", default=0, show_default=True, type=int,
+              help="Optimizer steps between validations (printed and in TensorBoard); 0: at each epoch's end only.")
+@click.option("--save-every", default=0, show_default=True, type=int,
+              help="Optimizer steps between servable checkpoints OUT/checkpoints/step-N; 0: the best epoch only.")
+@click.option("--tensorboard/--no-tensorboard", default=True, show_default=True,
+              help="Write per-step losses, accuracies and the learning rate to OUT/tensorboard "
+                   "(`tensorboard --logdir OUT/tensorboard`).")
 @click.option("--resume", is_flag=True, help="Continue from the last OUT/checkpoints/epoch-N (exactly: same losses).")
 @click.option("--init-from", type=click.Path(path_type=Path), default=None,
               help="Fine-tune this drafter checkpoint instead of starting from scratch (must fit the target).")
@@ -524,10 +699,13 @@ def summary_metrics(log: TrainLog) -> dict[str, float]:
                    "step, one target forward per step.")
 @click.option("--layer-ids", default=None, metavar="A,B,C",
               help="With --online: the target's aux layers, ascending [default: 2,N//2,N-3, as eagle extract].")
-@click.option("--layout-multiple", default=1, show_default=True, type=int,
-              help="Round each batch's longest document up to a multiple of this in the per-document "
-                   "attention (same results; packs of varying lengths then share a few shapes, and cuDNN "
-                   "builds an attention plan per new shape). Try 128-256 on GPUs; see docs/benchmarks.md.")
+@click.option("--shape-buckets/--no-shape-buckets", default=None,
+              help="Pad every pack to --batch-tokens and round each pack's longest document up to a "
+                   f"multiple of {BUCKET_MULTIPLE} (same losses): variable-length data then runs in a few "
+                   "compiled shapes, at the fixed-shape step's speed [default: on with CUDA, off on CPU].")
+@click.option("--layout-multiple", default=None, type=int,
+              help=f"The per-document attention width's multiple [default: {BUCKET_MULTIPLE} with shape "
+                   "buckets, else 1].")
 @click.option("--draft-config", type=click.Path(path_type=Path), default=None,
               help="JSON file with the drafter layer's shape (any of intermediate_size, num_attention_heads, "
                    "num_key_value_heads, head_dim; a published drafter's config.json works too). Flags below "
@@ -545,11 +723,12 @@ def summary_metrics(log: TrainLog) -> dict[str, float]:
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @trust_remote_code_option
 @click.option("--json", "as_json", is_flag=True, help="Print the summary metrics as JSON.")
-def command(model: Path, data: Path, out: Path, epochs: int, lr: float, ttt_steps: int, batch_tokens: int,
-            val_fraction: float, resume: bool, init_from: Path | None, online: bool, layer_ids: str | None,
-            layout_multiple: int, draft_config: Path | None, draft_intermediate_size: int | None,
-            draft_heads: int | None, draft_kv_heads: int | None, draft_head_dim: int | None, seed: int,
-            device: str, trust_remote_code: bool, as_json: bool) -> None:
+def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, ttt_steps: int, loss_decay: float,
+            batch_tokens: int, grad_accum: int, val_fraction: float, val_every: int, save_every: int,
+            tensorboard: bool, resume: bool, init_from: Path | None, online: bool, layer_ids: str | None,
+            shape_buckets: bool | None, layout_multiple: int | None, draft_config: Path | None,
+            draft_intermediate_size: int | None, draft_heads: int | None, draft_kv_heads: int | None,
+            draft_head_dim: int | None, seed: int, device: str, trust_remote_code: bool, as_json: bool) -> None:
     """Train the EAGLE-3 drafter (speculators' Eagle3 draft model, our own loop).
 
     \b
@@ -573,10 +752,13 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float, ttt_step
         shape = merge_shape(shape, DraftShape(intermediate_size=draft_intermediate_size, num_attention_heads=draft_heads,
                                               num_key_value_heads=draft_kv_heads, head_dim=draft_head_dim))
         args = TrainArgs(model=str(model), data=str(data), out=str(out), epochs=epochs, lr=lr, ttt_steps=ttt_steps,
-                         batch_tokens=batch_tokens, val_fraction=val_fraction, seed=seed,
-                         init_from=str(init_from) if init_from else None, device=device, resume=resume,
-                         online=online, layer_ids=None if layer_ids is None else split_layer_ids(layer_ids),
-                         layout_multiple=layout_multiple, draft_shape=shape, trust_remote_code=trust_remote_code)
+                         loss_decay=loss_decay, batch_tokens=batch_tokens, grad_accum=grad_accum,
+                         val_fraction=val_fraction, val_every=val_every, save_every=save_every,
+                         tensorboard=tensorboard, seed=seed, init_from=str(init_from) if init_from else None,
+                         device=device, resume=resume, online=online,
+                         layer_ids=None if layer_ids is None else split_layer_ids(layer_ids),
+                         shape_buckets=shape_buckets, layout_multiple=layout_multiple, draft_shape=shape,
+                         trust_remote_code=trust_remote_code)
         log = train(args)
     except EagleError as exc:
         fail(exc)
@@ -586,7 +768,7 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float, ttt_step
     diverged = sorted(name for name, value in metrics.items() if not math.isfinite(value))
     if diverged:
         fail(f"training diverged: {', '.join(diverged)} not finite (see {Path(args.out) / 'train_log.json'}); "
-             f"lower --lr (now {lr:g}) or check the hidden states with `eagle extract` (it validates them)")
+             f"lower --lr (now {log.args.lr:g}) or check the hidden states with `eagle extract` (it validates them)")
     write_metrics(metrics)
     if as_json:
         click.echo(json.dumps(metrics, indent=1, sort_keys=True))
