@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test test-fast lint demo bench clean
+.PHONY: setup test test-fast test-gpu lint demo bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -15,6 +15,10 @@ test: setup
 # Unit tests only, for a quick loop while editing.
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
+
+# The GPU suite (tests/test_gpu.py) on a CUDA host; `make test-gpu PY=python3` uses another interpreter.
+test-gpu:
+	$(PY) -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py
 
 lint: setup
 	$(PY) -m ruff check runbook eagle tests bench

@@ -17,6 +17,19 @@ PROMPTS = REPO / "plans" / "data" / "prompts.jsonl"
 HELDOUT = REPO / "plans" / "data" / "prompts-heldout.jsonl"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu` tests run only where torch sees a CUDA device (torch is imported only if some are collected)."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device (make test-gpu on a GPU host)")
+        for item in gpu:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def toy_target() -> Path:
     """The default toy target (8 layers, hidden 128, vocab 2048, 300 steps, seed 0)."""
