@@ -7,15 +7,17 @@ settings: why the real loop runs slower than bench/gpu_throughput.py's fixed-sha
 Each mode runs `eagle.train.train` in its own process (fresh torch.compile caches) with --online
 hidden states (no extraction needed), timing every `train_step` with a device sync before and
 after it (the target's forward is outside the timed region). Modes:
-  compiled        as `eagle train` runs by default (speculators compiles the drafter's forward on CUDA)
-  bucket256       --layout-multiple 256: the per-document attention's width rounded up to 256, so
-                  packs share a few attention shapes (cuDNN builds an SDPA plan per new shape)
+  compiled        as `eagle train` runs by default (speculators compiles the drafter's forward on CUDA;
+                  shape buckets: packs padded to --batch-tokens, widths rounded up to 256)
+  nobuckets       --no-shape-buckets: every pack its own length and width (the loop before buckets)
+  bucket256       no padding of packs, only the per-document attention's width rounded up to 256
+                  (cuDNN builds an SDPA plan per new shape)
   nocudnn         cuDNN's SDPA backend disabled (PyTorch picks another kernel; no per-shape plans)
   limit256        torch._dynamo's recompile limit raised from 8 to 256
   eager           torch._dynamo disabled: the drafter runs eagerly (no compile, no recompiles)
 The first run (2026-11-29, compiled and limit256) found steps of either ~60 ms or ~375-570 ms; a
 cuDNN plan build per new shape (reported at ~400 ms elsewhere) is the suspect that bucket256 and
-nocudnn test. Default modes: compiled, bucket256, nocudnn (about 8 minutes on the H200).
+nocudnn test. Default modes: compiled, nobuckets, bucket256 (about 8 minutes on the H200).
 Prints per epoch: median / max step ms, steps over 2x the median, and real tokens per second of
 the median step. Writes OUT/train_step_profile.json (OUT: --out, else $OUT) after each mode, with
 every step's time, tokens and document layout [B, Lmax] (to correlate slow steps with shapes).
@@ -38,8 +40,8 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
 
-MODES = ("compiled", "bucket256", "nocudnn", "limit256", "eager")
-DEFAULT_MODES = ("compiled", "bucket256", "nocudnn")
+MODES = ("compiled", "nobuckets", "bucket256", "nocudnn", "limit256", "eager")
+DEFAULT_MODES = ("compiled", "nobuckets", "bucket256")
 
 
 def child(mode: str, target: str, data: str, out: str, epochs: int, batch_tokens: int) -> None:
@@ -59,23 +61,31 @@ def child(mode: str, target: str, data: str, out: str, epochs: int, batch_tokens
         torch.backends.cuda.enable_cudnn_sdp(False)
     cuda = torch.cuda.is_available()
     times: list[tuple[int, float, int, list[int]]] = []  # (step, seconds, tokens, doc layout [B, Lmax])
-    original = train_mod.train_step
+    backward, step = train_mod.backward_step, train_mod.optimizer_step
+    started: list[tuple[float, int, list[int]]] = []
 
-    def timed(model: Any, batch: dict[str, Any], *a: Any, **k: Any) -> Any:
+    def sync() -> None:
         if cuda:
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        res = original(model, batch, *a, **k)
-        if cuda:
-            torch.cuda.synchronize()
+
+    def timed_backward(model: Any, batch: dict[str, Any], *a: Any, **k: Any) -> Any:
+        sync()
         layout = list(batch["doc_index"].shape) if "doc_index" in batch else []
-        times.append((len(times), time.perf_counter() - t0, int(batch["input_ids"].shape[1]), layout))
-        return res
+        tokens = int(batch["doc_mask"].sum()) if "doc_mask" in batch else int(batch["input_ids"].shape[1])
+        started.append((time.perf_counter(), tokens, layout))
+        return backward(model, batch, *a, **k)
 
-    train_mod.train_step = timed
+    def timed_step(*a: Any, **k: Any) -> None:  # one batch per optimizer step (no --grad-accum here)
+        step(*a, **k)
+        sync()
+        t0, tokens, layout = started.pop()
+        times.append((len(times), time.perf_counter() - t0, tokens, layout))
+
+    train_mod.backward_step, train_mod.optimizer_step = timed_backward, timed_step
     log = train_mod.train(TrainArgs(model=target, data=data, out=out, epochs=epochs, batch_tokens=batch_tokens,
                                     lr=3e-4, val_fraction=0.05, online=True, device="cuda" if cuda else "cpu",
-                                    layout_multiple=256 if mode == "bucket256" else 1),
+                                    shape_buckets=False if mode in ("nobuckets", "bucket256") else None,
+                                    layout_multiple=256 if mode == "bucket256" else None),
                           echo=False)
     steps = [r.steps for r in log.epochs]
     print("RESULT " + json.dumps({"mode": mode, "steps_per_epoch": steps, "times": times,

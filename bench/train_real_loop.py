@@ -1,0 +1,284 @@
+"""`eagle train` on real-shaped, variable-length data against its fixed-shape step and against
+speculators' own training on the SAME data, side by side in one run.
+
+    python bench/train_real_loop.py --out $OUT        # on a GPU: 1.1B Llama shape (random bf16 weights)
+    python bench/train_real_loop.py --smoke           # tiny shapes on the CPU (a check of the code)
+
+What it does (every mode in its own process: fresh compile caches, its own warm-up):
+  data     a random 1.1B-shape target; V = rows of 1024-2048 tokens (variable), F = rows of exactly
+           2048 tokens (fixed); `eagle extract` writes both to files, `eagle vocab` a draft vocab of 8000
+  real     `eagle train` on V as a user runs it (defaults: shape buckets on CUDA)     [eagle.train.train]
+  nobuckets  the same with --no-shape-buckets (the loop before shape buckets)
+  fixed    `eagle train` on F: every pack 4 x 2047 tokens, one shape (the fixed-shape step's figure)
+  speculators  speculators' own training CLI (`python -m speculators.train`, its data loader, packing and
+           Trainer; sdpa attention and the eager loss, as on torch 2.11) on V's files
+Figures: tok/s of real (unpadded) tokens in the epochs after the first (the first carries compilation),
+the first epoch's too, dynamo's graph count after each optimizer step (no recompiles after warm-up:
+constant after epoch 1), MFU against the measured bf16 matmul rate. Writes OUT/train_real_loop.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
+sys.path.insert(0, str(BENCH))
+
+MODES = ("real", "fixed", "speculators", "nobuckets")
+TTT = 3
+
+
+# ---------------------------------------------------------------- children
+def child_eagle(mode: str, target: str, data: str, out: str, epochs: int, batch_tokens: int, lr: float) -> dict:
+    import torch
+    from torch._dynamo.utils import counters
+
+    import eagle.train as train_mod
+
+    graphs: list[int] = []
+    original = train_mod.optimizer_step
+
+    def counted(*a: Any, **k: Any) -> None:
+        original(*a, **k)
+        graphs.append(int(counters["stats"]["unique_graphs"]))
+
+    train_mod.optimizer_step = counted
+    t0 = time.perf_counter()
+    log = train_mod.train(train_mod.TrainArgs(
+        model=target, data=data, out=out, epochs=epochs, batch_tokens=batch_tokens, lr=lr, val_fraction=0.02,
+        ttt_steps=TTT, shape_buckets=False if mode == "nobuckets" else None,
+        device="cuda" if torch.cuda.is_available() else "cpu"), echo=True)
+    steps = [r.steps for r in log.epochs]
+    return {"mode": mode, "epoch_tok_s": [r.train_tok_s for r in log.epochs], "steps": steps,
+            "epoch_s": [r.seconds for r in log.epochs], "train_loss": [r.train_loss for r in log.epochs],
+            "val_acc": log.epochs[-1].val_acc, "graphs": graphs, "graphs_after_epoch1": graphs[steps[0]:],
+            "shape_buckets": log.args.shape_buckets, "layout_multiple": log.args.layout_multiple,
+            "process_s": time.perf_counter() - t0, "peak_gib": (torch.cuda.max_memory_allocated() / 2**30
+                                                                 if torch.cuda.is_available() else 0.0)}
+
+
+def child_speculators(target: str, data: str, out: str, batch_tokens: int, lr: float, layer_ids: list[int],
+                      warmup: int) -> dict:
+    """speculators' training CLI in this process (so its per-step metric records can be read)."""
+    import numpy as np
+    import torch
+
+    from eagle import dataset
+
+    d2t, t2d = dataset.read_vocab(Path(data))
+    np.save(Path(out) / "d2t.npy", d2t.numpy())
+    np.save(Path(out) / "t2d.npy", t2d.numpy())
+    records: list[tuple[float, dict]] = []
+
+    class Grab(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if isinstance(record.msg, dict) and "train" in record.msg:
+                records.append((time.perf_counter(), record.msg.get("profile") or {}))
+
+    mlog = logging.getLogger("speculators.metrics")
+    mlog.addHandler(Grab())
+    mlog.setLevel(logging.INFO)
+    sys.argv = ["speculators.train", "--verifier-name-or-path", target, "--data-path", data,
+                "--save-path", str(Path(out) / "save"), "--d2t-path", str(Path(out) / "d2t.npy"),
+                "--t2d-path", str(Path(out) / "t2d.npy"), "--target-layer-ids", *map(str, layer_ids),
+                "--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--ttt-steps", str(TTT),
+                "--total-seq-len", str(batch_tokens), "--epochs", "1", "--lr", str(lr), "--on-missing", "raise",
+                "--train-data-ratio", "0.98", "--no-resume-from-checkpoint", "--mask-token-id", "0",
+                "--num-workers", str(min(12, os.cpu_count() or 1)), "--checkpoint-freq", "1000000"]
+    from speculators.train.cli import main
+    from speculators.train.config import TrainConfig
+
+    from eagle.train import compile_settings
+
+    compile_settings()  # the same inductor workaround as eagle train (else its compile can assert alike)
+
+    t0 = time.perf_counter()
+    main(TrainConfig.resolve())
+    steps = len(records)
+    timed = records[warmup:]
+    tokens = sum(p.get("tokens_per_s", 0) * p.get("step_ms", 0) / 1000 for _, p in timed[1:])
+    seconds = timed[-1][0] - timed[0][0] if len(timed) > 1 else float("nan")
+    first = records[:warmup]
+    first_tokens = sum(p.get("tokens_per_s", 0) * p.get("step_ms", 0) / 1000 for _, p in records)
+    return {"mode": "speculators", "steps": [steps], "warmup_steps": warmup, "steady_tok_s": tokens / seconds,
+            "epoch_tok_s": [first_tokens / (records[-1][0] - t0)] if records else [],
+            "median_step_ms": statistics.median(p.get("step_ms", 0) for _, p in timed) if timed else None,
+            "median_fetch_ms": statistics.median(p.get("fetch_ms", 0) for _, p in timed) if timed else None,
+            "warmup_s": first[-1][0] - t0 if first else None, "process_s": time.perf_counter() - t0,
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0}
+
+
+# ---------------------------------------------------------------- parent
+def run_child(args: list[str], timeout: int) -> dict | None:
+    cmd = [sys.executable, __file__, "--child", json.dumps(args)]
+    t0 = time.perf_counter()
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    except subprocess.TimeoutExpired as e:
+        print(f"{args[0]}: TIMED OUT after {timeout} s\n{(e.stderr or b'')[-1500:]!r}", file=sys.stderr, flush=True)
+        return None
+    line = next((x for x in res.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if res.returncode != 0 or line is None:
+        print(f"{args[0]}: FAILED rc {res.returncode} after {time.perf_counter() - t0:.0f} s\n{res.stderr[-4000:]}",
+              file=sys.stderr, flush=True)
+        return None
+    return json.loads(line[len("RESULT "):])
+
+
+def eagle_cli(*args: str) -> None:
+    res = subprocess.run([sys.executable, "-m", "eagle.cli", *args], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"eagle {args[0]} failed:\n{res.stderr[-3000:]}")
+
+
+def make_rows(vocab: int, lengths: list[int], where: Path, seed: int) -> Path:
+    import datasets
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+    datasets.Dataset.from_dict({"input_ids": rows, "loss_mask": [[0] * 4 + [1] * (len(r) - 4) for r in rows],
+                                "seq_len": lengths}).save_to_disk(str(where))
+    return where
+
+
+def matmul_rate() -> float:
+    import torch
+
+    if not torch.cuda.is_available():
+        return float("nan")
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ a
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        a @ a
+    torch.cuda.synchronize()
+    return 20 * 2 * 8192**3 / (time.perf_counter() - t0)
+
+
+def steady(res: dict) -> float:
+    """Real tokens per second over the epochs after the first (the first carries compilation)."""
+    if "steady_tok_s" in res:
+        return res["steady_tok_s"]
+    later = list(zip(res["epoch_tok_s"][1:], res["epoch_s"][1:], strict=True))
+    return sum(t * s for t, s in later) / sum(s for _, s in later) if later else res["epoch_tok_s"][0]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--samples", type=int, default=None, help="variable-length rows [256; smoke 24]")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--modes", default="real,fixed,speculators", help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--timeout", type=int, default=240, help="seconds per mode")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        args = json.loads(a.child)
+        res = child_speculators(*args[1:]) if args[0] == "speculators" else child_eagle(*args)
+        print("RESULT " + json.dumps(res), flush=True)
+        return 0
+
+    import torch
+    from gpu_throughput import drafter_flops_per_token
+    from multi_gpu_scaling import SMOKE, TARGET_1B, make_target
+
+    gpu = not a.smoke and torch.cuda.is_available()
+    shape = SMOKE if a.smoke else TARGET_1B
+    n = a.samples or (24 if a.smoke else 256)
+    seq = 48 if a.smoke else 2048
+    batch_tokens = 96 if a.smoke else 8192
+    lr = 2e-4 if not a.smoke else 3e-3  # eagle.train.default_lr of the shape
+    out = a.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    work = Path(tempfile.mkdtemp(prefix="train-real-"))
+    meta: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "shape": shape,
+                            "samples_variable": n, "batch_tokens": batch_tokens, "epochs": a.epochs, "ttt": TTT}
+    if gpu:
+        meta["device"] = torch.cuda.get_device_name()
+    t0 = time.perf_counter()
+    target = make_target(shape, work / "target", gpu)
+    g = torch.Generator().manual_seed(0)
+    lengths_v = torch.randint(seq // 2, seq + 1, (n,), generator=g).tolist()
+    n_fixed = max(8, n // 4)
+    data_v = make_rows(shape["vocab_size"], lengths_v, work / "data-v", 1)
+    modes = a.modes.split(",")
+    data_f = make_rows(shape["vocab_size"], [seq] * n_fixed, work / "data-f", 2) if "fixed" in modes else None
+    layer_ids = [2, shape["num_hidden_layers"] // 2, shape["num_hidden_layers"] - 3]
+    ids = ",".join(map(str, layer_ids))
+    for d in (data_v, data_f):
+        if d is None:
+            continue
+        eagle_cli("extract", "--model", str(target), "--data", str(d), "--layer-ids", ids, "--keep-free", "0",
+                  *([] if gpu else ["--device", "cpu"]))
+    eagle_cli("vocab", "--data", str(data_v), "--draft-vocab", str(64 if a.smoke else 8000))
+    if data_f is not None:
+        (data_f / "vocab.safetensors").write_bytes((data_v / "vocab.safetensors").read_bytes())
+    meta["prepare_s"] = time.perf_counter() - t0
+    meta["tokens_variable"], meta["tokens_fixed"] = sum(lengths_v), seq * n_fixed
+    peak = matmul_rate()
+    meta["matmul_flop_s"] = peak
+    h = shape["hidden_size"]
+    flops = {"variable": drafter_flops_per_token(h, shape["intermediate_size"], shape["num_attention_heads"],
+                                                 shape["num_key_value_heads"], 64 if a.smoke else 8000, TTT,
+                                                 int(statistics.mean(lengths_v))),
+             "fixed": drafter_flops_per_token(h, shape["intermediate_size"], shape["num_attention_heads"],
+                                              shape["num_key_value_heads"], 64 if a.smoke else 8000, TTT, seq)}
+    meta["flops_per_token"] = flops
+    print(f"data ready in {meta['prepare_s']:.0f} s: {n} variable rows ({meta['tokens_variable']:,} tokens), "
+          f"{n_fixed} fixed rows", file=sys.stderr, flush=True)
+
+    results: dict[str, dict] = {}
+
+    def save() -> None:
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "train_real_loop.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+
+    for mode in modes:
+        if mode not in MODES:
+            raise SystemExit(f"unknown mode {mode!r}; use {', '.join(MODES)}")
+        (work / mode).mkdir()
+        if mode == "speculators":
+            args = [mode, str(target), str(data_v), str(work / mode), batch_tokens, lr, layer_ids, 8 if gpu else 2]
+        else:
+            args = [mode, str(target), str(data_f if mode == "fixed" else data_v), str(work / mode / "draft"),
+                    a.epochs, batch_tokens, lr]
+        res = run_child(args, a.timeout)
+        if res is None:
+            continue
+        res["steady_tok_s_all"] = steady(res)
+        res["mfu"] = steady(res) * flops["fixed" if mode == "fixed" else "variable"] / peak if gpu else None
+        results[mode] = res
+        save()
+        print(f"  {mode:<12} steady {res['steady_tok_s_all']:>10,.0f} tok/s   epochs {[round(x) for x in res['epoch_tok_s']]}"
+              f"   graphs after epoch 1: {sorted(set(res.get('graphs_after_epoch1', [])))}   "
+              f"MFU {res['mfu'] or float('nan'):.1%}", file=sys.stderr, flush=True)
+    base = results.get("real", {}).get("steady_tok_s_all")
+    ratios = {}
+    if base:
+        for other in ("fixed", "speculators", "nobuckets"):
+            if other in results:
+                ratios[f"real / {other}"] = base / results[other]["steady_tok_s_all"]
+    meta["ratios"] = ratios
+    save()
+    print(json.dumps(ratios), file=sys.stderr)
+    return 0 if results else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
