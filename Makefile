@@ -18,7 +18,7 @@ test-fast: setup
 
 # The GPU suite (tests/test_gpu.py) on a CUDA host; `make test-gpu PY=python3` uses another interpreter.
 test-gpu:
-	$(PY) -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py
+	$(PY) -m pytest -q -m gpu -p no:cacheprovider --durations=0 tests/test_gpu.py
 
 lint: setup
 	$(PY) -m ruff check runbook eagle tests bench
