@@ -278,14 +278,14 @@ def read_draft_config(path: str | os.PathLike[str]) -> DraftConfig:
 
 def load_draft_state(path: str | os.PathLike[str], device: str = "cpu") -> dict[str, torch.Tensor]:
     """All tensors of the checkpoint in `path`, validated against its config.json."""
-    from safetensors.torch import load_file
+    from eagle.common import load_safetensors
 
     path = Path(path)
     cfg = read_draft_config(path)
     file = path / WEIGHTS_FILE
     if not file.exists():
         raise EagleError(f"{file}: not found (the checkpoint has a config.json but no weights)")
-    state = load_file(str(file), device=device)
+    state = load_safetensors(file, device=device, what="drafter weights file")
     problems = shape_problems(cfg, {k: tuple(v.shape) for k, v in state.items()})
     if problems:
         raise EagleError(f"{file}: does not match its config.json: " + "; ".join(problems))

@@ -54,7 +54,24 @@ def cli() -> None:
 
 
 def main() -> None:
-    cli()
+    """Run the CLI. An exception no command turned into `error: ...` still ends as one line on
+    stderr and exit 1 (set EAGLE_TRACEBACK=1 to see the traceback): no traceback reaches a user."""
+    import os
+
+    from eagle.common import EagleError, fail
+
+    try:
+        cli()
+    except EagleError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        fail("interrupted", code=130)
+    except Exception as exc:
+        if os.environ.get("EAGLE_TRACEBACK"):
+            raise
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        fail(f"{type(exc).__name__}: {detail[:500]} -- eagle did not expect this; rerun with EAGLE_TRACEBACK=1 "
+             "for the traceback, and report it if the inputs look right")
 
 
 if __name__ == "__main__":

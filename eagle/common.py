@@ -34,6 +34,18 @@ def fail(msg: str | BaseException, code: int | None = None) -> NoReturn:
     sys.exit(code)
 
 
+def load_safetensors(path: Any, device: Any = "cpu", what: str = "safetensors file") -> dict[str, torch.Tensor]:
+    """All tensors of a safetensors file; EagleError naming the file when it is truncated, not a
+    safetensors file at all, or unreadable (safetensors' own errors do not name it)."""
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path), device=str(device))
+    except Exception as e:  # SafetensorError (truncated, random bytes), OSError
+        raise EagleError(f"{path}: unreadable {what} ({e}); the file is damaged or incomplete: "
+                         "re-create or re-copy it") from None
+
+
 def warn(msg: str) -> None:
     click.echo(f"warning: {msg}", err=True)
 

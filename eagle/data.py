@@ -112,8 +112,13 @@ def read_records(path: Path) -> tuple[list[Record], list[tuple[int, str]]]:
     """All records of a JSONL file: (good records, [(line, reason)] for bad ones). Blank lines are skipped."""
     good: list[Record] = []
     bad: list[tuple[int, str]] = []
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, start=1):
+    with open(path, "rb") as fh:
+        for n, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                bad.append((n, f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})"))
+                continue
             if not line.strip():
                 continue
             try:

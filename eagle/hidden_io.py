@@ -226,12 +226,9 @@ def write_sample(data_dir: str | os.PathLike[str], i: int, hidden_states: torch.
 
 def read_sample_file(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """The tensors of one hs file; a truncated or foreign file raises EagleError."""
-    from safetensors.torch import load_file
+    from eagle.common import load_safetensors
 
-    try:
-        return load_file(str(path))
-    except Exception as e:  # safetensors raises SafetensorError / OSError for broken files
-        raise EagleError(f"{path}: unreadable hidden-state file ({e})") from None
+    return load_safetensors(path, what="hidden-state file")
 
 
 def validate_file(path: str | os.PathLike[str], input_ids: torch.Tensor | list[int] | None = None,

@@ -277,7 +277,7 @@ def load_safetensors_dir(path, device: str | torch.device = "cpu") -> dict[str, 
     import json
     from pathlib import Path
 
-    from safetensors.torch import load_file
+    from eagle.common import load_safetensors
 
     path = Path(path)
     index = path / "model.safetensors.index.json"
@@ -289,7 +289,7 @@ def load_safetensors_dir(path, device: str | torch.device = "cpu") -> dict[str, 
         raise FileNotFoundError(f"{path}: no model.safetensors (or model.safetensors.index.json) found")
     tensors: dict[str, torch.Tensor] = {}
     for name in files:
-        tensors.update(load_file(str(path / name), device=str(device)))
+        tensors.update(load_safetensors(path / name, device=device, what="weights file"))
     return tensors
 
 

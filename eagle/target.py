@@ -251,6 +251,9 @@ class Target(BaseModel):
         except torch.cuda.OutOfMemoryError:
             raise EagleError(f"{self.path} does not fit in the memory of {dev}; make more GPUs visible "
                              "(it is then spread over them) or use a smaller dtype") from None
+        except Exception as exc:  # SafetensorError: truncated or random-bytes weights; shape errors
+            raise EagleError(f"cannot load the target model at {self.path}: {exc}; are its weight files "
+                             "complete?") from None
         if not spread:
             model = model.to(dev)
         return model.eval()

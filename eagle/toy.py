@@ -559,6 +559,10 @@ def command(out: Path, base: Path | None, arch: str, num_layers: int, hidden: in
     architecture options are taken from the base and ignored here.
     """
     quiet_hf()
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out} is a file, not a directory; choose a directory for the target")
+    if base is not None and not (base / "config.json").is_file():
+        fail(f"--base {base}: not a toy target directory (no config.json)")
     if out.exists() and any(out.iterdir()) and not force:
         fail(f"{out} exists and is not empty; pass --force to overwrite or choose another --out")
     try:

@@ -461,7 +461,16 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     found = epoch_dirs(out)
     if args.resume and found:
         last, where = found[-1]
-        payload = torch.load(where / STATE_FILE, map_location="cpu", weights_only=False)
+        try:
+            payload = torch.load(where / STATE_FILE, map_location="cpu", weights_only=False)
+        except Exception as e:  # a truncated or foreign file: zip, pickle or EOF errors
+            raise EagleError(f"{where / STATE_FILE}: unreadable training state ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else 'damaged'}); delete {where} to resume "
+                             "from the epoch before, or train without --resume") from None
+        wanted = ("log", "model", "optimizer", "scheduler", "rng")
+        if not isinstance(payload, dict) or any(key not in payload for key in wanted):
+            raise EagleError(f"{where / STATE_FILE}: not a training state written by `eagle train` (it needs "
+                             f"{', '.join(wanted)}); delete {where} to resume from the epoch before")
         saved = TrainLog.model_validate(payload["log"])
         _check_resume_args(saved.args, args, where)
         model.load_state_dict(payload["model"], strict=False)

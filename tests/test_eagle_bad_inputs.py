@@ -3,13 +3,16 @@
 The real `eagle` CLI runs in a subprocess on damaged copies of the session's toy data
 (`toy_data`, `toy_target` from tests/conftest.py): truncated and NaN hidden-state files, a vocab
 mapping for another vocabulary size, empty and junk datasets, a drafter checked against another
-target, and a corrupted drafter checkpoint.
+target, and a corrupted drafter checkpoint; round two: a data file with a non-UTF-8 line,
+truncated and random-bytes weights under evaluate / extract / train --init-from, a damaged
+state.pt under train --resume, and toy-target --out naming a file.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -157,4 +160,81 @@ def test_corrupted_drafter_checkpoint(toy_target: Path, toy_data: Path, drafter:
     else:
         result = _train(toy_target, toy_data, tmp_path / "out", "--init-from", str(broken))
     assert_clear_failure(result, named)
+    counts.add("eagle_bad_inputs")
+
+
+# ---- round two: undecodable data, damaged weights, a damaged training state, --out a file ------------
+
+
+def test_prepare_with_a_non_utf8_line(toy_target: Path, tmp_path: Path, counts) -> None:
+    src = tmp_path / "prompts.jsonl"
+    good = json.dumps({"messages": [{"role": "user", "content": "hello there"}]})
+    src.write_bytes(good.encode() + b"\n" + b'{"messages": [{"role": "user", "content": "caf\xe9"}]}\n')
+    common = ("prepare", "--model", str(toy_target), "--data", str(src), "--regenerate", "--max-new-tokens", "4",
+              "--device", "cpu")
+    strict = eagle(*common, "--out", str(tmp_path / "strict"), "--on-bad-record", "fail")
+    assert_clear_failure(strict, "prompts.jsonl:2", "not UTF-8")
+    lenient = eagle(*common, "--out", str(tmp_path / "lenient"))
+    H.assert_no_traceback(lenient)
+    assert lenient.returncode == 0 and "prompts.jsonl:2: not UTF-8" in lenient.stderr, lenient.stderr[-2000:]
+    counts.add("eagle_bad_inputs", 2)
+
+
+def _damage(path: Path, how: str) -> None:
+    size = path.stat().st_size
+    path.write_bytes(path.read_bytes()[: size // 2] if how == "truncated" else os.urandom(size))
+
+
+@pytest.mark.parametrize(
+    "verb, what, how",
+    [("evaluate", "draft", "truncated"), ("evaluate", "target", "random"), ("extract", "target", "truncated"),
+     ("init-from", "draft", "random")],
+)
+def test_damaged_safetensors(toy_target: Path, toy_data: Path, drafter: Path, tmp_path: Path, counts,
+                             verb: str, what: str, how: str) -> None:
+    target, draft = toy_target, drafter
+    if what == "target":
+        target = tmp_path / "target"
+        shutil.copytree(toy_target, target)
+        _damage(target / "model.safetensors", how)
+    else:
+        draft = tmp_path / "draft"
+        shutil.copytree(drafter, draft, ignore=shutil.ignore_patterns("checkpoints"))
+        _damage(draft / "model.safetensors", how)
+    if verb == "evaluate":
+        result = eagle("evaluate", "--model", str(target), "--draft", str(draft), "--prompts", str(H.REPO / "plans" / "data" / "prompts.jsonl"),
+                       "-k", "2", "--limit", "2", "--max-new-tokens", "8", "--device", "cpu")
+    elif verb == "extract":
+        result = eagle("extract", "--model", str(target), "--data", str(toy_data), "--out", str(tmp_path / "hs"))
+    else:
+        result = _train(toy_target, toy_data, tmp_path / "out", "--init-from", str(draft))
+    named = str(target) if verb == "extract" else "model.safetensors"
+    assert_clear_failure(result, named)
+    counts.add("eagle_bad_inputs")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "foreign"])
+def test_resume_from_a_damaged_training_state(toy_target: Path, toy_data: Path, drafter: Path, tmp_path: Path,
+                                              counts, damage: str) -> None:
+    import torch
+
+    out = tmp_path / "draft"
+    shutil.copytree(drafter, out)
+    state = out / "checkpoints" / "epoch-1" / "state.pt"
+    if damage == "truncated":
+        state.write_bytes(state.read_bytes()[: state.stat().st_size // 3])
+    else:
+        torch.save({"something": "else"}, state)
+    result = eagle("train", "--model", str(toy_target), "--data", str(toy_data), "--out", str(out), "--epochs", "2",
+                   "--device", "cpu", "--resume")
+    assert_clear_failure(result, "state.pt", "epoch-1")
+    counts.add("eagle_bad_inputs")
+
+
+def test_toy_target_out_naming_a_file(tmp_path: Path, counts) -> None:
+    target = tmp_path / "a-file"
+    target.write_text("keep me\n")
+    result = eagle("toy-target", "--out", str(target), "--steps", "1")
+    assert_clear_failure(result, "a-file", "not a directory")
+    assert target.read_text() == "keep me\n"
     counts.add("eagle_bad_inputs")
