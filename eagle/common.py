@@ -5,8 +5,9 @@ Kept free of torch at import time; `pick_device` / `pick_dtype` import it when c
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -44,6 +45,21 @@ def load_safetensors(path: Any, device: Any = "cpu", what: str = "safetensors fi
     except Exception as e:  # SafetensorError (truncated, random bytes), OSError
         raise EagleError(f"{path}: unreadable {what} ({e}); the file is damaged or incomplete: "
                          "re-create or re-copy it") from None
+
+
+@contextlib.contextmanager
+def open_safetensors(path: Any, device: Any = "cpu", what: str = "safetensors file") -> Iterator[Any]:
+    """`safetensors.safe_open` for reading headers or single tensors; EagleError naming the file
+    when it cannot be read (truncated, random bytes)."""
+    from safetensors import safe_open
+
+    try:
+        handle = safe_open(str(path), framework="pt", device=str(device))
+    except Exception as e:  # SafetensorError, OSError
+        raise EagleError(f"{path}: unreadable {what} ({e}); the file is damaged or incomplete: "
+                         "re-create or re-copy it") from None
+    with handle as fh:
+        yield fh
 
 
 def warn(msg: str) -> None:

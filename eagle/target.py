@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from eagle.common import EagleError, split_layer_ids
+from eagle.common import EagleError, open_safetensors, split_layer_ids
 
 CONFIG_FILE = "config.json"
 TEXT_KEYS = ("text_config", "language_config", "llm_config")
@@ -262,7 +262,6 @@ class Target(BaseModel):
     @cached_property
     def weight_map(self) -> dict[str, str]:
         """Tensor name -> safetensors file (from the index, else the single file's header)."""
-        from safetensors import safe_open
 
         index = self.dir / "model.safetensors.index.json"
         if index.is_file():
@@ -272,7 +271,7 @@ class Target(BaseModel):
                 raise EagleError(f"{index}: unreadable safetensors index ({exc})") from None
         single = self.dir / "model.safetensors"
         if single.is_file():
-            with safe_open(str(single), framework="pt") as fh:
+            with open_safetensors(single, what="weights file") as fh:
                 return dict.fromkeys(fh.keys(), "model.safetensors")
         raise EagleError(f"{self.dir}: no model.safetensors (or model.safetensors.index.json); eagle reads the "
                          "target's weights from safetensors files (re-save it with save_pretrained)")
@@ -300,7 +299,6 @@ class Target(BaseModel):
     def read_weights(self, names: Sequence[str], device: str = "cpu") -> dict[str, Any]:
         """Canonical text-model tensors by name, reading only the shards that hold them.
         `lm_head.weight` falls back to the embedding when the target ties them."""
-        from safetensors import safe_open
 
         where = self.text_weight_names()
         if "lm_head.weight" not in where and "embed_tokens.weight" in where:
@@ -314,7 +312,7 @@ class Target(BaseModel):
             by_file.setdefault(self.weight_map[where[n]], []).append(n)
         out: dict[str, Any] = {}
         for file, wanted in by_file.items():
-            with safe_open(str(self.dir / file), framework="pt", device=device) as fh:
+            with open_safetensors(self.dir / file, device=device, what="weights file") as fh:
                 for n in wanted:
                     out[n] = fh.get_tensor(where[n])
         return out
@@ -328,7 +326,6 @@ class Target(BaseModel):
 
     def weight_bytes(self, dtype: Any = None) -> int:
         """Bytes of the weights in `dtype` (as saved when None), from the safetensors headers."""
-        from safetensors import safe_open
 
         total = 0
         per = None
@@ -337,7 +334,7 @@ class Target(BaseModel):
 
             per = torch.tensor([], dtype=dtype).element_size()
         for file in sorted(set(self.weight_map.values())):
-            with safe_open(str(self.dir / file), framework="pt") as fh:
+            with open_safetensors(self.dir / file, what="weights file") as fh:
                 for name in fh.keys():
                     sl = fh.get_slice(name)
                     n = 1
