@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("runbook.commands.status", "Show the phase table: state of each phase, and what runs next."),
     "show": ("runbook.commands.show", "Print one phase as written, with resolved commands."),
     "next": ("runbook.commands.next", "Run the current phase, judge it, write back, commit."),
+    "logs": ("runbook.commands.logs", "Print or follow a step's output (the run in progress by default)."),
+    "cancel": ("runbook.commands.cancel", "Stop the run in progress; it is recorded as interrupted."),
     "history": ("runbook.commands.history", "List past runs with verdicts and metrics."),
     "record": ("runbook.commands.record", "Write a milestone and lessons into the notes."),
     "brief": ("runbook.commands.brief", "Print the handoff for a new agent or engineer."),

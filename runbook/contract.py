@@ -117,6 +117,19 @@ class LockHolder(Model):
     label: str | None = None
     step: str | None = None  # the step now running
     log_path: str | None = None  # that step's log, repo-relative
+    # from the run's live state (runbook/live.py), when it has one
+    detached: bool = False  # run by a supervisor (`runbook next --detach`)
+    executor: str | None = None  # local or slurm
+    step_started: str | None = None
+    job_id: str | None = None  # the Slurm job of the step now running
+    heartbeat: str | None = None  # when the run's process last beat
+    heartbeat_age_s: float | None = None
+    silent: bool = False  # no heartbeat for longer than three intervals
+    steps_done: int = 0  # steps finished (or skipped) so far
+    steps_total: int = 0
+    metrics: dict[str, float | int | str | bool | None] = {}  # metrics so far, merged
+    log_tail: list[str] = []  # the last lines of the running step's log
+    supervisor_log: str | None = None
 
 
 class StepView(Model):
@@ -131,6 +144,8 @@ class StepView(Model):
     log_path: str | None = None
     log_tail: list[str] = []
     metrics: dict[str, float | int | str | bool | None] = {}
+    job_id: str | None = None  # the Slurm job that ran it
+    job_state: str | None = None  # its final state (COMPLETED, FAILED, TIMEOUT, ...)
 
     @classmethod
     def of(cls, step: StepResult) -> StepView:
@@ -144,6 +159,7 @@ class StepView(Model):
             id=step.step_id, command=step.command, exit_code=step.exit_code, signal=sig, skipped=step.skipped,
             started=iso_utc(step.started), finished=iso_utc(step.finished), duration_s=step.duration_s,
             log_path=step.log_path, log_tail=list(step.log_tail), metrics=dict(step.metrics),
+            job_id=step.job_id, job_state=step.job_state,
         )
 
 
@@ -171,9 +187,12 @@ class RunView(Model):
     failures: list[str] = []  # what went wrong, one line each: "✗ accept_len 1.31 >= 1.5", "step-2 exited 3: `cmd`"
     metrics: dict[str, float | int | str | bool | None] = {}  # merged, without the "step-N." copies
     steps: list[StepView] = []
+    executor: str = "local"  # where its steps ran: local or slurm
+    detached: bool = False  # run by a supervisor (`runbook next --detach`)
+    pending: bool = False  # not in the ledger yet: its runbook died; the next `runbook next` records it
 
     @classmethod
-    def of(cls, record: RunRecord, recorded_in: str | None = None) -> RunView:
+    def of(cls, record: RunRecord, recorded_in: str | None = None, pending: bool = False) -> RunView:
         comparisons = _comparisons(record)
         return cls(
             run_id=record.run_id, plan=record.plan, phase=record.phase, label=phase_label(record.phase_label),
@@ -181,7 +200,8 @@ class RunView(Model):
             finished=iso_utc(record.finished), duration_s=record.duration_s, commit=record.commit_before,
             recorded_in=recorded_in, criterion=_strip(record.criterion), comparisons=comparisons,
             failures=failures(record, comparisons), metrics=top_metrics(record.metrics),
-            steps=[StepView.of(s) for s in record.steps],
+            steps=[StepView.of(s) for s in record.steps], executor=record.executor, detached=record.detached,
+            pending=pending,
         )
 
 
@@ -349,12 +369,24 @@ class Selected(Model):
     diff: str | None = None  # mode "changed": the phase's text since its last run
 
 
+class DetachedView(Model):
+    """`runbook next --detach`: the supervisor it started."""
+
+    run_id: str
+    phase: str
+    pid: int  # the supervisor's
+    supervisor_log: str  # repo-relative
+    reattached: bool = False  # it continued a run on its still-running Slurm job
+
+
 class NextResult(Model):
     plan: str
     dry_run: bool
     selected: Selected | None  # the first phase run (or that would run); None: nothing ran
-    runs: list[RunView]  # the runs made, in order
+    runs: list[RunView]  # the runs made, in order (with --detach: none; see `detached`)
     next: NextAction  # what comes after them
+    settled: list[RunView] = []  # runs a dead runbook left unrecorded, recorded by this one first
+    detached: DetachedView | None = None  # --detach: the supervisor now running the phase
 
 
 class HistoryResult(Model):
@@ -362,6 +394,27 @@ class HistoryResult(Model):
     phase: str | None
     runs: list[RunView]  # oldest first
     running: LockHolder | None = None
+
+
+class LogsResult(Model):
+    """`runbook logs --json`: the last lines of a step's log."""
+
+    run_id: str
+    phase: str
+    step: str
+    log_path: str  # repo-relative
+    running: bool  # the run is in progress
+    lines: list[str]
+    job_id: str | None = None
+
+
+class CancelResult(Model):
+    """`runbook cancel --json`."""
+
+    cancelled: bool  # false: there was no run to cancel
+    how: str  # what runbook did: "SIGTERM to pid 4242 (the supervisor)", "recorded the dead run", ...
+    run: RunView | None = None  # the run as recorded (verdict interrupted), when it was
+    jobs: list[str] = []  # Slurm jobs cancelled
 
 
 class MilestoneView(Model):
@@ -454,6 +507,8 @@ RESULTS: dict[str, type[BaseModel]] = {
     "brief": Brief,
     "forget": ForgetResult,
     "reset": ResetResult,
+    "logs": LogsResult,
+    "cancel": CancelResult,
 }
 
 

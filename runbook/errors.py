@@ -35,6 +35,7 @@ EXIT_CODES: dict[str, int] = {
     "internal": 2,  # a bug in runbook: the message says where to report it
     "commit_failed": 1,  # written, but git refused the commit
     "interrupted": 4,  # Ctrl-C / SIGTERM outside a run
+    "cancel_timeout": 4,  # `runbook cancel`: the run did not stop in time (it is still stopping)
     "locked": 5,  # another `runbook next` holds the run lock
 }
 

@@ -354,13 +354,16 @@ def run_steps(
     grace_s: float = KILL_GRACE_S,
     base_env: dict[str, str] | None = None,
     bin_path: str | None = None,
+    on_result: Callable[[StepResult], None] | None = None,
 ) -> StepsOutcome:
     """Run the steps in order; stop at the first error, timeout, interrupt or rejected metrics.
 
     `bin_path`: where runbook's interpreter directory goes on the steps' PATH (see `step_env`);
-    None reads `runbook_bin` from the repository's config."""
+    None reads `runbook_bin` from the repository's config. `on_result` is told each step's result
+    as soon as it is known (runbook/live.py keeps it)."""
     if bin_path is None:
         bin_path = _configured_bin_path(repo_root)
+    told = on_result or (lambda _result: None)
     folder = run_dir(state_dir, run_id)
     artifacts = folder / "artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
@@ -375,6 +378,7 @@ def run_steps(
                 StepResult(step_id=spec.step_id, command=redact_credentials(spec.command), skipped=True,
                            metrics=spec.carried_metrics)
             )
+            told(results[-1])
             continue
         if interrupts is not None and interrupts.signum is not None:
             return StepsOutcome(results, "interrupted", f"{interrupts.name} before {spec.step_id} started")
@@ -418,7 +422,9 @@ def run_steps(
         except MetricsError as exc:
             result.metrics_error = str(exc)  # not ticked: a resume runs this step again
             if cause is None and code == 0:
+                told(result)
                 return StepsOutcome(results, "error", str(exc))
+        told(result)
         if cause == "interrupted":
             name = interrupts.name if interrupts is not None else "signal"
             return StepsOutcome(results, cause, f"{name} during {spec.step_id}; its process group was killed")

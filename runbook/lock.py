@@ -43,6 +43,7 @@ from runbook.procs import group_alive, pid_alive
 
 __all__ = [
     "LockCorrupt",
+    "adopt",
     "LockError",
     "LockHeld",
     "LockInfo",
@@ -343,6 +344,25 @@ def run_lock(
         yield lock
     finally:
         lock.release()
+
+
+def adopt(state_dir: str | os.PathLike[str], *, from_pid: int, from_start: str | None) -> RunLock:
+    """Take the run lock over from the process that holds it and hands it on (`runbook next
+    --detach` to its supervisor, runbook/detach.py): the lock then names this process.
+
+    Raises LockError when the lock is no longer held by `from_pid` (with that start time) on this
+    host: the handing process died or gave it up, and the lock is not ours to take."""
+    state = Path(state_dir)
+    path = state / LOCK_NAME
+    with write_lock(state):
+        held = read_lock(path)
+        if (held is None or held.pid != from_pid or held.host != socket.gethostname()
+                or (from_start is not None and held.pid_start != from_start)):
+            raise LockError(f"{path}: the run lock was not handed over (pid {from_pid} no longer holds it)")
+        info = held.model_copy(update={"pid": os.getpid(), "pid_start": procs.proc_start(os.getpid())})
+        lock = RunLock(path, info)
+        lock._write()
+    return lock
 
 
 @contextlib.contextmanager

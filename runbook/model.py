@@ -161,11 +161,13 @@ class Phase(BaseModel):
     on_fail: str | None = None  # None -> "stop"
     needs: list[str] = []
     timeout_s: float | None = None
+    executor: Literal["local", "slurm"] | None = None  # `Executor:`; None -> local
+    resources: dict[str, str] = {}  # `Resources:` words (runbook/resources.py), in order
     status: PhaseStatus | None = None
     blocks: dict[str, Block] = {}
     span: Span  # heading line to the byte before the next phase heading (or end of file)
     heading_span: Span
-    field_lines: dict[str, int] = {}  # "pass", "on_pass", "on_fail", "needs", "timeout" -> line
+    field_lines: dict[str, int] = {}  # "pass", "on_pass", "on_fail", "needs", "timeout", "executor", ... -> line
 
     @property
     def display_name(self) -> str:
@@ -228,6 +230,8 @@ class StepResult(BaseModel):
     log_path: str | None = None  # repo-relative
     log_tail: list[str] = []
     skipped: bool = False  # already done in an earlier run of this phase (resume)
+    job_id: str | None = None  # the cluster job that ran it (Executor: slurm)
+    job_state: str | None = None  # that job's final state as the cluster said it (COMPLETED, TIMEOUT, ...)
 
     @property
     def completed(self) -> bool:
@@ -270,3 +274,5 @@ class RunRecord(BaseModel):
     dirty_files: list[str] = []
     commit: str | None = None  # the commit that recorded this run, when known
     env: EnvFingerprint | None = None
+    executor: Literal["local", "slurm"] = "local"  # where its steps ran (runbook/executor.py)
+    detached: bool = False  # run by a supervisor that outlived the `runbook next --detach` that started it

@@ -140,7 +140,7 @@ _PHASE_START_RE = re.compile(r"Phase\s+\d", re.IGNORECASE)
 _ATX_OPEN_RE = re.compile(r"^[ ]{0,3}##[ \t]*")
 _ATX_CLOSE_RE = re.compile(r"[ \t]+#+[ \t]*$")
 _FIELD_RE = re.compile(
-    r"(?:^|(?<=\r))(?P<indent>[ \t]*)(?P<key>steps|pass|on[ \t]+pass|on[ \t]+fail|needs|timeout)[ \t]*:(?P<value>[^\r\n]*)",
+    r"(?:^|(?<=\r))(?P<indent>[ \t]*)(?P<key>steps|pass|on[ \t]+pass|on[ \t]+fail|needs|timeout|executor|resources)[ \t]*:(?P<value>[^\r\n]*)",
     re.IGNORECASE | re.MULTILINE,
 )
 _TASK_RE = re.compile(r"^[ \t]*(?:[-*+]|\d{1,9}[.)])[ \t]+\[(?P<mark>[ xX])\](?=[ \t]|$)")
@@ -158,8 +158,12 @@ _FIELD_KEYS = {
     "on fail": "on_fail",
     "needs": "needs",
     "timeout": "timeout",
+    "executor": "executor",
+    "resources": "resources",
 }
-_FIELD_NAMES = {"steps": "Steps:", "pass": "Pass:", "on_pass": "On pass:", "on_fail": "On fail:", "needs": "Needs:", "timeout": "Timeout:"}
+_FIELD_NAMES = {"steps": "Steps:", "pass": "Pass:", "on_pass": "On pass:", "on_fail": "On fail:", "needs": "Needs:", "timeout": "Timeout:",
+                "executor": "Executor:", "resources": "Resources:"}
+_EXECUTORS = ("local", "slurm")
 _UNITS = {
     "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
     "m": 60, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
@@ -603,6 +607,7 @@ class _Parser:
             if timeout_s is None or timeout_s <= 0:
                 self.error(line0, col, f"bad Timeout {value!r}: write a duration such as `90s`, `45m`, `2h` or `1h30m`")
                 timeout_s = None
+        executor, resources_map = self.executor_fields(fields)
 
         status = None
         block_map: dict[str, Block] = {b.name: b for b in blocks}
@@ -629,12 +634,40 @@ class _Parser:
             on_fail=on_fail,
             needs=needs,
             timeout_s=timeout_s,
+            executor=executor,
+            resources=resources_map,
             status=status,
             blocks=block_map,
             span=phase_span,
             heading_span=lines.span(d.heading_line, d.heading_line + 1),
             field_lines=field_lines,
         )
+
+    def executor_fields(self, fields: dict[str, tuple[int, int, str]]) -> tuple[Any, dict[str, str]]:
+        """`Executor:` (local or slurm) and `Resources:` (key=value words, runbook/resources.py)."""
+        from runbook.resources import ResourcesError, parse_resources
+
+        executor = None
+        if "executor" in fields:
+            line0, col, value = fields["executor"]
+            word = value.strip("`").strip().lower()
+            if word in _EXECUTORS:
+                executor = word
+            else:
+                self.error(line0, col, f"unknown Executor {value!r}: write `Executor: local` or `Executor: slurm`")
+        resources_map: dict[str, str] = {}
+        if "resources" in fields:
+            line0, col, value = fields["resources"]
+            if not value.strip("` \t"):
+                self.error(line0, col, "`Resources:` is empty: write e.g. `Resources: nodes=1 gpus-per-node=8 time=2:00:00`")
+            else:
+                try:
+                    resources_map = parse_resources(value)
+                except ResourcesError as exc:
+                    self.error(line0, col + exc.col, f"bad Resources: {exc}")
+                if executor != "slurm" and resources_map:
+                    self.warn(line0, col, "`Resources:` is used only by `Executor: slurm`; this phase runs locally")
+        return executor, resources_map
 
     def heading_parts(self, heading: str, line0: int) -> tuple[str, str, str | None, str | None]:
         rest = heading

@@ -78,8 +78,11 @@ def next_argv(plan_arg: str | None, *extra: str) -> list[str]:
     return [*argv, *extra, "--yes"]
 
 
-def holder_view(info, plan: Plan | None, state_rel: str, now: _dt.datetime | None = None) -> LockHolder:
-    """The lock's holder (a `lock.LockInfo`) as data: alive or not, which phase and step, its log."""
+def holder_view(info, plan: Plan | None, state_rel: str, now: _dt.datetime | None = None, live=None,
+                root=None) -> LockHolder:
+    """The lock's holder (a `lock.LockInfo`) as data: alive or not, which phase and step, its log;
+    with the run's live state (`live.LiveRun`, read from `root`): heartbeat, job, metrics and the
+    last lines of the running step's log."""
     from runbook.lock import pid_alive
 
     alive: bool | None = pid_alive(info.pid, info.pid_start) if info.host == socket.gethostname() else None
@@ -87,23 +90,67 @@ def holder_view(info, plan: Plan | None, state_rel: str, now: _dt.datetime | Non
     now = now or _dt.datetime.now(_dt.timezone.utc)
     phase = plan.find_phase(info.phase) if plan is not None and info.phase else None
     log = f"{state_rel}/runs/{info.run_id}/{info.step}.log" if info.run_id and info.step else None
-    return LockHolder(
+    holder = LockHolder(
         pid=info.pid, host=info.host, started=iso_utc(info.started),
         elapsed_s=round((now - started).total_seconds(), 1) if started else None, alive=alive,
         run_id=info.run_id, plan=info.plan, phase=info.phase,
         label=phase.display_name if phase else None, step=info.step, log_path=log,
     )
+    if live is not None and live.run_id == info.run_id:
+        _add_live(holder, live, now, root)
+    return holder
+
+
+def _add_live(holder: LockHolder, live, now: _dt.datetime, root) -> None:
+    from runbook.ledger import tail_lines
+    from runbook.live import stale_after
+
+    holder.detached = live.detached
+    holder.executor = live.executor
+    holder.heartbeat = iso_utc(live.heartbeat)
+    holder.heartbeat_age_s = live.heartbeat_age(now)
+    holder.silent = holder.heartbeat_age_s is not None and holder.heartbeat_age_s > stale_after(live.heartbeat_s)
+    holder.steps_done = len(live.results)
+    holder.steps_total = len(live.planned)
+    holder.metrics = dict(live.metrics_so_far())
+    holder.supervisor_log = live.supervisor_log
+    if live.step:
+        holder.step = live.step
+        holder.step_started = iso_utc(live.step_started)
+        holder.log_path = live.step_log or holder.log_path
+        job = live.job_for(live.step)
+        holder.job_id = job.job_id if job else None
+    if holder.log_path and root is not None:
+        holder.log_tail = [line for line in tail_lines(root / holder.log_path, 8)]
 
 
 def running_text(holder: LockHolder, plan_rel: str) -> str:
     what = holder.label or holder.phase or "a phase"
     if holder.plan and holder.plan != plan_rel:
         what = f"{what} of {holder.plan}"
-    bits = [f"run {holder.run_id}" if holder.run_id else None, f"pid {holder.pid} on {holder.host}",
-            f"at {holder.step}" if holder.step else None,
+    who = f"supervisor pid {holder.pid}" if holder.detached else f"pid {holder.pid}"
+    bits = [f"run {holder.run_id}" if holder.run_id else None, f"{who} on {holder.host}",
+            f"at {holder.step}" + (f" ({holder.steps_done + 1}/{holder.steps_total})" if holder.steps_total else "")
+            if holder.step else None,
+            f"Slurm job {holder.job_id}" if holder.job_id else None,
             f"since {holder.started.replace('T', ' ').replace('Z', ' UTC')}" if holder.started else None,
+            _beat_text(holder),
             f"log {holder.log_path}" if holder.log_path else None]
     return f"{what} is running ({', '.join(b for b in bits if b)})"
+
+
+def _took(seconds: float | None) -> str:
+    from runbook.writeback import format_took
+
+    return format_took(seconds)
+
+
+def _beat_text(holder: LockHolder) -> str | None:
+    if holder.heartbeat_age_s is None:
+        return None
+    if holder.silent:
+        return f"NO heartbeat for {_took(holder.heartbeat_age_s)}"
+    return f"last heartbeat {_took(max(holder.heartbeat_age_s, 0.0))} ago"
 
 
 def _steps(plan: Plan, phase: Phase, done_before: int) -> list[StepLine]:
@@ -280,14 +327,24 @@ def derive(
     changed_since: ChangedSince | None = None,
     current_hash: Callable[[Phase], str] | None = None,
     unreadable: list[str] | None = None,
+    live=None,  # live.LiveRun of the lock's run
+    pending: list[RunRecord] | None = None,
+    reattach: dict[str, str] | None = None,
+    root=None,
 ) -> PlanState:
     """Each phase's state and the next action. `runs`: this plan's runs, oldest first.
     `unreadable`: ledger files that could not be read; `runbook next` refuses to choose a phase
-    while there are any (one could hide a pass), so the next action is then `blocked`."""
+    while there are any (one could hide a pass), so the next action is then `blocked`.
+    `pending`: runs whose runbook died before recording them, as `runbook next` will record them
+    (verdict interrupted; runbook/live.py); `reattach`: run id -> the Slurm job `runbook next`
+    re-attaches to instead."""
     from runbook.writeback import phase_text_hash
 
     runs = [r for r in runs if r.plan == plan_rel]
-    holder = holder_view(lock, plan, state_rel) if lock is not None else None
+    pending = [r for r in pending or [] if r.plan == plan_rel]
+    if pending:
+        runs = sorted(runs + pending, key=lambda r: (r.started, r.run_id))
+    holder = holder_view(lock, plan, state_rel, live=live, root=root) if lock is not None else None
     sel = select_phase(plan, runs, current_hash=current_hash or (lambda phase: phase_text_hash(plan.text, phase)))
     phases = _phase_views(plan, runs, holder, plan_rel)
     failed = [p for p in phases if p.state == "failed"]
@@ -299,11 +356,14 @@ def derive(
                           f"{'; '.join(unreadable)}. `runbook next` refuses to choose a phase until each is restored "
                           "(git checkout -- FILE) or removed (git rm FILE)"),
         )
+    if pending and action.kind in ("run", "resume", "retry", "blocked", "nothing"):
+        action.why = _pending_text(pending, reattach or {}) + " " + action.why
     for row in phases:
         row.next = action.phase == row.id and action.kind != "nothing"
     known = {p.id for p in plan.phases}
     mine = [r for r in runs if r.phase in known]
-    last = RunView.of(mine[-1]) if mine else None
+    pending_ids = {r.run_id for r in pending}
+    last = RunView.of(mine[-1], pending=mine[-1].run_id in pending_ids) if mine else None
     running = holder if holder is not None and holder.alive is not False else None
     view = PlanStateView(
         plan=plan_rel, title=plan.title, summary=_summary(action, last, running, plan_rel, failed, phases), phases=phases,
@@ -312,10 +372,40 @@ def derive(
     return PlanState(view=view, selection=sel)
 
 
+def _pending_text(pending: list[RunRecord], reattach: dict[str, str]) -> str:
+    parts = []
+    for run in pending:
+        if run.run_id in reattach:
+            parts.append(f"Run {run.run_id} ({run.phase}): {_reason(run)}. Its Slurm job {reattach[run.run_id]} may "
+                         "still run: `runbook next` re-attaches to it (no new submission) and records the run once.")
+        else:
+            parts.append(f"Run {run.run_id} ({run.phase}) is interrupted: {_reason(run)}. `runbook next` records it "
+                         "so, then resumes the phase.")
+    return " ".join(parts)
+
+
+def pending_runs(ws, runs: list[RunRecord]) -> tuple[list[RunRecord], dict[str, str]]:
+    """Runs of the workspace's plan whose runbook died unrecorded, as they will be recorded, and the
+    Slurm jobs `runbook next` will re-attach to (runbook/live.py). Reads only."""
+    from runbook.live import death_reason, interrupted_record, orphans
+
+    ids = {r.run_id for r in ws.runs(every_plan=True)} | {r.run_id for r in runs}
+    pending: list[RunRecord] = []
+    reattach: dict[str, str] = {}
+    for live in orphans(ws.state, ws.plan_rel, ids):
+        record = live.record or interrupted_record(live, ws.root, death_reason(live))
+        pending.append(record)
+        job = live.job_for(live.step) if live.executor == "slurm" and live.step and live.record is None else None
+        if job is not None:
+            reattach[live.run_id] = job.job_id
+    return pending, reattach
+
+
 def for_workspace(
     ws, runs: list[RunRecord] | None = None, problems: list[str] | None = None, *, holding_lock: bool = False
 ) -> PlanState:
-    """`derive` for a `workspace.Workspace`: its plan, its ledger, its lock, its git.
+    """`derive` for a `workspace.Workspace`: its plan, its ledger, its lock (with the run's live
+    state), runs a dead runbook left unrecorded, its git.
     `holding_lock`: the caller holds the run lock itself (`runbook next` between runs).
     Unreadable ledger files block the next action; they are added to `problems` (for warnings), or,
     when the caller passes `runs`, taken from the `problems` it collected while reading them."""
@@ -326,13 +416,19 @@ def for_workspace(
             problems.extend(unreadable)
     else:  # the caller read the ledger and collected its problems
         unreadable = list(problems or [])
+    lock = None if holding_lock else ws.lock_info()
+    pending, reattach = pending_runs(ws, runs) if not holding_lock else ([], {})
     return derive(
         ws.plan,
         ws.plan_rel,
         runs,
-        lock=None if holding_lock else ws.lock_info(),
+        lock=lock,
         state_rel=ws.rel(ws.state),
         plan_arg=ws.plan_arg,
         changed_since=lambda run: ws.changed_since(run.commit_before),
         unreadable=unreadable,
+        live=ws.live_of(lock.run_id) if lock is not None and lock.run_id else None,
+        pending=pending,
+        reattach=reattach,
+        root=ws.root,
     )

@@ -10,6 +10,9 @@ runbook only ever signals processes it can prove are its own. A proof is one of:
 A process group may be signalled as a whole once one of its members is proven: a group id stays
 taken while any member lives, and a step's group is a session of its own, which no outside
 process can join. runbook's own process, its own group and its ancestors are never signalled.
+Nor is a process started by Slurm (a descendant of `slurmstepd`): a cluster job that carries the
+run id belongs to Slurm, is stopped with `scancel` (runbook/slurm.py), and may be a job that a
+re-attaching runbook is about to follow.
 
 Public surface: `Proc`, `read_proc`, `processes`, `pid_alive`, `group_alive`, `boot_id`,
 `proven_run_processes`, `signal_proven`, `terminate_proven`, `git_processes_in`.
@@ -39,6 +42,7 @@ __all__ = [
     "signal_proven",
     "started_at",
     "terminate_proven",
+    "under_slurm",
 ]
 
 _PROC = Path("/proc")
@@ -233,12 +237,26 @@ def proven_run_processes(
             continue
         if not wanted or not _environ_has_all(proc.pid, wanted):
             continue
+        if under_slurm(proc):
+            continue
         if since is not None:
             began = started_at(proc)
             if began is not None and began < since - 2.0:  # /proc's btime is whole seconds
                 continue
         found.append(proc)
     return found
+
+
+def under_slurm(proc: Proc) -> bool:
+    """True when `proc` descends from `slurmstepd` (a Slurm job's process on this node)."""
+    seen: set[int] = set()
+    current: Proc | None = proc
+    while current is not None and current.pid > 1 and current.pid not in seen:
+        if current.comm == "slurmstepd":
+            return True
+        seen.add(current.pid)
+        current = read_proc(current.ppid)
+    return False
 
 
 def signal_proven(procs: Iterable[Proc], sig: int, *, groups: Iterable[int] = ()) -> list[int]:

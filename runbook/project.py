@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,6 +38,16 @@ class ConfigError(Exception):
     """`runbook.toml` or `[tool.runbook]` cannot be used; the message names the file and the fix."""
 
 
+class SlurmConfig(BaseModel):
+    """`[slurm]` in runbook.toml: defaults of phases with `Executor: slurm` (docs/next.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    resources: str = ""  # `Resources:` words every Slurm phase starts from; the phase's own win
+    sbatch_args: list[str] = []  # further sbatch options, passed as they are (e.g. "--account=ml")
+    poll_s: float = Field(default=10.0, gt=0, le=3600)  # seconds between squeue / scontrol polls
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -47,6 +57,7 @@ class Config(BaseModel):
     # "append" (found when the user's PATH lacks the command; the user's python stays first),
     # "prepend" (runbook's wins), "off" (PATH as the user has it)
     runbook_bin: Literal["append", "prepend", "off"] = "append"
+    slurm: SlurmConfig = SlurmConfig()
     source: str | None = None  # the file the config came from; None for defaults
 
 
@@ -111,9 +122,17 @@ def _config_from(path: Path, data: dict, prefix: str = "") -> Config:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
-        raise ConfigError(
-            f"{path}: {prefix}{where}: {first['msg']} (expected plans = [\"plans/*.md\"], state = \"state\", runbook_bin = \"append\" | \"prepend\" | \"off\")"
-        ) from None
+        expected = ('[slurm] resources = "time=2:00:00", sbatch_args = ["--account=ml"], poll_s = 10'
+                    if where.startswith("slurm")
+                    else 'plans = ["plans/*.md"], state = "state", runbook_bin = "append" | "prepend" | "off"')
+        raise ConfigError(f"{path}: {prefix}{where}: {first['msg']} (expected {expected})") from None
+    if config.slurm.resources:
+        from runbook.resources import ResourcesError, parse_resources
+
+        try:
+            parse_resources(config.slurm.resources)
+        except ResourcesError as exc:
+            raise ConfigError(f"{path}: {prefix}slurm.resources: {exc}") from None
     config.source = str(path)
     return config
 

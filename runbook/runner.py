@@ -22,17 +22,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from runbook import gitops, ledger, writeback
 from runbook.atomic import atomic_write_text
 from runbook.envprint import redact_credentials
 from runbook.errors import RunbookError
-from runbook.execute import Interrupts, StepSpec, judge, merge_metrics, run_steps
+from runbook.execute import Interrupts, StepSpec, judge, merge_metrics
 from runbook.lock import RunLock, write_lock
 from runbook.model import Metrics, Phase, Plan, RunRecord
 from runbook.select import Selection, select_phase
 from runbook.workspace import Workspace
+
+if TYPE_CHECKING:
+    from runbook.live import LiveRun
 
 Say = Callable[[str], None]
 
@@ -154,6 +157,10 @@ class RunOptions:
     grace_s: float = 5.0
     probe_env: bool | None = None  # None: RUNBOOK_ENV_PROBE decides
     interrupts: Interrupts | None = None
+    run_id: str | None = None  # the id of the next fresh run (a detached caller chose it); None: a new one
+    detached: bool = False  # this process is a supervisor (runbook/detach.py)
+    supervisor_log: str | None = None  # repo-relative
+    on_started: Callable[[LiveRun], None] | None = None  # a run's live state exists (the detach handshake)
 
 
 @dataclass
@@ -163,6 +170,7 @@ class RunResult:
     problems: list[str] = field(default_factory=list)  # write-back / commit trouble, already warned
     commit_failed: bool = False  # git refused the run's commit (a hook, signing, an ignored file)
     edited_during: str | None = None  # the commit of a person's plan edits made while the run ran
+    reattached: bool = False  # a run whose runbook died, continued on its still-running cluster job
 
 
 def _carried(sel: Selection, step_id: str) -> Metrics:
@@ -182,47 +190,57 @@ def commit_message(record: RunRecord, metric_names: list[str]) -> str:
     return f"runbook: {record.phase} {record.verdict}" + (f" ({detail})" if detail else "")
 
 
+def _commit_plan_edits_first(
+    ws: Workspace, run_id: str, opts: RunOptions, plan_text: str
+) -> tuple[str, str | None, list[str] | None]:
+    """Commit the plan's uncommitted edits (and runs a killed runbook left uncommitted) before run
+    `run_id`; (the plan text the run starts with, HEAD, the other tracked files with uncommitted
+    changes: None outside git)."""
+    if not ws.git:
+        return plan_text, None, None
+    if opts.commit:
+        try:
+            with write_lock(ws.state):
+                leftovers = recover_unrecorded(ws)
+                dirty = gitops.is_dirty(ws.root, ws.plan_rel)
+                if dirty or leftovers:
+                    gitops.commit_paths(ws.root, [ws.plan_rel, *leftovers], f"runbook: plan edits before run {run_id}")
+        except gitops.GitStateError as exc:
+            raise RunbookError(f"refusing to run: could not commit the plan's own edits first: {exc}",
+                               "git_state") from None
+        if leftovers:
+            opts.warn(f"recovered {len(leftovers)} run(s) an interrupted runbook left uncommitted: "
+                      f"{', '.join(leftovers)} (written into the plan and committed)")
+            plan_text = ws.plan_path.read_text(encoding="utf-8")
+        if dirty or leftovers:
+            opts.say(f"committed the plan's uncommitted edits first (runbook: plan edits before run {run_id})")
+    commit_before = gitops.head_commit(ws.root)
+    state_rel = ws.rel(ws.state) + "/"
+    dirty_files = [p for p in gitops.changed_tracked(ws.root) if p != ws.plan_rel and not p.startswith(state_rel)]
+    if dirty_files:
+        shown = ", ".join(dirty_files[:5]) + (f" and {len(dirty_files) - 5} more" if len(dirty_files) > 5 else "")
+        opts.warn(f"uncommitted changes to {len(dirty_files)} tracked file(s) ({shown}): this run's numbers "
+                  f"come from code that is not commit {gitops.short(commit_before) or '(none yet)'}; the run "
+                  "record lists them (commit first to keep the record exact)")
+    return plan_text, commit_before, dirty_files
+
+
 def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts: RunOptions) -> RunResult:
     """Run the selected phase once and record it everywhere. Call with the run lock held."""
     from runbook.criteria import metric_names as names_in
     from runbook.envprint import fingerprint
+    from runbook.executor import phase_executor
+    from runbook.live import PlannedStep, new_live
 
     phase = sel.phase
     assert phase is not None
-    run_id = ledger.new_run_id()
+    run_id, opts.run_id = opts.run_id or ledger.new_run_id(), None
     lock.set_run(run_id)
     lock.note(plan=ws.plan_rel, phase=phase.id, step=None)
     text_hash = writeback.phase_text_hash(plan.text, phase)
     metric_names = names_in(phase.criterion.expr) if phase.criterion else []
 
-    commit_before = None
-    dirty_files: list[str] | None = None  # None: not a git repository
-    plan_text = plan.text
-    if ws.git:
-        if opts.commit:
-            try:
-                with write_lock(ws.state):
-                    leftovers = recover_unrecorded(ws)
-                    dirty = gitops.is_dirty(ws.root, ws.plan_rel)
-                    if dirty or leftovers:
-                        gitops.commit_paths(ws.root, [ws.plan_rel, *leftovers], f"runbook: plan edits before run {run_id}")
-            except gitops.GitStateError as exc:
-                raise RunbookError(f"refusing to run: could not commit the plan's own edits first: {exc}",
-                                   "git_state") from None
-            if leftovers:
-                opts.warn(f"recovered {len(leftovers)} run(s) an interrupted runbook left uncommitted: "
-                          f"{', '.join(leftovers)} (written into the plan and committed)")
-                plan_text = ws.plan_path.read_text(encoding="utf-8")
-            if dirty or leftovers:
-                opts.say(f"committed the plan's uncommitted edits first (runbook: plan edits before run {run_id})")
-        commit_before = gitops.head_commit(ws.root)
-        state_rel = ws.rel(ws.state) + "/"
-        dirty_files = [p for p in gitops.changed_tracked(ws.root) if p != ws.plan_rel and not p.startswith(state_rel)]
-        if dirty_files:
-            shown = ", ".join(dirty_files[:5]) + (f" and {len(dirty_files) - 5} more" if len(dirty_files) > 5 else "")
-            opts.warn(f"uncommitted changes to {len(dirty_files)} tracked file(s) ({shown}): this run's numbers "
-                      f"come from code that is not commit {gitops.short(commit_before) or '(none yet)'}; the run "
-                      "record lists them (commit first to keep the record exact)")
+    plan_text, commit_before, dirty_files = _commit_plan_edits_first(ws, run_id, opts, plan.text)
     plan_blob = gitops.blob_hash(plan_text.encode("utf-8"))
     env = fingerprint(probe=opts.probe_env)
 
@@ -230,52 +248,181 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
         StepSpec(step.id, cmd, skip=i < sel.start, carried_metrics=_carried(sel, step.id) if i < sel.start else {})
         for i, (step, cmd) in enumerate(zip(phase.steps, resolved(plan, phase), strict=True))
     ]
+    executor = phase_executor(phase)
+    resources, sbatch_args = _slurm_settings(ws, phase) if executor == "slurm" else ({}, [])
+    live = new_live(
+        run_id=run_id, plan=ws.plan_rel, plan_blob=plan_blob, phase=phase.id, phase_label=phase.label,
+        phase_text_hash=text_hash, criterion=phase.criterion.text.strip("`") if phase.criterion else None,
+        metric_names=metric_names, started=ledger.iso(ledger.utc_now()), timeout_s=phase.timeout_s,
+        commit_before=commit_before, dirty=bool(dirty_files) if dirty_files is not None else None,
+        dirty_files=dirty_files or [], env=env, executor=executor, detached=opts.detached,
+        planned=[PlannedStep(step_id=s.step_id, command=s.command, skip=s.skip, carried_metrics=s.carried_metrics)
+                 for s in specs],
+        supervisor_log=opts.supervisor_log, resources=resources, sbatch_args=sbatch_args,
+    )
+    return _execute(ws, live, specs, lock, opts, started_from=plan_text,
+                    criterion=phase.criterion.expr if phase.criterion else None)
+
+
+def _slurm_settings(ws: Workspace, phase: Phase) -> tuple[dict[str, str], list[str]]:
+    from runbook.resources import merge, parse_resources
+
+    defaults = parse_resources(ws.config.slurm.resources) if ws.config.slurm.resources else {}
+    return merge(defaults, phase.resources), list(ws.config.slurm.sbatch_args)
+
+
+def continue_run(ws: Workspace, live: LiveRun, lock: RunLock, opts: RunOptions) -> RunResult:
+    """Continue a run whose runbook died while its cluster job ran: re-attach to the job (no new
+    submission), run the steps after it, judge and record the run once, under its own id."""
+    from runbook.criteria import CriterionError, parse_criterion
+    from runbook.live import new_live
+
+    lock.set_run(live.run_id)
+    lock.note(plan=live.plan, phase=live.phase, step=live.step)
+    me = new_live(**live.model_dump(exclude={"pid", "pid_start", "host", "boot_id", "heartbeat", "heartbeat_s"}))
+    me.detached = opts.detached
+    if opts.supervisor_log:
+        me.supervisor_log = opts.supervisor_log
+    specs = [StepSpec(p.step_id, p.command, skip=p.skip, carried_metrics=p.carried_metrics) for p in live.planned]
+    started_from = gitops.show_blob(ws.root, live.plan_blob) if ws.git else None
+    try:
+        criterion = parse_criterion(live.criterion) if live.criterion else None
+    except (CriterionError, RecursionError):
+        criterion = None
+    return _execute(ws, me, specs, lock, opts, started_from=started_from, criterion=criterion, reattach=True)
+
+
+def _execute(ws: Workspace, live: LiveRun, specs: list[StepSpec], lock: RunLock, opts: RunOptions, *,
+             started_from: str | None, criterion: object | None, reattach: bool = False) -> RunResult:
+    """Run the steps with the run's executor (live state and heartbeat kept), judge, record."""
+    from runbook.executor import StepContext, StepHooks, executor_for
+    from runbook.live import JobRef, LiveWriter
+    from runbook.slurm import poll_interval
+
+    writer = LiveWriter(ws.state, live).start()
+    label = f"Phase {live.phase_label}"
 
     def announce(spec: StepSpec) -> None:
         lock.note(step=spec.step_id)
-        opts.say(f"\n── {phase.display_name} · {spec.step_id} ──\n$ {spec.command}")
+        writer.update(step=spec.step_id, step_started=ledger.iso(ledger.utc_now()),
+                      step_log=ws.rel(ledger.run_dir(ws.state, live.run_id) / f"{spec.step_id}.log"))
+        opts.say(f"\n── {label} · {spec.step_id} ──\n$ {spec.command}")
 
-    started = ledger.utc_now()
-    t0 = time.monotonic()
-    outcome = run_steps(
-        specs,
-        run_id=run_id,
-        phase_id=phase.id,
-        repo_root=ws.root,
-        state_dir=ws.state,
-        timeout_s=phase.timeout_s,
-        echo=opts.echo,
-        announce=announce,
-        on_pgid=lock.set_step,
-        interrupts=opts.interrupts,
-        grace_s=opts.grace_s,
+    def on_job(step_id: str, job_id: str, name: str) -> None:
+        writer.add_job(JobRef(step_id=step_id, job_id=job_id, name=name, submitted=ledger.iso(ledger.utc_now())))
+        opts.say(f"submitted Slurm job {job_id} for {step_id}")
+
+    prior = {r.step_id: r for r in live.results} if reattach else {}
+    jobs = {}
+    if reattach and live.step is not None and (job := live.job_for(live.step)) is not None:
+        jobs[live.step] = (job.job_id, job.name)
+        opts.say(f"re-attaching to Slurm job {job.job_id} ({live.step}) of run {live.run_id}")
+    started = ledger.parse_iso(live.started)
+    elapsed_before = max((ledger.utc_now() - started).total_seconds(), 0.0) if reattach else 0.0
+    ctx = StepContext(
+        run_id=live.run_id, phase_id=live.phase, repo_root=ws.root, state_dir=ws.state, timeout_s=live.timeout_s,
+        elapsed_s=elapsed_before, echo=opts.echo, interrupts=opts.interrupts, grace_s=opts.grace_s,
+        hooks=StepHooks(announce=announce, on_pgid=lock.set_step, on_result=writer.add_result, on_job=on_job),
+        prior=prior, jobs=jobs, resources=dict(live.resources), sbatch_args=list(live.sbatch_args),
+        poll_s=poll_interval(ws.config.slurm.poll_s), bin_path=ws.config.runbook_bin,
     )
+    if opts.on_started is not None:
+        opts.on_started(live)
+    t0 = time.monotonic()
+    try:
+        outcome = executor_for(live.executor).run_steps(specs, ctx)
+    finally:
+        writer.stop()
     metrics = merge_metrics(outcome.results)
     if outcome.stopped:
         verdict, reason = outcome.stopped, outcome.reason
+        if verdict == "interrupted" and (ledger.run_dir(ws.state, live.run_id) / "cancel-requested").exists():
+            reason = f"cancelled (runbook cancel): {reason}"
     else:
-        verdict, reason = judge(phase.criterion.expr if phase.criterion else None, metrics, outcome.results)
+        verdict, reason = judge(criterion, metrics, outcome.results)
     record = RunRecord(
-        run_id=run_id,
-        plan=ws.plan_rel,
-        plan_blob=plan_blob,
-        phase=phase.id,
-        phase_label=phase.label,
-        phase_text_hash=text_hash,
-        started=ledger.iso(started),
+        run_id=live.run_id,
+        plan=live.plan,
+        plan_blob=live.plan_blob,
+        phase=live.phase,
+        phase_label=live.phase_label,
+        phase_text_hash=live.phase_text_hash,
+        started=live.started,
         finished=ledger.iso(ledger.utc_now()),
-        duration_s=round(time.monotonic() - t0, 3),
+        duration_s=round(elapsed_before + time.monotonic() - t0, 3),
         steps=outcome.results,
         metrics=metrics,
-        criterion=phase.criterion.text.strip("`") if phase.criterion else None,
+        criterion=live.criterion,
         verdict=verdict,  # type: ignore[arg-type]
         reason=reason,
-        commit_before=commit_before,
-        dirty=bool(dirty_files) if dirty_files is not None else None,
-        dirty_files=dirty_files or [],
-        env=env,
+        commit_before=live.commit_before,
+        dirty=live.dirty,
+        dirty_files=list(live.dirty_files),
+        env=live.env,
+        executor=live.executor,
+        detached=live.detached,
     )
-    return record_run(ws, record, metric_names, opts, started_from=plan_text)
+    writer.update(record=record, step=None)  # judged: a runbook killed from here on is recorded as judged
+    result = record_run(ws, record, live.metric_names, opts, started_from=started_from)
+    result.reattached = reattach
+    writer.remove()
+    return result
+
+
+def settle_orphans(ws: Workspace, lock: RunLock, opts: RunOptions) -> tuple[list[RunResult], list[RunResult]]:
+    """Runs of this plan whose runbook died before recording them (runbook/live.py), settled under
+    the run lock: (continued, recorded). A Slurm run whose current step has a job is continued on
+    that job (`continue_run`); a judged run is recorded as judged; any other is recorded as
+    `interrupted` with its partial logs, to be resumed like any interrupted run."""
+    from runbook.live import orphans
+
+    continued: list[RunResult] = []
+    recorded: list[RunResult] = []
+    ids = {r.run_id for r in ledger.load_runs(ws.state)}
+    for live in orphans(ws.state, ws.plan_rel, ids, clean=True):
+        job = _reattachable(live)
+        if job is not None:
+            if live.job_for(live.step or "") is None and live.step is not None:
+                live.jobs = [*live.jobs, job]
+            continued.append(continue_run(ws, live, lock, opts))
+            continue
+        recorded.append(record_dead(ws, live, opts))
+    return continued, recorded
+
+
+def record_dead(ws: Workspace, live: LiveRun, opts: RunOptions, why: str | None = None) -> RunResult:
+    """Record a run whose runbook died (call under the run lock): as judged when it was judged,
+    else `interrupted` with what it finished and the partial log of the step it was in."""
+    from runbook.live import death_reason, interrupted_record, live_path
+
+    reason = why or death_reason(live)
+    record = live.record or interrupted_record(live, ws.root, reason)
+    started_from = gitops.show_blob(ws.root, live.plan_blob) if ws.git else None
+    opts.warn(f"run {live.run_id} ({live.phase}) was not recorded: {death_reason(live)}; recording it as "
+              f"{record.verdict}")
+    result = record_run(ws, record, live.metric_names, opts, started_from=started_from)
+    live_path(ws.state, live.run_id).unlink(missing_ok=True)
+    return result
+
+
+def _reattachable(live: LiveRun):  # -> JobRef | None
+    """The cluster job of the run's current step, when there is one to re-attach to."""
+    if live.executor != "slurm" or live.step is None or live.record is not None:
+        return None
+    job = live.job_for(live.step)
+    if job is not None:
+        return job
+    from runbook.live import JobRef
+    from runbook.slurm import SlurmError, find_job, job_name
+
+    name = job_name(live.run_id, live.step)
+    try:
+        job_id = find_job(name)  # submitted, but runbook died before it wrote the id down
+    except SlurmError:
+        return None
+    if job_id is None:
+        return None
+    return JobRef(step_id=live.step, job_id=job_id, name=name, submitted=live.step_started or live.started)
 
 
 def recover_unrecorded(ws: Workspace) -> list[str]:

@@ -231,6 +231,17 @@ class Workspace:
         except (LockCorrupt, OSError):
             return None
 
+    def live_of(self, run_id: str | None):  # -> live.LiveRun | None
+        """The live state of run `run_id` while it runs (runbook/live.py), None when it has none."""
+        if not run_id:
+            return None
+        from runbook.live import live_path, read_live
+
+        try:
+            return read_live(live_path(self.state, run_id))
+        except ValueError:
+            return None
+
     def changed_since(self, commit: str | None) -> list[str] | None:
         """Tracked files that differ between `commit` and the work tree, besides runbook's own
         (plans, notes, state/); None when that cannot be told (no git, unknown commit)."""

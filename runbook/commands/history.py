@@ -58,22 +58,36 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
     warn(problems)
     if phase_id:
         runs = [r for r in runs if r.phase == phase_id]
+    pending = _pending(ws, plan is not None, phase_id)
     lock = ws.lock_info()
     labels = plan if plan is not None else _only_plan()
-    holder = holder_view(lock, labels, ws.rel(ws.state)) if lock is not None else None
+    holder = (holder_view(lock, labels, ws.rel(ws.state), live=ws.live_of(lock.run_id), root=ws.root)
+              if lock is not None else None)
     running = holder if holder is not None and holder.alive is not False else None
     if running is not None and plan is not None and running.plan not in (None, ws.plan_rel):
         running = None
     if running is not None and phase_id and running.phase != phase_id:
         running = None
+    views = [RunView.of(r) for r in runs] + [RunView.of(r, pending=True) for r in pending]
     result = HistoryResult(plan=ws.plan_rel if plan is not None else None, phase=phase_id,
-                           runs=[RunView.of(r) for r in runs], running=running)
+                           runs=views, running=running)
     if as_json:
         return Output(result)
-    return Output(result, 0, _render(result, runs, metrics, ws.rel(ws.state)))
+    return Output(result, 0, _render(result, runs + pending, metrics, ws.rel(ws.state), {r.run_id for r in pending}))
 
 
-def _render(result: HistoryResult, runs: list, metrics: tuple[str, ...], state_rel: str) -> str:
+def _pending(ws, one_plan: bool, phase_id: str | None) -> list:
+    """Runs whose runbook died before recording them (runbook/live.py), as `runbook next` will record them."""
+    from runbook.live import death_reason, interrupted_record, orphans
+
+    ids = {r.run_id for r in ws.runs(every_plan=True)}
+    found = orphans(ws.state, ws.plan_rel if one_plan else None, ids)
+    records = [o.record or interrupted_record(o, ws.root, death_reason(o)) for o in found]
+    return [r for r in records if phase_id is None or r.phase == phase_id]
+
+
+def _render(result: HistoryResult, runs: list, metrics: tuple[str, ...], state_rel: str,
+            pending: set[str] | frozenset[str] = frozenset()) -> str:
     from runbook.criteria import format_value
     from runbook.writeback import format_took
 
@@ -88,7 +102,8 @@ def _render(result: HistoryResult, runs: list, metrics: tuple[str, ...], state_r
                 f"{n}={format_value(r.metrics[n]) if isinstance(r.metrics[n], (int, float)) else r.metrics[n]}"
                 if n in r.metrics else f"{n}=-" for n in names)
             when = (r.finished or r.started)[:16].replace("T", " ")
-            rows.append([r.run_id, r.phase, r.verdict, when, format_took(r.duration_s), shown, r.reason])
+            verdict = r.verdict + (" (not yet recorded)" if r.run_id in pending else "")
+            rows.append([r.run_id, r.phase, verdict, when, format_took(r.duration_s), shown, r.reason])
         header = ["run", "phase", "verdict", "finished", "took", "metrics", "reason"]
         widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
         for row in [header, *rows]:

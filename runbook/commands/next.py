@@ -59,6 +59,9 @@ MAX_RUNS_PER_PHASE = 2  # --until-stop: a phase reached a third time in one invo
 @click.option("--dry-run", is_flag=True, help="Show the phase and the resolved commands; run nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (needed without a terminal, and with --json).")
 @click.option("--no-commit", is_flag=True, help="Write the results but do not commit them.")
+@click.option("--detach", is_flag=True,
+              help="Run under a supervisor that outlives this command (own session); follow it with "
+                   "`runbook status`, `runbook logs -f`, stop it with `runbook cancel`.")
 @json_option
 def command(
     plan_opt: str | None,
@@ -68,6 +71,7 @@ def command(
     dry_run: bool,
     yes: bool,
     no_commit: bool,
+    detach: bool,
     as_json: bool,
 ) -> Output:
     """Run the current phase of the plan, judge it, write the verdict back, commit.
@@ -78,7 +82,9 @@ def command(
     state/runs/<run-id>.json, updates the phase's status block, checkboxes and results table in
     the plan, and commits exactly those two files. Step output goes to stderr under --json.
     """
-    return _Next(plan_opt, phase_ref, restart, until_stop, yes, no_commit, as_json).main(dry_run)
+    nxt = _Next(plan_opt, phase_ref, restart, until_stop, yes, no_commit, as_json)
+    nxt.detach = detach
+    return nxt.main(dry_run)
 
 
 class _Next:
@@ -86,7 +92,16 @@ class _Next:
         self.plan_opt, self.phase_ref, self.restart, self.until_stop = plan_opt, phase_ref, restart, until_stop
         self.yes, self.no_commit, self.as_json = yes, no_commit, as_json
         self.runs: list = []
+        self.settled: list = []  # runs a dead runbook left, recorded by this one
         self.selected = None
+        self.detach = False  # this process starts a supervisor and returns (runbook/detach.py)
+        self.detached = None  # contract.DetachedView once it has
+        self.supervisor: dict | None = None  # this process IS the supervisor: run_id, supervisor_log, on_started
+
+    def supervised(self, *, run_id: str, supervisor_log: str, on_started) -> None:
+        """Run as the supervisor of a detached run (runbook/detach.py): step output only into the
+        logs, the first fresh run under the id the caller chose."""
+        self.supervisor = {"run_id": run_id, "supervisor_log": supervisor_log, "on_started": on_started}
 
     def say(self, msg: str) -> None:
         click.echo(msg, err=self.as_json)
@@ -102,6 +117,7 @@ class _Next:
         result = NextResult(
             plan=ws.plan_rel, dry_run=dry_run, selected=self.selected,
             runs=[RunView.of(r, recorded_in=r.commit) for r in self.runs], next=state.next,
+            settled=[RunView.of(r, recorded_in=r.commit) for r in self.settled], detached=self.detached,
         )
         return Output(result, code, None)
 
@@ -169,12 +185,15 @@ class _Next:
 
         try:
             with run_lock(ws.state, git_dir=ws.git_dir, warn=self.warn) as lock:
+                if self.detach:
+                    return self.start_detached(ws, lock, commit)
                 return self.loop(ws, lock, commit)
         except LockHeld as exc:
             from runbook.planstate import holder_view
 
             raise RunbookError(str(exc), "locked", file=ws.rel(exc.path),
-                               lock=holder_view(exc.info, plan, ws.rel(ws.state))) from None
+                               lock=holder_view(exc.info, plan, ws.rel(ws.state), live=ws.live_of(exc.info.run_id),
+                                                root=ws.root)) from None
         except WriteLockTimeout as exc:
             raise RunbookError(str(exc), "locked", file=ws.rel(exc.path)) from None
         except LockCorrupt as exc:
@@ -187,6 +206,73 @@ class _Next:
                 f"runbook next: {where}{exc.strerror or exc}; stopped, files already written are complete", "io",
                 file=str(exc.filename) if exc.filename else None,
             ) from None
+
+    def options(self, commit: bool, interrupts):  # -> runner.RunOptions
+        from runbook import runner
+
+        opts = runner.RunOptions(
+            commit=commit,
+            echo=None if self.supervisor else (sys.stderr if self.as_json else sys.stdout).buffer,
+            say=self.say,
+            warn=self.warn,
+            interrupts=interrupts,
+        )
+        if self.supervisor:
+            opts.detached = True
+            opts.run_id = self.supervisor.pop("run_id", None)  # the first fresh run only
+            opts.supervisor_log = self.supervisor["supervisor_log"]
+            opts.on_started = self.supervisor["on_started"]
+        return opts
+
+    def _has_orphans(self, ws) -> bool:
+        from runbook.ledger import load_runs
+        from runbook.live import live_runs, orphans
+
+        if not live_runs(ws.state, ws.plan_rel):
+            return False
+        return bool(orphans(ws.state, ws.plan_rel, {r.run_id for r in load_runs(ws.state)}))
+
+    def start_detached(self, ws, lock, commit: bool) -> Output:
+        """Show what will run, start the supervisor with the lock, return once its run started."""
+        from runbook import detach, runner
+        from runbook.contract import DetachedView
+        from runbook.ledger import load_runs, new_run_id
+        from runbook.live import orphans
+        from runbook.planstate import for_workspace
+        from runbook.writeback import HandEdited, check_blocks
+
+        plan = ws.load_plan()
+        pending = orphans(ws.state, ws.plan_rel, {r.run_id for r in load_runs(ws.state)})
+        sel = runner.select(ws, plan, phase_ref=self.phase_ref, restart=self.restart)
+        if sel.phase is None and not pending:
+            return self.nothing(ws, sel, for_workspace(ws, holding_lock=True))
+        for live in pending:
+            what = ("re-attaches to its Slurm job" if live.executor == "slurm" and live.step
+                    else "records it as interrupted")
+            self.say(f"run {live.run_id} ({live.phase}) was not recorded: its runbook died; the supervisor {what} first")
+        if sel.phase is not None and not pending:
+            try:
+                check_blocks(plan.text, sel.phase, ws.plan_rel)
+            except HandEdited as exc:
+                raise RunbookError(f"refusing to run: {exc}", "hand_edited", file=ws.plan_rel) from None
+            self.say(runner.render_preview(ws, plan, sel))
+            self.selected = runner.selected_view(plan, sel)
+        if not self.yes and not click.confirm("\nRun it in the background?", default=True):
+            raise RunbookError("not confirmed: nothing ran", "not_confirmed")
+        started = detach.start(ws, lock, plan_opt=self.plan_opt, phase_ref=self.phase_ref, restart=self.restart,
+                               until_stop=self.until_stop, no_commit=not commit, run_id=new_run_id())
+        lines = [
+            "",
+            f"{'re-attached' if started.reattached else 'started'} run {started.run_id} ({started.phase}) in the "
+            f"background: supervisor pid {started.pid}, its log {started.supervisor_log}",
+            "  follow it:  runbook logs -f" + (f" --plan {ws.plan_arg}" if ws.plan_arg else ""),
+            "  where:      runbook status",
+            "  stop it:    runbook cancel",
+        ]
+        self.say("\n".join(lines))
+        self.detached = DetachedView(run_id=started.run_id, phase=started.phase, pid=started.pid,
+                                     supervisor_log=started.supervisor_log, reattached=started.reattached)
+        return self.result(ws, 0, state=for_workspace(ws))
 
     def _interactive(self) -> bool:
         return not self.as_json and sys.stdin.isatty() and sys.stdout.isatty()
@@ -201,6 +287,21 @@ class _Next:
         counts: dict[str, int] = {}
         code = 0
         try:
+            if self._has_orphans(ws):
+                interrupts = Interrupts().__enter__()
+                continued, recorded = runner.settle_orphans(ws, lock, self.options(commit, interrupts))
+                self.settled += [r.record for r in recorded]
+                for result in continued:
+                    record = result.record
+                    self.runs.append(record)
+                    counts[record.phase] = counts.get(record.phase, 0) + 1
+                    code = EXIT_CODES[record.verdict]
+                    plan = ws.load_plan()
+                    phase = plan.find_phase(record.phase)
+                    if phase is not None:
+                        self.summary(ws, plan, phase, record, runner)
+                    if not self.until_stop or record.verdict not in JUDGED or interrupts.signum is not None:
+                        return self.result(ws, code)
             while True:
                 plan = ws.load_plan()
                 for w in ws.warnings:
@@ -233,14 +334,7 @@ class _Next:
                     self.selected = runner.selected_view(plan, sel)
                 if interrupts is None:
                     interrupts = Interrupts().__enter__()
-                opts = runner.RunOptions(
-                    commit=commit,
-                    echo=(sys.stderr if self.as_json else sys.stdout).buffer,
-                    say=self.say,
-                    warn=self.warn,
-                    interrupts=interrupts,
-                )
-                result = runner.run_selected(ws, plan, sel, lock, opts)
+                result = runner.run_selected(ws, plan, sel, lock, self.options(commit, interrupts))
                 record = result.record
                 self.runs.append(record)
                 counts[record.phase] = counts.get(record.phase, 0) + 1

@@ -26,6 +26,10 @@ def render(view: PlanStateView, plan_path: str) -> str:
             lines.append(f"  {row.label}: {row.note}")
     lines.append("")
     lines.append(view.summary)
+    if view.running is not None and view.running.log_tail:
+        lines.append(f"  last lines of {view.running.log_path}:")
+        lines += [f"    {line}" for line in view.running.log_tail[-5:]]
+        lines.append("  follow it: runbook logs -f · stop it: runbook cancel")
     nxt = view.next
     if nxt.command:
         lines.append(f"next ({nxt.kind}): {nxt.command}")

@@ -1,0 +1,134 @@
+"""`runbook logs`: a step's output, from its log `state/runs/<run>/<step>.log`.
+
+Which run: `--run RUN` (an id, a prefix, or `last`), else the run in progress (its live state,
+runbook/live.py), else the plan's latest run in the ledger. Which step: `--step`, else the step
+running now, else the last step that started. With `--follow` the log is followed as it grows;
+when the run moves on to its next step the next step's log is followed (under a `── step-N ──`
+line), and following ends when the run does (it was recorded, or its runbook died), with the
+verdict when the ledger has it. Slurm steps write their job's output straight into the same log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from runbook.errors import RunbookError
+
+__all__ = ["Located", "follow", "locate"]
+
+FOLLOW_POLL_S = 0.2
+
+
+@dataclass
+class Located:
+    run_id: str
+    phase: str
+    step: str
+    log: Path  # absolute
+    running: bool
+    job_id: str | None = None
+
+
+def _step_of_record(record) -> str | None:
+    started = [s for s in record.steps if not s.skipped and (s.started or s.log_path)]
+    return started[-1].step_id if started else None
+
+
+def locate(ws, run_ref: str | None, step: str | None) -> Located:
+    from runbook.ledger import find_run, load_runs, run_dir
+    from runbook.live import is_alive, live_runs
+
+    lives = live_runs(ws.state, ws.plan_rel)
+    live = None
+    record = None
+    if run_ref:
+        live = next((x for x in lives if x.run_id == run_ref or (run_ref != "last" and x.run_id.startswith(run_ref))),
+                     None)
+        if live is None:
+            record = find_run(ws.state, run_ref) if run_ref != "last" else None
+            if run_ref == "last":
+                mine = load_runs(ws.state, plan=ws.plan_rel)
+                record = mine[-1] if mine else None
+            if record is None:
+                raise RunbookError(f"no run {run_ref!r} in {ws.rel(ws.state)}/runs/", "unknown_run",
+                                   hint="see `runbook history` for run ids")
+    else:
+        running = [x for x in lives if is_alive(x) is not False]
+        live = running[-1] if running else (lives[-1] if lives else None)
+        if live is None:
+            mine = load_runs(ws.state, plan=ws.plan_rel)
+            if not mine:
+                raise RunbookError(f"no runs of {ws.plan_rel} yet: no log to show", "unknown_run",
+                                   hint="start one with `runbook next`")
+            record = mine[-1]
+    if live is not None:
+        run_id, phase = live.run_id, live.phase
+        ids = [p.step_id for p in live.planned]
+        current = live.step or (live.results[-1].step_id if live.results else None)
+        running = is_alive(live) is not False
+    else:
+        assert record is not None
+        run_id, phase = record.run_id, record.phase
+        ids = [s.step_id for s in record.steps]
+        current = _step_of_record(record)
+        running = False
+    chosen = step or current
+    if chosen is not None and not chosen.startswith("step-") and chosen.isdigit():
+        chosen = f"step-{chosen}"
+    if chosen is None:
+        raise RunbookError(f"run {run_id} has not started a step yet: no log to show", "unknown_run")
+    if step is not None and ids and chosen not in ids:
+        raise RunbookError(f"run {run_id} has no step {step!r}; its steps: {', '.join(ids)}", "usage")
+    job = live.job_for(chosen) if live is not None else None
+    if job is None and record is not None:
+        job_id = next((s.job_id for s in record.steps if s.step_id == chosen), None)
+    else:
+        job_id = job.job_id if job else None
+    return Located(run_id=run_id, phase=phase, step=chosen, log=run_dir(ws.state, run_id) / f"{chosen}.log",
+                   running=running, job_id=job_id)
+
+
+def follow(ws, where: Located, write: Callable[[bytes], None], *, lines: int, pinned: bool) -> str | None:
+    """Print the last `lines` lines, then what is appended, until the run ends; the closing line.
+    `pinned`: a step was named, so do not move on to the next step."""
+    from runbook.ledger import find_run, run_dir, tail_lines
+    from runbook.live import is_alive, live_path, read_live
+
+    for line in tail_lines(where.log, lines):
+        write((line + "\n").encode())
+    offset = where.log.stat().st_size if where.log.exists() else 0
+    step, log = where.step, where.log
+    while True:
+        offset = _copy(log, offset, write)
+        live = read_live(live_path(ws.state, where.run_id))
+        if live is None or is_alive(live) is False:
+            _copy(log, offset, write)
+            break
+        if not pinned and live.step and live.step != step:
+            _copy(log, offset, write)
+            step, log, offset = live.step, run_dir(ws.state, where.run_id) / f"{live.step}.log", 0
+            write(f"── {step} ──\n".encode())
+        time.sleep(FOLLOW_POLL_S)
+    record = find_run(ws.state, where.run_id)
+    if record is not None:
+        return f"run {record.run_id} ({record.phase}) ended: {record.verdict} · {record.reason}"
+    if live is not None:
+        return f"run {where.run_id}: its runbook (pid {live.pid}) died; `runbook next` records it and resumes"
+    return f"run {where.run_id} ended"
+
+
+def _copy(path: Path, offset: int, write: Callable[[bytes], None]) -> int:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            while True:
+                data = handle.read(1 << 16)
+                if not data:
+                    return offset
+                write(data)
+                offset += len(data)
+    except FileNotFoundError:
+        return offset
