@@ -66,9 +66,8 @@ def cancel(ws, *, wait_s: float, say: Say, warn: Say) -> CancelResult:
         how = f"SIGTERM to pid {info.pid} ({who}) of run {info.run_id or '?'}"
         say(f"sent {how}; waiting for it to stop the step and record the run")
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            held = ws.lock_info()
-            if not pid_alive(info.pid, info.pid_start) or held is None or held.pid != info.pid:
+        while time.monotonic() < deadline:  # until it has recorded the run and exited
+            if not pid_alive(info.pid, info.pid_start):
                 break
             time.sleep(0.1)
         else:

@@ -73,3 +73,23 @@ def plan_states(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     spec.loader.exec_module(states)
     base = tmp_path_factory.mktemp("plan-states")
     return {name: states.build(name, base / name) for name in states.STATES if name != "running"}
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A real single-node Slurm cluster of this test session (tests/slurm_cluster.py): installed with
+    apt-get when missing, started in a private directory, stopped by its pid files at the end.
+    Skips, with the reason, only where Slurm cannot be installed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("slurm_cluster", Path(__file__).with_name("slurm_cluster.py"))
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
+    why = helper.ensure_installed()
+    if why is not None:
+        pytest.skip(why)
+    cluster = helper.Cluster(tmp_path_factory.mktemp("slurm")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
