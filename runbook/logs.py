@@ -97,22 +97,42 @@ def follow(ws, where: Located, write: Callable[[bytes], None], *, lines: int, pi
     from runbook.ledger import find_run, run_dir, tail_lines
     from runbook.live import is_alive, live_path, read_live
 
+    folder = run_dir(ws.state, where.run_id)
     for line in tail_lines(where.log, lines):
         write((line + "\n").encode())
     offset = where.log.stat().st_size if where.log.exists() else 0
-    step, log = where.step, where.log
+    step = where.step
+    live = read_live(live_path(ws.state, where.run_id))
+    order = [p.step_id for p in live.planned] if live is not None else [step]
+
+    def move_to(new: str | None) -> None:
+        """Finish the current step's log, print whole the logs of steps run in between, start `new`'s."""
+        nonlocal step, offset
+        _copy(folder / f"{step}.log", offset, write)
+        later = order[order.index(step) + 1:] if step in order else []
+        for between in later[: later.index(new)] if new in later else later:
+            if (folder / f"{between}.log").exists():
+                write(f"── {between} ──\n".encode())
+                _copy(folder / f"{between}.log", 0, write)
+        if new is not None:
+            write(f"── {new} ──\n".encode())
+            step, offset = new, 0
+
     while True:
-        offset = _copy(log, offset, write)
+        offset = _copy(folder / f"{step}.log", offset, write)
         live = read_live(live_path(ws.state, where.run_id))
         if live is None or is_alive(live) is False:
-            _copy(log, offset, write)
             break
         if not pinned and live.step and live.step != step:
-            _copy(log, offset, write)
-            step, log, offset = live.step, run_dir(ws.state, where.run_id) / f"{live.step}.log", 0
-            write(f"── {step} ──\n".encode())
+            move_to(live.step)
         time.sleep(FOLLOW_POLL_S)
     record = find_run(ws.state, where.run_id)
+    if pinned:
+        _copy(folder / f"{step}.log", offset, write)
+    else:
+        if record is not None:
+            order = [s.step_id for s in record.steps]
+        move_to(None)  # the steps that ran after the last one seen
     if record is not None:
         return f"run {record.run_id} ({record.phase}) ended: {record.verdict} · {record.reason}"
     if live is not None:
