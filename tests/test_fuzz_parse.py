@@ -62,6 +62,11 @@ SNIPPETS = [
     "\t- [ ] tab: `x`\n", "    indented code\n", "> ## Phase 3: quoted\n", "| a | b |\n|---|---|\n",
     "\x00", "\ufeff", "\r", "\r\n", "\u2028", "\x0c", "\x1b[31m", "é✓𝔘", "{{", "}}", "{", "`", "\\",
     "[ ]", "<!--", "-->", "*" * 50, "#" * 7 + " deep\n", "a" * 5000,
+    # round two: deep criteria, criteria right under a step, string literals, aliases, vars in quotes
+    "Pass: " + "(" * 300 + "a > 1" + ")" * 300 + "\n", "Pass: " + "not " * 300 + "a > 1\n",
+    "- [ ] s: `true`\nPass: m >= 1\n", 'Pass: `opt == "adamw" and x != \'y\'`\n', "Pass: `a == \"`\n",
+    "runbook: &a [*a]\n", "x: &b [*b, *b]\ny: [*b, *b, *b]\n", "- [ ] q: `echo '{x}'`\n",
+    '- [ ] q: `echo "{x}" ${{x}} $(( {x} ))`\n', "  ```sh\n  cat <<EOF\n  {x}\n  EOF\n  ```\n",
 ]
 
 text_mutation = st.one_of(
