@@ -387,8 +387,10 @@ def _pending_text(pending: list[RunRecord], reattach: dict[str, str]) -> str:
 def pending_runs(ws, runs: list[RunRecord]) -> tuple[list[RunRecord], dict[str, str]]:
     """Runs of the workspace's plan whose runbook died unrecorded, as they will be recorded, and the
     Slurm jobs `runbook next` will re-attach to (runbook/live.py). Reads only."""
-    from runbook.live import death_reason, interrupted_record, orphans
+    from runbook.live import death_reason, interrupted_record, live_runs, orphans
 
+    if not live_runs(ws.state, ws.plan_rel):  # the common case: no run has a live state
+        return [], {}
     ids = {r.run_id for r in ws.runs(every_plan=True)} | {r.run_id for r in runs}
     pending: list[RunRecord] = []
     reattach: dict[str, str] = {}

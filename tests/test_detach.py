@@ -201,7 +201,12 @@ def test_kill_9_of_the_supervisor_is_seen_as_interrupted_and_next_resumes(repo: 
     wait_for(lambda: (v := running_view(repo)) and v.get("step") == "step-1" and v.get("log_tail"))
     lock = json.loads((repo / "state" / "lock").read_text())
     assert lock["pid"] == pid and alive(pid), "the pid the caller printed is the lock's holder"
-    os.kill(pid, signal.SIGKILL)  # the supervisor this test started, by the pid it was given
+    # a hung supervisor (stopped here) stops beating: readers flag it silent, still alive
+    os.kill(pid, signal.SIGSTOP)  # the supervisor this test started, by the pid it was given
+    silent = wait_for(lambda: (v := running_view(repo)) and v.get("silent") and v, timeout=30)
+    assert silent["alive"] is True and silent["heartbeat_age_s"] > 5
+    assert "NO heartbeat for" in rb(repo, "status").stdout
+    os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not alive(pid))
 
     status = rb_json(repo, "status")["result"]

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from runbook.parse import parse_plan
+from runbook.project import ConfigError, load_config
 from runbook.resources import ResourcesError, parse_resources, sbatch_args
 from runbook.slurm import JobInfo, parse_job, verdict_of
 
@@ -100,6 +102,29 @@ def test_resources_become_sbatch_options_and_typos_are_refused() -> None:
             parse_resources(bad)
 
 
+def test_executor_and_resources_are_plan_fields_checked_at_their_line() -> None:
+    text = plan("true", resources="nodes=2 gpus-per-node=8 time=48:00:00 partition=gpu")
+    parsed, problems = parse_plan(text, "p.md")
+    assert problems == [] and parsed is not None
+    phase = parsed.phases[0]
+    assert phase.executor == "slurm"
+    assert phase.resources == {"nodes": "2", "gpus-per-node": "8", "time": "48:00:00", "partition": "gpu"}
+    local = text.replace("Executor: slurm\n", "")
+    parsed, problems = parse_plan(local, "p.md")
+    assert parsed.phases[0].executor is None
+    assert [(p.line, p.severity) for p in problems] == [(13, "warning")]  # the Resources: line
+    assert "used only by `Executor: slurm`" in problems[0].message
+
+
+def test_runbook_toml_slurm_defaults_are_checked(tmp_path: Path) -> None:
+    (tmp_path / "runbook.toml").write_text('[slurm]\nresources = "time=2:00:00 partition=gpu"\npoll_s = 5\n')
+    config = load_config(tmp_path)
+    assert config.slurm.poll_s == 5 and parse_resources(config.slurm.resources)["partition"] == "gpu"
+    (tmp_path / "runbook.toml").write_text('[slurm]\nresources = "nodes=two"\n')
+    with pytest.raises(ConfigError, match=r"runbook.toml: slurm.resources: `nodes=two`: expected a number"):
+        load_config(tmp_path)
+
+
 def test_slurm_states_map_to_verdicts() -> None:
     def job(state: str, exit_code: str = "0:0") -> JobInfo:
         return parse_job("7", f"JobId=7 JobName=runbook-x-step-1 JobState={state} Reason=None ExitCode={exit_code} "
@@ -123,13 +148,18 @@ def test_slurm_states_map_to_verdicts() -> None:
 
 def test_slurm_phase_passes_with_its_job_ids_logs_and_metrics(slurm_cluster, tmp_path: Path) -> None:
     repo = make(tmp_path, plan('echo "job $SLURM_JOB_ID step $RUNBOOK_STEP"; echo \'{"loss": 0.25}\' > "$RUNBOOK_METRICS"',
-                               "echo second", criterion="Pass: `loss < 1`"))
+                               "echo second", criterion="Pass: `loss < 1`", resources="nodes=1"))
+    (repo / "runbook.toml").write_text('[slurm]\nresources = "time=5 nodes=3"\nsbatch_args = ["--comment=from-toml"]\n')
+    H.git(repo, "add", "runbook.toml")
+    H.git(repo, "commit", "-qm", "slurm defaults")
     doc = rb_json(repo, slurm_cluster, "next", "--yes")
     assert doc["exit_code"] == 0, doc
     run = doc["result"]["runs"][0]
     assert run["verdict"] == "pass" and run["executor"] == "slurm" and run["metrics"]["loss"] == 0.25
     jobs = [s["job_id"] for s in run["steps"]]
     assert all(jobs) and len(set(jobs)) == 2 and [s["job_state"] for s in run["steps"]] == ["COMPLETED"] * 2
+    script = (repo / "state" / "runs" / run["run_id"] / "step-1.sbatch").read_text()
+    assert "--time=5 --nodes=1 --comment=from-toml" in script, script  # the phase's own words win
     log = (repo / run["steps"][0]["log_path"]).read_text()
     assert f"job {jobs[0]} step step-1" in log, log
     record = H.committed_runs(repo)[run["run_id"]]

@@ -44,6 +44,7 @@ Examples:
   runbook next --yes                # run the current phase without asking
   runbook next --until-stop --yes   # keep going until stop, error or the end
   runbook next --phase 1 --restart  # run Phase 1 again from its first step
+  runbook next --detach --yes       # run it in the background; `runbook logs -f`, `runbook cancel`
 """
 
 MAX_RUNS_PER_PHASE = 2  # --until-stop: a phase reached a third time in one invocation is a loop
