@@ -93,14 +93,12 @@ def answer_rounds(samples: list[Sample], answer: Answerer, settings: RegenSettin
 # ---------------------------------------------------------------- backends
 
 
-def stop_ids(model_dir: Path, tokenizer: Any) -> set[int]:
-    """The ids that end generation: the generation config's eos ids and the tokenizer's."""
-    from transformers import GenerationConfig
+def stop_ids(model_dir: Path, tokenizer: Any, trust_remote_code: bool = False) -> set[int]:
+    """The ids that end generation: the target's eos ids (eagle/target.py, as generate uses them) and
+    the tokenizer's (vLLM stops at both)."""
+    from eagle.target import open_target
 
-    ids: set[int] = set()
-    with contextlib.suppress(OSError, ValueError):
-        eos = GenerationConfig.from_pretrained(str(model_dir)).eos_token_id
-        ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    ids = set(open_target(model_dir, trust_remote_code).eos_ids())
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return ids
@@ -114,7 +112,7 @@ def hf_answerer(model_dir: Path, tokenizer: Any, settings: RegenSettings, trust_
     from eagle.target import input_device
 
     model = load_model(model_dir, settings.device, settings.dtype, trust_remote_code=trust_remote_code)
-    eos = stop_ids(model_dir, tokenizer)
+    eos = stop_ids(model_dir, tokenizer, trust_remote_code)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
     dev = input_device(model)  # the embedding's device (a big model may be spread over GPUs)
     s = settings.sampling
