@@ -153,8 +153,11 @@ def test_running_state_everyone_sees_the_run_and_next_waits(tmp_path: Path, monk
         assert holder["step"] == "step-1" and holder["log_path"] == f"state/runs/{lock['run_id']}/step-1.log"
         assert v["status"]["phases"][0]["state"] == "running" and v["status"]["summary"].startswith("running: Phase 0")
         assert f"pid {proc.pid}" in action["why"] and "exit 5" in action["why"]
-        same = {key: val for key, val in holder.items() if key != "elapsed_s"}  # elapsed_s grows between the calls
-        assert {key: val for key, val in v["brief"]["running"].items() if key != "elapsed_s"} == same
+        # these move between the calls: the time since the start and since the last heartbeat, the log's tail
+        moving = {"elapsed_s", "heartbeat", "heartbeat_age_s", "silent", "log_tail"}
+        same = {key: val for key, val in holder.items() if key not in moving}
+        assert {key: val for key, val in v["brief"]["running"].items() if key not in moving} == same
+        assert holder["heartbeat"] and holder["heartbeat_age_s"] is not None  # the run's live state is read
         assert holder["elapsed_s"] >= 0 and "## Running now" in v["brief_text"] and " ago)" in v["brief_text"]
         assert "Nothing to run until the run in progress ends" in continue_block(v["brief_text"])
         assert v["dry_text"].startswith("not now: Phase 0 is running")
