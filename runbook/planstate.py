@@ -4,8 +4,10 @@ Every reader asks this module: `runbook status`, `show`, `next` (its dry run and
 run" message), `brief`, `history` (the run in progress) and the notes' status block written by
 `runbook record`. Nobody else decides what comes next.
 
-Inputs: the plan text, the ledger (this plan's runs, oldest first), the run lock's holder, and
-what changed in the repository since a failed run. The phase to run is chosen by
+Inputs: the plan text, the ledger (this plan's runs, oldest first), the run lock's holder with
+the run's live state (runbook/live.py: step, heartbeat, job, log tail), runs whose runbook died
+before recording them (shown as the `interrupted` runs `runbook next` will record; a Slurm run as
+one it re-attaches to), and what changed in the repository since a failed run. The phase to run is chosen by
 runbook/select.py, the same function `runbook next` runs, so the next action is what `runbook
 next` does.
 
