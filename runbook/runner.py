@@ -280,7 +280,7 @@ def continue_run(ws: Workspace, live: LiveRun, lock: RunLock, opts: RunOptions) 
     lock.set_run(live.run_id)
     lock.note(plan=live.plan, phase=live.phase, step=live.step)
     me = new_live(**live.model_dump(exclude={"pid", "pid_start", "host", "boot_id", "heartbeat", "heartbeat_s"}))
-    me.detached = opts.detached
+    me.detached = live.detached or opts.detached  # started by a supervisor: a detached run, whoever ends it
     if opts.supervisor_log:
         me.supervisor_log = opts.supervisor_log
     specs = [StepSpec(p.step_id, p.command, skip=p.skip, carried_metrics=p.carried_metrics) for p in live.planned]
