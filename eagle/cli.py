@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve-bench": ("eagle.serve_bench", "vLLM: the target alone and with the drafter; speedup, acceptance."),
     "serve-config": ("eagle.serve_config", "The vLLM and SGLang command lines that serve the drafter."),
     "check-checkpoint": ("eagle.check", "Static checks of a drafter checkpoint against its target."),
+    "import-drafter": ("eagle.import_drafter", "A drafter of any published EAGLE-3 layout, written in ours."),
 }
 
 

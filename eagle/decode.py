@@ -460,8 +460,8 @@ def load_decoder(model_dir: str | Path, draft_dir: str | Path | None = None, *, 
     if draft_dir is not None:
         embed = target.read_weights(["embed_tokens.weight"])["embed_tokens.weight"]
         dev = model.lm_head.weight.device if fast else input_device(model)
-        drafter = load_drafter(draft_dir, target_embed=embed, target_vocab_size=target.vocab_size, device=dev,
-                               dtype=dtype)
+        drafter = load_drafter(draft_dir, target_embed=embed, target_vocab_size=target.vocab_size,
+                               target_layers=target.num_layers, device=dev, dtype=dtype)
         if drafter.spec.target_hidden_size != target.hidden_size:
             raise ValueError(f"{draft_dir}: drafter expects target hidden size {drafter.spec.target_hidden_size}, "
                              f"{model_dir} has {target.hidden_size}")

@@ -1,8 +1,9 @@
 """EAGLE-3 drafter inference in plain torch, straight from a servable checkpoint directory.
 
-The checkpoint is the speculators / vLLM `eagle3` format (config.json + model.safetensors; see
-docs/eagle.md). No speculators import: this module reimplements the drafter's forward so the
-decoder runs where speculators is not installed (the GPU host) and can be captured in CUDA graphs.
+The checkpoint is any layout eagle/checkpoint.py reads (the speculators / vLLM `eagle3` format, or
+EAGLE / SpecForge's `midlayer.*` one; see docs/eagle.md). No speculators import: this module
+reimplements the drafter's forward so the decoder runs where speculators is not installed (the GPU
+host) and can be captured in CUDA graphs.
 
 Forward semantics (the same as speculators' Eagle3DraftModel and vLLM's llama_eagle3):
 
@@ -22,13 +23,14 @@ Forward semantics (the same as speculators' Eagle3DraftModel and vLLM's llama_ea
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from eagle.checkpoint import CheckpointError
 from eagle.llama_ops import (
     MLP,
     Attention,
@@ -39,13 +41,16 @@ from eagle.llama_ops import (
     check_and_assign,
     check_llama_config,
     head_dim_of,
-    load_safetensors_dir,
     rope_inv_freq,
 )
 
+if TYPE_CHECKING:
+    from eagle.checkpoint import Checkpoint
 
-class DraftCheckpointError(ValueError):
-    """A drafter checkpoint this module cannot load; the message names the file and the field."""
+
+class DraftCheckpointError(CheckpointError, ValueError):
+    """A drafter checkpoint this module cannot load; the message names the file and the field
+    (an EagleError with exit code 2, and a ValueError for callers that catch those)."""
 
 
 @dataclass
@@ -73,24 +78,11 @@ class DraftSpec:
         return len(self.layer_ids) if self.layer_ids else 3
 
 
-def read_draft_spec(draft_dir: str | Path) -> DraftSpec:
-    """Parse `draft_dir/config.json` (speculators eagle3 format)."""
+def _spec_of(ck: Checkpoint) -> DraftSpec:
     from transformers import LlamaConfig
 
-    path = Path(draft_dir) / "config.json"
-    if not path.exists():
-        raise DraftCheckpointError(f"{path}: not found; --draft must be a drafter checkpoint directory "
-                                   "(config.json + model.safetensors, as `eagle train --out` writes)")
-    try:
-        cfg = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise DraftCheckpointError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from exc
-    kind = cfg.get("speculators_model_type")
-    if kind != "eagle3":
-        raise DraftCheckpointError(f"{path}: speculators_model_type is {kind!r}, expected 'eagle3'")
-    tlc = cfg.get("transformer_layer_config")
-    if not isinstance(tlc, dict):
-        raise DraftCheckpointError(f"{path}: transformer_layer_config missing or not an object")
+    path = ck.source / "config.json"
+    tlc = ck.config["transformer_layer_config"]
     model_type = tlc.get("model_type", "llama")
     if model_type != "llama":
         raise DraftCheckpointError(f"{path}: transformer_layer_config.model_type {model_type!r} is not "
@@ -100,19 +92,34 @@ def read_draft_spec(draft_dir: str | Path) -> DraftSpec:
         check_llama_config(layer_config, str(path))
     except ValueError as exc:
         raise DraftCheckpointError(str(exc)) from exc
-    props = (cfg.get("speculators_config") or {}).get("proposal_methods") or [{}]
-    ids = cfg.get("eagle_aux_hidden_state_layer_ids")
+    cfg = ck.cfg
     return DraftSpec(
         layer_config=layer_config,
-        draft_vocab_size=int(cfg.get("draft_vocab_size") or layer_config.vocab_size),
-        target_hidden_size=int(cfg.get("target_hidden_size") or layer_config.hidden_size),
-        layer_ids=[int(i) for i in ids] if ids else None,
-        norm_before_residual=bool(cfg.get("norm_before_residual", False)),
-        norm_before_fc=bool(cfg.get("norm_before_fc", False)),
-        fc_norm=bool(cfg.get("fc_norm", False)),
-        norm_output=bool(cfg.get("norm_output", False)),
-        speculative_tokens=props[0].get("speculative_tokens"),
+        draft_vocab_size=cfg.draft_vocab_size,
+        target_hidden_size=cfg.aux_hidden_size,
+        layer_ids=cfg.layer_ids,
+        norm_before_residual=cfg.norm_before_residual,
+        norm_before_fc=cfg.norm_before_fc,
+        fc_norm=cfg.fc_norm,
+        norm_output=cfg.norm_output,
+        speculative_tokens=cfg.speculative_tokens,
     )
+
+
+def _read(draft_dir: str | Path, target_layers: int | None) -> Checkpoint:
+    from eagle.checkpoint import read_drafter
+    from eagle.common import EagleError
+
+    try:
+        return read_drafter(draft_dir, target_layers)
+    except EagleError as exc:
+        raise DraftCheckpointError(str(exc)) from None
+
+
+def read_draft_spec(draft_dir: str | Path, target_layers: int | None = None) -> DraftSpec:
+    """The drafter's shapes and semantics, from a checkpoint of any layout eagle/checkpoint.py reads
+    (null layer ids become vLLM's default when `target_layers` is given)."""
+    return _spec_of(_read(draft_dir, target_layers))
 
 
 class _FirstLayer(nn.Module):
@@ -206,39 +213,25 @@ class Drafter(nn.Module):
         return self.to_target(logits.argmax(-1)), feat
 
 
-_IGNORED = ("verifier_", "t2d", "rotary_emb.")
-
-
 def load_drafter(draft_dir: str | Path, *, target_embed: torch.Tensor | None = None,
-                 target_vocab_size: int | None = None, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32) -> Drafter:
-    """Build a Drafter from a checkpoint dir. `target_embed` fills a missing `embed_tokens`
-    (vLLM shares the target's embedding in that case)."""
-    spec = read_draft_spec(draft_dir)
-    where = Path(draft_dir) / "model.safetensors"
+                 target_vocab_size: int | None = None, target_layers: int | None = None,
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Drafter:
+    """Build a Drafter from a checkpoint dir of any layout eagle/checkpoint.py reads. `target_embed`
+    fills a missing `embed_tokens` (vLLM shares the target's embedding in that case); null layer ids
+    become vLLM's default for a target of `target_layers` layers."""
+    ck = _read(draft_dir, target_layers)
+    spec = _spec_of(ck)
+    where = ck.weights_file
     if target_vocab_size is not None and target_vocab_size != spec.vocab_size:
-        raise DraftCheckpointError(f"{Path(draft_dir) / 'config.json'}: transformer_layer_config.vocab_size is "
+        raise DraftCheckpointError(f"{ck.source / 'config.json'}: transformer_layer_config.vocab_size is "
                                    f"{spec.vocab_size} but the target's vocabulary has {target_vocab_size} tokens; "
                                    "this drafter was built for another target")
-    try:
-        raw = load_safetensors_dir(draft_dir)
-    except FileNotFoundError as exc:
-        raise DraftCheckpointError(str(exc)) from exc
-    tensors = {}
-    for name, t in raw.items():
-        name = name.replace("midlayer.", "layers.0.")
-        if name.startswith("model."):
-            name = name[len("model."):]
-        if not name.startswith(_IGNORED):
-            tensors[name] = t
+    tensors = {k: v for k, v in _read_tensors(ck).items() if k != "t2d"}
     if "embed_tokens.weight" not in tensors:
         if target_embed is None:
             raise DraftCheckpointError(f"{where}: no embed_tokens.weight and no target embedding given")
         tensors["embed_tokens.weight"] = target_embed.detach()
-    if "d2t" not in tensors:
-        if spec.draft_vocab_size != spec.vocab_size:
-            raise DraftCheckpointError(f"{where}: no d2t tensor, but draft_vocab_size {spec.draft_vocab_size} != "
-                                       f"vocab_size {spec.vocab_size}: draft ids cannot be mapped to target ids")
+    if "d2t" not in tensors:  # read_drafter allows this only when the draft vocab is the whole vocab
         tensors["d2t"] = torch.zeros(spec.draft_vocab_size, dtype=torch.long)
     tensors["d2t"] = tensors["d2t"].long()
     model = Drafter(spec, device="meta")
@@ -252,3 +245,12 @@ def load_drafter(draft_dir: str | Path, *, target_embed: torch.Tensor | None = N
     inv_freq, scaling = rope_inv_freq(spec.layer_config)
     model.rope = Rope(inv_freq.to(device), scaling)
     return model.eval()
+
+
+def _read_tensors(ck: Checkpoint) -> dict[str, torch.Tensor]:
+    from eagle.common import EagleError
+
+    try:
+        return ck.tensors()
+    except EagleError as exc:
+        raise DraftCheckpointError(str(exc)) from None

@@ -19,7 +19,6 @@ from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 from transformers import LlamaConfig
 
 from eagle import checkpoint
-from eagle.common import EagleError
 from eagle.target import DraftShape, Target, open_target
 
 logger.remove()  # speculators logs every file it opens at INFO; our commands print their own tables
@@ -55,24 +54,33 @@ def build_drafter(
     t2d: torch.Tensor,
     ttt_steps: int,
     norm_before_residual: bool = False,
+    norm_before_fc: bool = False,
+    fc_norm: bool = False,
+    norm_output: bool = False,
     attn_impl: str = ATTN_IMPL,
     shape: DraftShape | None = None,
+    layer_config: LlamaConfig | None = None,
     trust_remote_code: bool = False,
 ) -> Eagle3DraftModel:
-    """A fresh drafter for the target at `target_dir`: one Llama decoder layer (its shape the
-    target's, or `shape`), the target's embeddings, its lm_head restricted to the draft vocabulary
-    and its final norm, read from the target's safetensors (eagle/target.py) without loading the
-    target, and without running its code: custom-code targets need no trust here."""
+    """A fresh drafter for the target at `target_dir`, in float32: one Llama decoder layer (its
+    shape the target's, or `shape`; or `layer_config` as a whole), the norm flags asked for, the
+    target's embeddings, its lm_head restricted to the draft vocabulary and its final norm, read
+    from the target's safetensors (eagle/target.py) without loading the target, and without running
+    its code: custom-code targets need no trust here."""
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
 
     target = open_target(target_dir, trust_remote_code)
-    layer_config = target.draft_layer_config(shape)
+    if layer_config is None:
+        layer_config = target.draft_layer_config(shape)
     layer_config._attn_implementation = attn_impl
     config = Eagle3SpeculatorConfig(
         transformer_layer_config=layer_config,
         draft_vocab_size=int(d2t.shape[0]),
         norm_before_residual=norm_before_residual,
+        norm_before_fc=norm_before_fc,
+        fc_norm=fc_norm,
+        norm_output=norm_output,
         eagle_aux_hidden_state_layer_ids=list(layer_ids),
         speculators_config=SpeculatorsConfig(
             algorithm="eagle3",
@@ -105,32 +113,101 @@ def load_target_rows(model: Eagle3DraftModel, target: Target) -> None:
         p.requires_grad_(False)
 
 
+def checkpoint_layer_config(ck: checkpoint.Checkpoint) -> LlamaConfig:
+    """The decoder layer's llama config of a checkpoint (its own shape, float32 parameters)."""
+    keep = {k: v for k, v in ck.config["transformer_layer_config"].items()
+            if k not in ("model_type", "architectures", "dtype", "torch_dtype", "transformers_version")}
+    cfg = LlamaConfig(**keep)
+    cfg.num_hidden_layers = 1
+    cfg.tie_word_embeddings = False
+    cfg.use_cache = True
+    return cfg
+
+
+def checkpoint_shape(ck: checkpoint.Checkpoint) -> DraftShape:
+    """The decoder-layer shape of a checkpoint, as eagle/target.py's DraftShape."""
+    c = ck.cfg
+    return DraftShape(intermediate_size=c.intermediate_size, num_attention_heads=c.num_attention_heads,
+                      num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim)
+
+
+def _vocab_maps(ck: checkpoint.Checkpoint) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(d2t, t2d) of a checkpoint; t2d rebuilt from d2t when the checkpoint has none."""
+    if "d2t" not in ck.shapes:
+        return None, None
+    maps = ck.tensors(["d2t", "t2d"])
+    d2t = maps["d2t"].long()
+    t2d = maps.get("t2d")
+    if t2d is None:
+        t2d = torch.zeros(ck.cfg.vocab_size, dtype=torch.bool)
+        t2d[torch.arange(d2t.shape[0]) + d2t] = True
+    return d2t, t2d.bool()
+
+
 def load_drafter(
     drafter_dir: str | os.PathLike[str],
     target_dir: str | os.PathLike[str] | None = None,
     attn_impl: str = ATTN_IMPL,
 ) -> Eagle3DraftModel:
-    """Load a checkpoint with speculators' from_pretrained.
+    """The checkpoint in `drafter_dir` (any layout eagle.checkpoint reads) as speculators'
+    Eagle3DraftModel in float32, every stored tensor as it is (lm_head included).
 
-    With `target_dir`, the verifier is that target: tensors missing from the checkpoint
-    (embed_tokens) come from it, and so do the frozen verifier norm/head used for training targets.
+    The verifier is `target_dir` (default: the checkpoint's own): tensors missing from the
+    checkpoint (embed_tokens) come from it, and so do the frozen verifier norm/head used for
+    training targets.
     """
-    drafter_dir = Path(drafter_dir)
-    checkpoint.read_draft_config(drafter_dir)  # clear error before speculators' own
-    config = Eagle3SpeculatorConfig.from_pretrained(str(drafter_dir))
-    if target_dir is not None:
-        config.speculators_config.verifier.name_or_path = str(target_dir)
+    ck = checkpoint.read_drafter(drafter_dir)
+    verifier = str(target_dir) if target_dir is not None else ck.cfg.verifier
+    if not verifier or not Path(verifier, "config.json").exists():
+        raise checkpoint.CheckpointError(f"{drafter_dir}: its verifier {verifier!r} is not a local model "
+                                         "directory; pass the target")
+    target = open_target(verifier)
+    ck = ck.for_target(target.num_layers)
+    config = Eagle3SpeculatorConfig.from_dict(ck.config)
+    config.speculators_config.verifier.name_or_path = verifier
     config.transformer_layer_config._attn_implementation = attn_impl
-    model = Eagle3DraftModel.from_pretrained(str(drafter_dir), config=config)
+    for name in ("dtype", "torch_dtype"):
+        if hasattr(config.transformer_layer_config, name):
+            setattr(config.transformer_layer_config, name, None)
+    model = Eagle3DraftModel(config).float()
     set_attn_impl(model, attn_impl)
-    if "embed_tokens.weight" not in checkpoint.load_draft_state(drafter_dir):
-        # transformers leaves a missing tensor uninitialised (not NaN, which speculators checks for):
-        # take the verifier's embeddings explicitly.
-        verifier = config.speculators_config.verifier.name_or_path
-        if not verifier or not Path(verifier, "config.json").exists():
-            raise EagleError(f"{drafter_dir}: the checkpoint has no embed_tokens and its verifier "
-                             f"{verifier!r} is not a local model directory; pass the target")
-        model._load_verifier_weights(overwrite_embed_tokens=True)
+    d2t, t2d = _vocab_maps(ck)
+    model.load_vocab_mappings(t2d, d2t)
+    load_target_rows(model, target)  # embed_tokens, lm_head, verifier norm/head: the verifier's ...
+    tensors = {k: v for k, v in ck.tensors().items() if k not in ("d2t", "t2d")}
+    with torch.no_grad():  # ... then every tensor the checkpoint has (its lm_head, an embedding)
+        params = dict(model.named_parameters())
+        for name, value in tensors.items():
+            params[name].copy_(value)
+    return model
+
+
+def init_from(
+    ck: checkpoint.Checkpoint,
+    target_dir: str | os.PathLike[str],
+    *,
+    layer_ids: list[int],
+    d2t: torch.Tensor,
+    t2d: torch.Tensor,
+    ttt_steps: int,
+    attn_impl: str = ATTN_IMPL,
+    trust_remote_code: bool = False,
+) -> Eagle3DraftModel:
+    """A drafter to fine-tune on the target `target_dir`: the trainable layers (fc, the decoder
+    layer, the final norm, input/fc norms) of `ck` as float32 masters, whatever their stored dtype;
+    its layer shape and norm flags; the embedding and the lm_head rows of the draft vocabulary
+    `d2t`/`t2d` (old or new) from the target, as a fresh drafter has them."""
+    model = build_drafter(target_dir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=ttt_steps,
+                          layer_config=checkpoint_layer_config(ck), attn_impl=attn_impl,
+                          trust_remote_code=trust_remote_code, **ck.cfg.flags())
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    stored = ck.tensors(sorted(params))
+    missing = sorted(set(params) - set(stored))
+    if missing:
+        raise checkpoint.CheckpointError(f"{ck.weights_file}: has no {', '.join(missing)}; it cannot seed a drafter")
+    with torch.no_grad():
+        for name, value in stored.items():
+            params[name].copy_(value)
     return model
 
 
@@ -172,17 +249,29 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def export(model: Eagle3DraftModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(config.json dict, tensors) in the servable format (see eagle/checkpoint.py)."""
+    """(config.json dict, tensors as they are) for eagle/checkpoint.py's writer."""
     config = model.config.to_dict()
     skip = set(model._keys_to_ignore_on_save or [])
-    tensors = {k: v.detach().float() if v.is_floating_point() else v.detach()
-               for k, v in model.state_dict().items() if k not in skip}
-    return config, tensors
+    return config, {k: v.detach() for k, v in model.state_dict().items() if k not in skip}
 
 
-def save(model: Eagle3DraftModel, out: str | os.PathLike[str]) -> checkpoint.DraftConfig:
+def save_dtype(keep_float32: bool) -> torch.dtype:
+    """bf16, as published drafters are, unless asked to keep the float32 masters."""
+    return torch.float32 if keep_float32 else torch.bfloat16
+
+
+def save(model: Eagle3DraftModel, out: str | os.PathLike[str], keep_float32: bool = False,
+         keep_embedding: bool = False) -> checkpoint.DraftConfig:
+    """Write the servable checkpoint: bf16 (float32 with `keep_float32`), no frozen embedding."""
     config, tensors = export(model)
-    return checkpoint.write_checkpoint(out, config, tensors)
+    return checkpoint.write_checkpoint(out, config, tensors, dtype=save_dtype(keep_float32),
+                                       keep_embedding=keep_embedding)
+
+
+def check_savable(model: Eagle3DraftModel, out: str | os.PathLike[str], keep_float32: bool = False) -> None:
+    """Raise CheckpointError now if `save` would refuse this model later (run before training)."""
+    config, tensors = export(model)
+    checkpoint.prepare_checkpoint(out, config, tensors, dtype=save_dtype(keep_float32))
 
 
 def describe(model: Eagle3DraftModel) -> checkpoint.DraftConfig:

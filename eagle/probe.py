@@ -4,8 +4,11 @@ Both targets read the same token ids: each prompt followed by --model's own gree
 (the text a drafter for --model was trained on). Per aux layer (decoder-layer inputs, the layers a
 drafter reads) it reports the mean over tokens of the cosine similarity and of the relative norm
 difference ||h_other - h_model|| / ||h_model||. With --draft it also runs real speculative
-decoding of the drafter against --other (accept_len) and against --model (base_accept_len): the
-quick check of whether a drafter carries over to a new target before fine-tuning it.
+decoding of the drafter against --other (accept_len) and against --model (base_accept_len), and
+how much of --other's own greedy output the drafter's draft vocabulary covers (vocab_coverage:
+the share of --other's greedy tokens the drafter could ever propose; base_vocab_coverage the same
+for --model): the quick check of whether a drafter carries over to a new target, and with which
+vocabulary, before fine-tuning it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ class ProbeReport(BaseModel):
     decoder: str = "fast"  # which decoding path ran (fast: eagle/decode.py; generic: transformers forward)
     accept_len: float | None = None
     base_accept_len: float | None = None
+    vocab_coverage: float | None = None  # share of --other's greedy tokens in the drafter's draft vocabulary
+    vocab_coverage_distinct: float | None = None  # the same over distinct token ids
+    base_vocab_coverage: float | None = None  # share of --model's greedy tokens (what the drafter was built on)
 
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -44,7 +50,19 @@ class ProbeReport(BaseModel):
             out["accept_len"] = self.accept_len
         if self.base_accept_len is not None:
             out["base_accept_len"] = self.base_accept_len
+        for name in ("vocab_coverage", "vocab_coverage_distinct", "base_vocab_coverage"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         return out
+
+
+def vocab_coverage(tokens: list[int], draft_ids: set[int]) -> tuple[float, float]:
+    """(share of `tokens` in `draft_ids`, share of the distinct ones): how much of a target's output
+    a drafter with that draft vocabulary could ever propose."""
+    if not tokens:
+        return 0.0, 0.0
+    distinct = set(tokens)
+    return (sum(t in draft_ids for t in tokens) / len(tokens), len(distinct & draft_ids) / len(distinct))
 
 
 def parse_layer_ids(text: str | None) -> list[int] | None:
@@ -95,8 +113,11 @@ def run_probe(model_dir: Path, other_dir: Path, prompts: list[list[int]], layer_
     tokens = 0
     ordered = sorted(layer_ids)
     h = open_target(model_dir).hidden_size
+    base_out: list[int] = []
     for ids in prompts:
-        seq = ids + base.generate_greedy(ids, max_new_tokens)
+        continuation = base.generate_greedy(ids, max_new_tokens)
+        base_out += continuation
+        seq = ids + continuation
         aux_a, aux_b = base.aux_states(seq, ordered), other.aux_states(seq, ordered)
         for j, layer in enumerate(ordered):
             cos, rel = layer_similarity(aux_a[:, j * h:(j + 1) * h], aux_b[:, j * h:(j + 1) * h])
@@ -106,6 +127,12 @@ def run_probe(model_dir: Path, other_dir: Path, prompts: list[list[int]], layer_
     stats = [LayerStats(layer=i, cos_sim=sums[i][0] / tokens, rel_norm_diff=sums[i][1] / tokens) for i in ordered]
     report = ProbeReport(layers=stats, tokens=tokens, decoder=base.path)
     if draft_dir is not None:
+        from eagle.checkpoint import read_drafter
+
+        draft_ids = set(read_drafter(draft_dir).draft_token_ids())
+        other_out = [t for ids in prompts for t in other.generate_greedy(ids, max_new_tokens)]
+        report.vocab_coverage, report.vocab_coverage_distinct = vocab_coverage(other_out, draft_ids)
+        report.base_vocab_coverage = vocab_coverage(base_out, draft_ids)[0]
         for name, dec in (("accept_len", other), ("base_accept_len", base)):
             accepted = [m for ids in prompts for m in dec.generate_speculative(ids, max_new_tokens, k).accepted]
             setattr(report, name, 1.0 + sum(accepted) / max(1, len(accepted)))
@@ -137,9 +164,13 @@ def command(model: Path, other: Path, prompts_file: Path, draft: Path | None, la
 
     \b
     Metrics ($RUNBOOK_METRICS): cos_sim_l{layer}, rel_norm_diff_l{layer} per aux layer; with
-    --draft, accept_len (the drafter against --other) and base_accept_len (against --model).
-    Cosine near 1 and a small norm difference at the drafter's layers suggest a drafter carries
-    over; accept_len tells for sure.
+    --draft, accept_len (the drafter against --other) and base_accept_len (against --model), and
+    vocab_coverage: the share of --other's own greedy tokens on these prompts that lie in the
+    drafter's draft vocabulary, i.e. that it could ever propose (vocab_coverage_distinct: over
+    distinct tokens; base_vocab_coverage: the same for --model's tokens). Cosine near 1 and a small
+    norm difference at the drafter's layers suggest the drafter's layers carry over; a low
+    vocab_coverage says to fine-tune them with a new draft vocabulary (eagle vocab --draft-vocab N).
+    The drafter may be of any published EAGLE-3 layout.
 
     \b
     Example:
@@ -165,3 +196,6 @@ def command(model: Path, other: Path, prompts_file: Path, draft: Path | None, la
     click.echo(f"decoder: {report.decoder}")
     if report.accept_len is not None:
         click.echo(f"accept_len on --other: {report.accept_len:.3f}   on --model: {report.base_accept_len:.3f}")
+        click.echo(f"draft vocabulary covers {report.vocab_coverage:.1%} of --other's greedy tokens "
+                   f"({report.vocab_coverage_distinct:.1%} of the distinct ones), {report.base_vocab_coverage:.1%} "
+                   "of --model's")

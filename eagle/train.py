@@ -40,7 +40,10 @@ STATE_FILE = "state.pt"
 LOG_FILE = "train_log.json"
 # Arguments a resumed run must share with the run it continues (epochs may grow).
 RESUME_FIELDS = ("model", "data", "ttt_steps", "batch_tokens", "val_fraction", "seed", "lr", "init_from", "world_size",
-                 "online", "layer_ids", "draft_shape", "loss_decay", "grad_accum")
+                 "online", "layer_ids", "draft_shape", "loss_decay", "grad_accum", "norm_before_residual",
+                 "norm_before_fc", "norm_output")
+# The drafter's norm flags `eagle train` sets (None: off for a new drafter, the checkpoint's with --init-from).
+TRAIN_NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "norm_output")
 MAX_TTT_STEPS = 7
 BUCKET_MULTIPLE = 256  # shape buckets' per-document width (measured on the H200: docs/benchmarks.md)
 
@@ -71,6 +74,10 @@ class TrainArgs(BaseModel):
     layer_ids: list[int] | None = None  # --online: aux layers (None: eagle extract's default)
     draft_shape: DraftShape = DraftShape()  # the drafter layer's shape where it differs from the target's
     trust_remote_code: bool = False  # --online with a custom-code target
+    norm_before_residual: bool | None = None  # None: False for a new drafter, the checkpoint's with --init-from
+    norm_before_fc: bool | None = None
+    norm_output: bool | None = None
+    keep_float32: bool = False  # save float32 weights instead of bf16
 
 
 class EpochRecord(BaseModel):
@@ -335,21 +342,48 @@ def _online_states(args: TrainArgs, target: Target, device: Any) -> tuple[Any, l
     return online.OnlineStates(args.data, model, layer_ids, args.batch_tokens), layer_ids
 
 
-def _init_from_problems(init_from: Path, want: Any, d2t: Any, shape: DraftShape) -> list[str]:
+def _init_from_checkpoint(args: TrainArgs, target: Target, layer_ids: list[int]) -> Any:
+    """The --init-from checkpoint (any layout), checked against the target, the data and the flags;
+    a CheckpointError naming every problem in one line before anything trains or is written."""
     from eagle import checkpoint
+    from eagle.drafter import checkpoint_shape
 
-    have = checkpoint.read_draft_config(init_from)
-    # The drafter's own layer shape is kept unless the user set one: compare only what is fixed.
-    shape_fields = ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
-    fields = tuple(f for f in checkpoint.FIT_FIELDS if f not in shape_fields or f in shape.set_fields())
-    problems = checkpoint.fit_problems(have, want, fields)
-    if not problems:
-        state = checkpoint.load_draft_state(init_from)
-        diff = int((state["d2t"].long() != d2t.long()).sum()) if state["d2t"].shape == d2t.shape else -1
-        if diff:
-            problems.append(f"d2t: the drafter's draft vocabulary differs from the data's vocab.safetensors "
-                            f"in {diff} of {d2t.shape[0]} entries (run `eagle vocab` with the drafter's mapping)")
-    return problems
+    src = Path(str(args.init_from))
+    ck = checkpoint.read_drafter(src, target.num_layers)
+    problems = checkpoint.target_fit_problems(ck.cfg, target.text)
+    if ck.cfg.layer_ids != layer_ids:
+        fix = "train with --layer-ids" if args.online else "extract the data with --layer-ids"
+        problems.append(f"the drafter reads target layers {ck.cfg.layer_ids}, the data holds {layer_ids}: "
+                        f"{fix} {','.join(map(str, ck.cfg.layer_ids or []))}")
+    if ck.cfg.aux_hidden_size != ck.cfg.hidden_size:
+        problems.append(f"target_hidden_size {ck.cfg.aux_hidden_size} differs from the drafter's hidden size "
+                        f"{ck.cfg.hidden_size}: speculators cannot train such a drafter (vLLM serves it as it is)")
+    have_shape = checkpoint_shape(ck)
+    for name in args.draft_shape.set_fields():  # the drafter's own layer shape is kept
+        if getattr(args.draft_shape, name) != getattr(have_shape, name):
+            problems.append(f"{name}: drafter has {getattr(have_shape, name)}, --draft-* asks for "
+                            f"{getattr(args.draft_shape, name)}; a fine-tune keeps the drafter's layer shape: drop it")
+    have = ck.cfg.flags()
+    for flag in TRAIN_NORM_FLAGS:
+        asked = getattr(args, flag)
+        if asked is not None and asked != have[flag]:
+            problems.append(f"--{'' if asked else 'no-'}{flag.replace('_', '-')}: the drafter was trained with "
+                            f"{flag}={str(have[flag]).lower()}, and a fine-tune keeps its norms; drop the flag")
+    if problems:
+        raise checkpoint.CheckpointError(f"--init-from {src}: " + "; ".join(problems))
+    return ck
+
+
+def _vocab_change(ck: Any, d2t: Any) -> str:
+    """How the data's draft vocabulary relates to the drafter's (for the log)."""
+    import torch
+
+    new_ids = set((torch.arange(d2t.shape[0]) + d2t.long()).tolist())
+    old_ids = set(ck.draft_token_ids())
+    if old_ids == new_ids:
+        return f"draft vocabulary: the drafter's own ({len(new_ids)} tokens)"
+    return (f"draft vocabulary: changed to the data's ({len(new_ids)} tokens, {len(new_ids - old_ids)} not in the "
+            f"drafter's {len(old_ids)}); the trainable layers carry over")
 
 
 def resolve_args(args: TrainArgs, hidden_size: int, device: Any) -> TrainArgs:
@@ -385,7 +419,7 @@ def _check_args(args: TrainArgs) -> None:
 def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one readable loop
     import torch
 
-    from eagle import checkpoint, dataset, drafter
+    from eagle import dataset, drafter
     from eagle.step_log import StepLog
 
     _check_args(args)
@@ -395,7 +429,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     say = (lambda msg: click.echo(msg, err=True)) if (echo and dist.main) else (lambda msg: None)
 
     target = open_target(model_dir, args.trust_remote_code)
-    layer_config = target.draft_layer_config(args.draft_shape)  # a bad shape fails here, before any work
+    target.draft_layer_config(args.draft_shape)  # a bad shape fails here, before any work
     args = resolve_args(args, target.hidden_size, device)
     if args.online:  # cheap checks first (layer ids, dataset, vocabulary), then the target's load
         from eagle.hidden_io import open_prepared
@@ -424,19 +458,21 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     if problems:
         raise EagleError(f"--data {data_dir} does not fit --model {model_dir}: " + "; ".join(problems))
 
-    want = checkpoint.expected_draft_config(layer_config.to_dict(), layer_ids, int(d2t.shape[0]), args.ttt_steps)
     torch.manual_seed(args.seed)
     if args.init_from:
-        problems = _init_from_problems(Path(args.init_from), want, d2t, args.draft_shape)
-        if problems:
-            raise EagleError(f"--init-from {args.init_from} does not fit this target/data:\n  " + "\n  ".join(problems))
-        model = drafter.load_drafter(args.init_from, target_dir=model_dir)
+        ck = _init_from_checkpoint(args, target, layer_ids)
+        model = drafter.init_from(ck, model_dir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=args.ttt_steps,
+                                  trust_remote_code=args.trust_remote_code)
+        say(f"fine-tuning {args.init_from} ({ck.layout} layout); {_vocab_change(ck, d2t)}; embedding and "
+            f"lm_head rows from {model_dir}")
     else:
+        flags = {flag: bool(getattr(args, flag)) for flag in TRAIN_NORM_FLAGS}
         model = drafter.build_drafter(model_dir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=args.ttt_steps,
-                                      shape=args.draft_shape, trust_remote_code=args.trust_remote_code)
-    # The checkpoint records the target it was trained for; keep that a path others can open.
+                                      shape=args.draft_shape, trust_remote_code=args.trust_remote_code, **flags)
+    # The checkpoint records the target it was trained for (the writer makes a local path absolute).
     model.config.speculators_config.verifier.name_or_path = str(model_dir)
     model.config.speculators_config.proposal_methods[0].speculative_tokens = args.ttt_steps
+    drafter.check_savable(model, out, args.keep_float32)  # a config the writer refuses fails now, not at save
     model.to(device)
     use_doc_attention(model)
     compile_settings()
@@ -560,7 +596,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
                                 f"val_acc [{acc}]")
                             model.train()
                         if args.save_every and opt_step % args.save_every == 0 and dist.main:
-                            drafter.save(model, out / "checkpoints" / f"step-{opt_step}")
+                            drafter.save(model, out / "checkpoints" / f"step-{opt_step}", keep_float32=args.keep_float32)
                         if hasattr(data, "take_target_seconds"):
                             data.take_target_seconds()  # validation's forwards are not training time
                         barrier(dist)
@@ -596,7 +632,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
             if dist.main:
                 out.mkdir(parents=True, exist_ok=True)
                 if best:
-                    drafter.save(model, out)
+                    drafter.save(model, out, keep_float32=args.keep_float32)
                 save_epoch_state(out, epoch, {
                     "model": drafter.trainable_state(model), "optimizer": opt.state_dict(),
                     "scheduler": sched.state_dict(), "rng": {"torch": torch.get_rng_state()},
@@ -701,7 +737,21 @@ def summary_metrics(log: TrainLog) -> dict[str, float]:
                    "(`tensorboard --logdir OUT/tensorboard`).")
 @click.option("--resume", is_flag=True, help="Continue from the last OUT/checkpoints/epoch-N (exactly: same losses).")
 @click.option("--init-from", type=click.Path(path_type=Path), default=None,
-              help="Fine-tune this drafter checkpoint instead of starting from scratch (must fit the target).")
+              help="Fine-tune this drafter (any published EAGLE-3 layout: speculators / vLLM, EAGLE / SpecForge) "
+                   "instead of starting from scratch. Its trainable layers become float32 masters and keep their "
+                   "shape; the embedding and the lm_head rows of DATA's draft vocabulary (old or new) come from "
+                   "--model.")
+@click.option("--norm-before-residual/--no-norm-before-residual", default=None,
+              help="New drafter: the first layer's residual is hidden_norm(h) instead of h [default: off; "
+                   "with --init-from: the drafter's].")
+@click.option("--norm-before-fc/--no-norm-before-fc", default=None,
+              help="New drafter: RMSNorm over the concatenated aux hidden states before fc (input_norm) "
+                   "[default: off; with --init-from: the drafter's].")
+@click.option("--norm-output/--no-norm-output", default=None,
+              help="New drafter: feed the post-norm output to the next draft step (EAGLE 3.1) "
+                   "[default: off; with --init-from: the drafter's].")
+@click.option("--keep-float32", is_flag=True,
+              help="Save float32 weights (default: bf16, as published drafters are; training is float32 either way).")
 @click.option("--online", is_flag=True,
               help="Compute the target's hidden states in the training loop (the target sits beside the "
                    "drafter on the device) instead of reading `eagle extract`'s files: no disk, no extraction "
@@ -734,7 +784,9 @@ def summary_metrics(log: TrainLog) -> dict[str, float]:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary metrics as JSON.")
 def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, ttt_steps: int, loss_decay: float,
             batch_tokens: int, grad_accum: int, val_fraction: float, val_every: int, save_every: int,
-            tensorboard: bool, resume: bool, init_from: Path | None, online: bool, layer_ids: str | None,
+            tensorboard: bool, resume: bool, init_from: Path | None, norm_before_residual: bool | None,
+            norm_before_fc: bool | None, norm_output: bool | None, keep_float32: bool, online: bool,
+            layer_ids: str | None,
             shape_buckets: bool | None, layout_multiple: int | None, draft_config: Path | None,
             draft_intermediate_size: int | None, draft_heads: int | None, draft_kv_heads: int | None,
             draft_head_dim: int | None, seed: int, device: str, trust_remote_code: bool, as_json: bool) -> None:
@@ -746,13 +798,14 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
       torchrun --nproc-per-node 2 -m eagle.cli train --model ... --data ... --out ...   # DDP
       eagle train --model work/target --data work/data --out work/draft --online  # no eagle extract
     \b
-    Writes OUT/config.json + OUT/model.safetensors (vLLM loads OUT as the drafter), and the
-    metrics train_loss, val_loss, val_acc_0..k-1, est_accept_len, train_tok_s to $RUNBOOK_METRICS.
+    Writes OUT/config.json + OUT/model.safetensors (vLLM loads OUT as the drafter; bf16 without the
+    frozen embedding, verifier.name_or_path absolute), and the metrics train_loss, val_loss,
+    val_acc_0..k-1, est_accept_len, train_tok_s to $RUNBOOK_METRICS.
     The drafter is one Llama decoder layer for every target (Llama, Qwen3, DeepSeek-V3 / Kimi, ...);
     its shape is the target's unless --draft-config / --draft-* set it.
     Exit codes: 0 trained, 1 bad data or environment, 2 bad arguments (a drafter shape whose heads do
-    not divide, a target without a text model, a layer id out of range); the message names the file
-    and the fix, and nothing is written.
+    not divide, a target without a text model, a layer id out of range, an --init-from drafter that
+    cannot be read or does not fit); the message names the file and the fix, and nothing is written.
     """
     from eagle.metrics import write_metrics
 
@@ -767,7 +820,8 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
                          device=device, resume=resume, online=online,
                          layer_ids=None if layer_ids is None else split_layer_ids(layer_ids),
                          shape_buckets=shape_buckets, layout_multiple=layout_multiple, draft_shape=shape,
-                         trust_remote_code=trust_remote_code)
+                         trust_remote_code=trust_remote_code, norm_before_residual=norm_before_residual,
+                         norm_before_fc=norm_before_fc, norm_output=norm_output, keep_float32=keep_float32)
         log = train(args)
     except EagleError as exc:
         fail(exc)

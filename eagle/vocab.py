@@ -10,8 +10,10 @@ unused ids fill the rest (speculators' convention). Then
 written to DATA/vocab.safetensors (tensors d2t, t2d, counts [V] int64) and DATA/vocab.json. A
 missing or wrong d2t collapses acceptance silently, so `check_maps` verifies the pair.
 
-`--from-draft DRAFT` instead takes d2t / t2d from an existing drafter checkpoint (to fine-tune it,
-its vocabulary must not change) and counts this data's tokens only for `counts` and the coverage.
+`--from-draft DRAFT` instead takes d2t / t2d from an existing drafter checkpoint of any published
+layout (to fine-tune it with its own vocabulary) and counts this data's tokens only for `counts` and
+the coverage: the share of this data's assistant tokens the old vocabulary covers, which says
+whether to keep it or choose a new one (`eagle train --init-from` accepts either).
 """
 
 from __future__ import annotations
@@ -128,57 +130,44 @@ def _vocab_size(data: Path, model: Path | None) -> int:
 
 
 def draft_maps(draft: Path, vocab_size: int) -> tuple[Any, Any]:
-    """(d2t, t2d) of the drafter checkpoint in `draft`, checked against the target's vocab size.
-
-    Reads only those two tensors (the weights may be gigabytes); the checkpoint's tensor names and
-    shapes are validated against its config.json as `checkpoint.load_draft_state` does.
-    """
+    """(d2t, t2d) of the drafter checkpoint in `draft` (any layout eagle/checkpoint.py reads),
+    checked against the target's vocab size. Reads only those two tensors (the weights may be
+    gigabytes); CheckpointError (exit 2) naming the file and the fix."""
     import torch
-    from safetensors import safe_open
 
     from eagle import checkpoint
 
-    draft = Path(draft)
-    if not draft.is_dir():
-        raise EagleError(f"--from-draft {draft}: no such directory (give a drafter checkpoint: config.json + model.safetensors)")
-    cfg = checkpoint.read_draft_config(draft)
-    file = draft / checkpoint.WEIGHTS_FILE
-    if not file.is_file():
-        raise EagleError(f"{file}: not found (the checkpoint has a config.json but no weights)")
-    try:
-        with safe_open(str(file), "pt") as f:
-            names = set(f.keys())
-            if "d2t" not in names:
-                raise EagleError(f"{file}: has no d2t tensor (the draft-to-target vocabulary map), so its draft "
-                                 "vocabulary is unknown; add d2t to the checkpoint, or choose a new vocabulary "
-                                 "with `eagle vocab --draft-vocab N` and train a drafter from scratch")
-            problems = checkpoint.shape_problems(cfg, {k: tuple(f.get_slice(k).get_shape()) for k in names})
-            if problems:
-                raise EagleError(f"{file}: does not match its config.json: " + "; ".join(problems))
-            d2t = f.get_tensor("d2t")
-            t2d = f.get_tensor("t2d") if "t2d" in names else None
-    except EagleError:
-        raise
-    except Exception as exc:  # safetensors' own error for a truncated or foreign file
-        raise EagleError(f"{file}: not a readable safetensors file ({exc})") from None
+    ck = checkpoint.read_drafter(draft, validate=False)  # a missing d2t gets its own message below
+    file = ck.weights_file
+    if ck.cfg.vocab_size != vocab_size:
+        raise checkpoint.CheckpointError(
+            f"{ck.source / checkpoint.CONFIG_FILE}: the drafter's target vocabulary has {ck.cfg.vocab_size} tokens, "
+            f"this data's target has {vocab_size} (another tokenizer); choose a new vocabulary with "
+            "`eagle vocab --draft-vocab N` instead")
+    if "d2t" not in ck.shapes:
+        if ck.cfg.draft_vocab_size == vocab_size:  # the whole vocabulary is the draft vocabulary
+            return torch.zeros(vocab_size, dtype=torch.int64), torch.ones(vocab_size, dtype=torch.bool)
+        raise checkpoint.CheckpointError(
+            f"{file}: has no d2t tensor (the draft-to-target vocabulary map), so its draft vocabulary is unknown; "
+            "add d2t to the checkpoint, or choose a new vocabulary with `eagle vocab --draft-vocab N`")
+    problems = checkpoint.shape_problems(ck.cfg, ck.shapes)
+    if problems:
+        raise checkpoint.CheckpointError(f"{file}: does not match its config.json: " + "; ".join(problems))
+    maps = ck.tensors(["d2t", "t2d"])
+    d2t, t2d = maps["d2t"], maps.get("t2d")
     if d2t.is_floating_point() or d2t.dtype == torch.bool:
-        raise EagleError(f"{file}: d2t is {d2t.dtype}, expected an integer tensor")
+        raise checkpoint.CheckpointError(f"{file}: d2t is {d2t.dtype}, expected an integer tensor")
     d2t = d2t.to(torch.int64)
     if t2d is None:  # optional in the format: rebuild it from d2t over the config's target vocab
         target_ids = d2t + torch.arange(d2t.shape[0])
-        if int(target_ids.min()) < 0 or int(target_ids.max()) >= cfg.vocab_size:
-            raise EagleError(f"{file}: d2t maps outside the target vocabulary of {cfg.vocab_size}")
-        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        if int(target_ids.min()) < 0 or int(target_ids.max()) >= ck.cfg.vocab_size:
+            raise checkpoint.CheckpointError(f"{file}: d2t maps outside the target vocabulary of {ck.cfg.vocab_size}")
+        t2d = torch.zeros(ck.cfg.vocab_size, dtype=torch.bool)
         t2d[target_ids] = True
-    t2d = t2d.to(torch.bool)
-    if t2d.shape[0] != vocab_size:
-        raise EagleError(f"{file}: the drafter's t2d covers {t2d.shape[0]} target tokens but this data's target "
-                         f"has a vocab of {vocab_size}: the drafter was trained for another tokenizer; "
-                         "choose a new vocabulary with `eagle vocab --draft-vocab N` instead")
-    problems = check_maps(d2t, t2d)
+    problems = check_maps(d2t, t2d.to(torch.bool))
     if problems:
-        raise EagleError(f"{file}: inconsistent d2t/t2d: " + "; ".join(problems))
-    return d2t, t2d
+        raise checkpoint.CheckpointError(f"{file}: inconsistent d2t/t2d: " + "; ".join(problems))
+    return d2t, t2d.to(torch.bool)
 
 
 def build_vocab(data: Path, draft_vocab: int | None = None, model: Path | None = None,
@@ -253,11 +242,13 @@ def command(data: Path, draft_vocab: int | None, from_draft: Path | None, model:
     eagle vocab --data work/data-v2 --from-draft work/draft-v1     # fine-tune work/draft-v1
 
     With --draft-vocab: counts token ids where loss_mask is 1, takes the top DV (ties by id), sorts
-    them. With --from-draft: takes the drafter's d2t/t2d unchanged (`eagle train --init-from`
-    refuses data whose d2t differs from the drafter's) and checks them against the target's vocab.
-    Either way writes DATA/vocab.safetensors (d2t int64 [DV]: target_id - draft_id; t2d bool [V];
-    counts of this data) where `eagle train` finds it. Metric: vocab_coverage (share of this data's
-    assistant tokens the draft vocab covers).
+    them. With --from-draft: takes the drafter's d2t/t2d unchanged (any published layout) and
+    checks them against the target's vocab. Either way writes DATA/vocab.safetensors (d2t int64
+    [DV]: target_id - draft_id; t2d bool [V]; counts of this data) where `eagle train` finds it;
+    `eagle train --init-from` fine-tunes a drafter with either (a new vocabulary re-takes the
+    lm_head rows from the target). Metric: vocab_coverage (share of this data's assistant tokens
+    the draft vocab covers: with --from-draft, how well the old vocabulary fits the new data).
+    Exit 2 when the drafter cannot be read or was built for another vocabulary.
     """
     quiet_hf()
     try:

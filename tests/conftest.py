@@ -1,4 +1,4 @@
-"""Shared fixtures: the cached toy targets.
+"""Shared fixtures: the cached toy targets, their data and trained drafters.
 
 `toy_target` and `toy_successor` are built once per machine (under $EAGLE_CACHE or
 ~/.cache/runbook-eagle, keyed by a hash of the toy config and TOY_VERSION) and reused by every
@@ -93,3 +93,26 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def toy_drafter(toy_target: Path, toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A drafter trained by `eagle train` with its defaults on `toy_data` (bf16, no embedding, as
+    the command writes it; ~10 s on the CPU). Read-only for tests."""
+    from eagle.train import TrainArgs, train
+
+    out = tmp_path_factory.mktemp("toy-drafter") / "draft"
+    train(TrainArgs(model=str(toy_target), data=str(toy_data), out=str(out)), echo=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def toy_drafter_normed(toy_target: Path, toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`toy_drafter` trained with speculators 0.9's default norm flags (norm_before_fc with its
+    input_norm, norm_output, norm_before_residual). Read-only for tests."""
+    from eagle.train import TrainArgs, train
+
+    out = tmp_path_factory.mktemp("toy-drafter-normed") / "draft"
+    train(TrainArgs(model=str(toy_target), data=str(toy_data), out=str(out), norm_before_fc=True, norm_output=True,
+                    norm_before_residual=True), echo=False)
+    return out

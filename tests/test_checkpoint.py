@@ -17,10 +17,9 @@ td = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(td)
 
 H, V, DV, INTER = td.HIDDEN, td.VOCAB, td.DRAFT_VOCAB, 64
-GOLDEN_TENSORS = {
+GOLDEN_TENSORS = {  # what `eagle train` writes: no frozen embedding (the target's rows), as published drafters
     "d2t": [DV],
     "t2d": [V],
-    "embed_tokens.weight": [V, H],
     "fc.weight": [H, 3 * H],
     "layers.0.hidden_norm.weight": [H],
     "layers.0.input_layernorm.weight": [H],
@@ -41,7 +40,7 @@ GOLDEN_TENSORS = {
 def saved_drafter(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from eagle import drafter
 
-    root = tmp_path_factory.mktemp("ckpt")
+    root = tmp_path_factory.mktemp("ckpt").resolve()
     target = td.make_target(root / "target")
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[::2] = True
@@ -55,12 +54,14 @@ def test_golden_config_keys_and_tensors(saved_drafter: tuple[Path, Path]) -> Non
     from safetensors import safe_open
 
     target, out = saved_drafter
+    assert target.is_absolute()
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     cfg = json.loads((out / "config.json").read_text())
     assert "model_type" not in cfg
     assert cfg["speculators_model_type"] == "eagle3"
     assert cfg["norm_before_residual"] is False  # written explicitly: vLLM's default is True
     assert cfg["norm_before_fc"] is False and cfg["norm_output"] is False and cfg["fc_norm"] is False
+    assert tl_dtype(cfg) == "bfloat16"
     assert cfg["draft_vocab_size"] == DV
     assert cfg["eagle_aux_hidden_state_layer_ids"] == td.LAYER_IDS
     tl = cfg["transformer_layer_config"]
@@ -73,8 +74,39 @@ def test_golden_config_keys_and_tensors(saved_drafter: tuple[Path, Path]) -> Non
     assert "auto_map" not in cfg
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
-        assert f.get_slice("d2t").get_dtype() == "I64"
+        assert f.get_slice("d2t").get_dtype() == "I64" and f.get_slice("t2d").get_dtype() == "BOOL"
+        floats = {f.get_slice(k).get_dtype() for k in f.keys() if k not in ("d2t", "t2d")}
     assert shapes == GOLDEN_TENSORS
+    assert floats == {"BF16"}  # bf16 by default, as published drafters are
+
+
+def tl_dtype(cfg: dict) -> str:
+    return cfg["transformer_layer_config"]["dtype"]
+
+
+def test_keep_float32_and_a_relative_verifier_made_absolute(saved_drafter: tuple[Path, Path], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """--keep-float32 keeps the masters' dtype; a verifier given relative to the cwd is stored absolute,
+    a name that is no local path (a hub id) as given."""
+    from safetensors import safe_open
+
+    from eagle import drafter
+
+    target, out = saved_drafter
+    model = drafter.load_drafter(out, target_dir=target)
+    monkeypatch.chdir(target.parent)
+    model.config.speculators_config.verifier.name_or_path = target.name  # relative to the cwd
+    drafter.save(model, tmp_path / "f32", keep_float32=True)
+    cfg = json.loads((tmp_path / "f32" / "config.json").read_text())
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == str(target)
+    assert tl_dtype(cfg) == "float32"
+    with safe_open(str(tmp_path / "f32" / "model.safetensors"), "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys() if k not in ("d2t", "t2d")} == {"F32"}
+        assert "embed_tokens.weight" not in set(f.keys())
+    model.config.speculators_config.verifier.name_or_path = "some-org/some-model"
+    drafter.save(model, tmp_path / "hub")
+    cfg = json.loads((tmp_path / "hub" / "config.json").read_text())
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == "some-org/some-model"
 
 
 def test_read_config_and_state_roundtrip(saved_drafter: tuple[Path, Path]) -> None:
@@ -125,10 +157,16 @@ def test_read_errors_name_the_problem(saved_drafter: tuple[Path, Path], tmp_path
     bad = _config_dict(out)
     bad["model_type"] = "llama"
     del bad["norm_before_residual"]
-    (tmp_path / "config.json").write_text(json.dumps(bad))
+    # the strict parser of our format names both; the reader of every layout normalises them, as
+    # vLLM would read them, and says so (check-checkpoint reports both as problems)
     with pytest.raises(EagleError) as err:
-        checkpoint.read_draft_config(tmp_path)
+        checkpoint.DraftConfig.from_config_json(bad, source=str(tmp_path / "config.json"))
     assert "norm_before_residual" in str(err.value) and "model_type" in str(err.value)
+    (tmp_path / "config.json").write_text(json.dumps(bad))
+    (tmp_path / "model.safetensors").symlink_to(out / "model.safetensors")
+    ck = checkpoint.read_drafter(tmp_path)
+    assert ck.cfg.norm_before_residual is True and "model_type" not in ck.config
+    assert any("norm_before_residual" in n for n in ck.notes) and any("model_type" in n for n in ck.notes)
     (tmp_path / "config.json").write_text("{\n  oops")
     with pytest.raises(EagleError, match=r"config.json:2:\d+: invalid JSON"):
         checkpoint.read_draft_config(tmp_path)

@@ -33,7 +33,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
         for p in model.parameters():
             if p.requires_grad:
                 p.add_(0.05 * torch.randn_like(p))
-    drafter.save(model, root / "draft")
+    drafter.save(model, root / "draft", keep_float32=True, keep_embedding=True)  # exact reload: float32
     hs = dataset.HiddenStates(data, budget=64)
     batch = hs.batch([0, 1], torch.device("cpu"))
     return root, target, model, batch

@@ -89,3 +89,31 @@ def test_probe_refuses_mismatched_targets(toy_target: Path, prompts_file: Path, 
                  tmp_path / "m.json")
     assert res.exit_code == 1
     assert "error:" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.slow
+def test_probe_reports_the_old_vocabularys_coverage_of_the_new_targets_outputs(
+        toy_target: Path, toy_successor: Path, toy_drafter: Path, tmp_path: Path) -> None:
+    """vocab_coverage = the share of the successor's own greedy tokens the old drafter's draft
+    vocabulary holds, counted independently here from transformers' greedy outputs."""
+    from safetensors.torch import load_file
+
+    from eagle.evaluate import reference_greedy
+    from eagle.prompts import load_prompt_token_ids
+
+    heldout = Path(__file__).resolve().parents[1] / "plans" / "data" / "prompts-heldout.jsonl"
+    res = _probe(["--model", str(toy_target), "--other", str(toy_successor), "--prompts", str(heldout),
+                  "--draft", str(toy_drafter), "--limit", "4", "--max-new-tokens", "24"], tmp_path / "m.json")
+    assert res.exit_code == 0, res.output
+    m = json.loads((tmp_path / "m.json").read_text())
+    t2d = load_file(str(toy_drafter / "model.safetensors"))["t2d"]
+    prompts = load_prompt_token_ids(toy_target, heldout, limit=4)
+    for name, target in (("vocab_coverage", toy_successor), ("base_vocab_coverage", toy_target)):
+        outs = [t for o in reference_greedy(target, prompts, 24, torch.device("cpu"), torch.float32) for t in o]
+        assert m[name] == pytest.approx(sum(bool(t2d[t]) for t in outs) / len(outs)), name
+        if name == "vocab_coverage":
+            distinct = set(outs)
+            assert m["vocab_coverage_distinct"] == pytest.approx(sum(bool(t2d[t]) for t in distinct) / len(distinct))
+    # the drafter's vocabulary was chosen from the old target's outputs: the successor's fit it less well
+    assert m["vocab_coverage"] < m["base_vocab_coverage"]
+    assert "draft vocabulary covers" in res.output

@@ -99,22 +99,28 @@ def test_cli_metrics_and_init_from(small: tuple[Path, Path], tmp_path: Path) -> 
     tuned = json.loads((tmp_path / "b" / "train_log.json").read_text())["epochs"][0]
     assert tuned["val_loss"] < first["val_loss"]
 
-    # mismatched drafter: a wider target and another draft vocabulary; every field is named, nothing written
+    # mismatched drafter: a wider target (another draft vocabulary is fine: its rows come from the
+    # target); the hidden size is named in one line, exit 2, nothing written
     other = td.make_target(tmp_path / "wide", hidden=48)
     other_data = td.make_data(other, tmp_path / "wide-data", n=4, length=12, draft_vocab=32)
     res = runner.invoke(command, ["--model", str(other), "--data", str(other_data), "--out", str(tmp_path / "w"),
                                   "--epochs", "1", "--device", "cpu"])
     assert res.exit_code == 0, res.output
     res = runner.invoke(command, [*base, "--out", str(tmp_path / "c"), "--init-from", str(tmp_path / "w")])
-    assert res.exit_code == 1
-    for field in ("hidden_size", "draft_vocab_size"):
-        assert field in res.output, res.output
+    assert res.exit_code == 2
+    assert f"--init-from {tmp_path / 'w'}: " in res.output and "hidden states of size 48, the target's are 32" in res.output
+    assert len([line for line in res.output.splitlines() if line.startswith("error:")]) == 1
     # the drafter's own layer shape is kept unless one is asked for: then a different one is named too
     assert "intermediate_size" not in res.output
     res = runner.invoke(command, [*base, "--out", str(tmp_path / "c"), "--init-from", str(tmp_path / "w"),
                                   "--draft-intermediate-size", "64"])
-    assert res.exit_code == 1 and "intermediate_size: drafter has 96, target/data need 64" in res.output, res.output
+    assert res.exit_code == 2 and "intermediate_size: drafter has 96, --draft-* asks for 64" in res.output, res.output
     assert "Traceback" not in res.output and not (tmp_path / "c").exists()
+
+    # a norm flag the drafter was not trained with is refused before training starts
+    res = runner.invoke(command, [*base, "--out", str(tmp_path / "d"), "--init-from", str(tmp_path / "a"),
+                                  "--norm-output"])
+    assert res.exit_code == 2 and "norm_output=false" in res.output and not (tmp_path / "d").exists()
 
 
 @pytest.mark.slow

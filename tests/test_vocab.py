@@ -208,9 +208,11 @@ def test_from_draft_without_t2d_rebuilds_it(tiny_drafter, tmp_path):
     assert t2d.nonzero().flatten().tolist() == list(range(0, td.VOCAB, 2))
 
 
-def _fails(args: list[str], *needles: str) -> None:
+def _fails(args: list[str], *needles: str, code: int = 2) -> None:
+    """Exit `code` (1: bad usage or data; 2: a drafter that cannot be read or used), one error line."""
     r = CliRunner().invoke(vocab.command, args)
-    assert r.exit_code == 1, r.output
+    assert r.exit_code == code, r.output
+    assert len([line for line in r.stderr.splitlines() if line.startswith("error:")]) == 1
     assert "Traceback" not in r.output
     for needle in needles:
         assert needle in r.stderr, r.stderr
@@ -218,9 +220,10 @@ def _fails(args: list[str], *needles: str) -> None:
 
 def test_from_draft_errors(tiny_drafter, tmp_path):
     data = _prepared(tmp_path / "data")
-    _fails(["--data", str(data), "--from-draft", str(tiny_drafter), "--draft-vocab", "8"], "exactly one of --draft-vocab")
-    _fails(["--data", str(data)], "exactly one of --draft-vocab", "--from-draft")
-    _fails(["--data", str(data), "--from-draft", str(tmp_path / "nope")], f"--from-draft {tmp_path / 'nope'}: no such directory")
+    _fails(["--data", str(data), "--from-draft", str(tiny_drafter), "--draft-vocab", "8"], "exactly one of --draft-vocab",
+           code=1)
+    _fails(["--data", str(data)], "exactly one of --draft-vocab", "--from-draft", code=1)
+    _fails(["--data", str(data), "--from-draft", str(tmp_path / "nope")], f"{tmp_path / 'nope'}: no such directory")
     empty = tmp_path / "empty"
     empty.mkdir()
     _fails(["--data", str(data), "--from-draft", str(empty)], str(empty / "config.json"), "not found")
@@ -234,6 +237,6 @@ def test_from_draft_errors(tiny_drafter, tmp_path):
     bad = _copy_drafter(tiny_drafter, tmp_path / "bad-t2d", break_t2d)
     _fails(["--data", str(data), "--from-draft", str(bad)], str(bad / "model.safetensors"), "t2d does not mark exactly")
     other = _prepared(tmp_path / "other-vocab", vocab_size=256)
-    _fails(["--data", str(other), "--from-draft", str(tiny_drafter)], str(tiny_drafter / "model.safetensors"),
-           "covers 128 target tokens", "vocab of 256")
+    _fails(["--data", str(other), "--from-draft", str(tiny_drafter)], str(tiny_drafter / "config.json"),
+           "vocabulary has 128 tokens", "has 256", "--draft-vocab N")
     assert not (data / "vocab.safetensors").exists() and not (other / "vocab.safetensors").exists()
