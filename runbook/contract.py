@@ -186,6 +186,9 @@ class RunView(Model):
     comparisons: list[Comparison] = []  # each comparison of that criterion against the run's metrics
     failures: list[str] = []  # what went wrong, one line each: "✗ accept_len 1.31 >= 1.5", "step-2 exited 3: `cmd`"
     metrics: dict[str, float | int | str | bool | None] = {}  # merged, without the "step-N." copies
+    vars: dict[str, str] = {}  # every var its commands used, with the value they ran with
+    overrides: list[str] = []  # those set with `runbook next --set`
+    ref_runs: dict[str, str] = {}  # phase id -> the run whose metrics its criterion read (`phase-0.acc`)
     steps: list[StepView] = []
     executor: str = "local"  # where its steps ran: local or slurm
     detached: bool = False  # run by a supervisor (`runbook next --detach`)
@@ -200,6 +203,7 @@ class RunView(Model):
             finished=iso_utc(record.finished), duration_s=record.duration_s, commit=record.commit_before,
             recorded_in=recorded_in, criterion=_strip(record.criterion), comparisons=comparisons,
             failures=failures(record, comparisons), metrics=top_metrics(record.metrics),
+            vars=dict(record.vars), overrides=list(record.overrides), ref_runs=dict(record.ref_runs),
             steps=[StepView.of(s) for s in record.steps], executor=record.executor, detached=record.detached,
             pending=pending,
         )
@@ -215,7 +219,7 @@ def _comparisons(record: RunRecord) -> list[Comparison]:
     from runbook.criteria import CriterionError, evaluate, parse_criterion
 
     try:
-        return evaluate(parse_criterion(record.criterion), record.metrics).comparisons
+        return evaluate(parse_criterion(record.criterion), {**record.metrics, **record.ref_metrics}).comparisons
     except (CriterionError, RecursionError, ValueError):
         return []
 
@@ -228,7 +232,14 @@ def failures(record: RunRecord, comparisons: list[Comparison]) -> list[str]:
     if record.verdict == "fail":
         out += [FAILED_MARK + c.text for c in comparisons if c.held is False]
     elif record.verdict == "inconclusive":
-        out += [f"{c.text}: no step wrote {c.metric or c.threshold_metric}" for c in comparisons if c.held is None]
+        for c in comparisons:
+            if c.held is not None:
+                continue
+            if c.operands or any(_phase_ref_like(n) for n in (c.metric, c.threshold_metric)):
+                unknown = [n for n, v in c.operands.items() if v is None] or [c.metric or c.threshold_metric]
+                out.append(f"{c.text}: no value for {', '.join(str(n) for n in unknown)}")
+            else:
+                out.append(f"{c.text}: no step wrote {c.metric or c.threshold_metric}")
     for step in record.steps:
         if step.skipped:
             continue
@@ -242,6 +253,11 @@ def failures(record: RunRecord, comparisons: list[Comparison]) -> list[str]:
     if not out and record.verdict != "pass" and record.reason:
         out.append(record.reason)
     return out
+
+
+def _phase_ref_like(name: str | None) -> bool:
+    """`phase-0.acc`-like: a dotted name that is not a step's own copy (`step-2.loss`)."""
+    return bool(name) and "." in name and not re.match(r"^step-[^.]+\.", name)  # type: ignore[arg-type]
 
 
 class StepLine(Model):

@@ -4,25 +4,36 @@ Grammar (lowest precedence first)::
 
     expr    := and ("or" and)*
     and     := not ("and" not)*
-    not     := "not" not | primary
-    primary := "(" expr ")" | operand OP operand (OP operand)*
-    operand := METRIC | NUMBER | STRING
+    not     := "not" not | compare
+    compare := sum (OP sum)*          a sum alone must be a parenthesized condition
+    sum     := term (("+" | "-") term)*
+    term    := unary (("*" | "/") unary)*
+    unary   := ("-" | "+") unary | atom
+    atom    := METRIC | NUMBER | STRING | "(" expr ")"
     OP      := "<" | "<=" | ">" | ">=" | "==" | "!="
 
 METRIC names start with a letter or `_` and may contain letters, digits, `_`, `.` and `-`
-(`accept_len`, `val_acc_0`, `step-2.loss`, `cfg.lr`). NUMBER is a decimal literal with optional
-sign and exponent (`1.5`, `-3`, `2e-4`). STRING is `"..."` or `'...'` (no escapes), compared with
-string metrics (`optimizer == "adamw"`). A chained comparison `1 <= x < 3` means `1 <= x and x < 3`.
-The whole expression may be wrapped in backticks, as it usually is in a plan. Parentheses and
-`not` nest at most 64 deep (deeper is an error, never a RecursionError).
+(`accept_len`, `val_acc_0`, `step-2.loss`, `cfg.lr`), so subtraction needs spaces around its `-`
+(`a - b`; `a-b` is one name, like `step-2`). `phase-0.baseline_acc` (a phase's label or id, a
+dot, a metric name) names a metric of another phase's latest run: `runbook.crossref` resolves it.
+NUMBER is a decimal literal with optional exponent (`1.5`, `3`, `2e-4`; a sign before it is unary
+minus). STRING is `"..."` or `'...'` (no escapes), compared with string metrics (`optimizer ==
+"adamw"`); it cannot take part in arithmetic. A chained comparison `1 <= x < 3` means
+`1 <= x and x < 3`. The whole expression may be wrapped in backticks, as it usually is in a plan.
+Parentheses, `not` and unary minus nest at most 64 deep (deeper is an error, never a
+RecursionError); a sum or product is one flat node however long.
 
 Evaluation is three-valued (Kleene logic): a comparison that needs a metric no step produced is
 `inconclusive`; `and` is `fail` if any side fails, `or` is `pass` if any side passes, otherwise
-an unknown side makes the result `inconclusive`. A NaN value fails every comparison. A string
-equals only the same string (`==` / `!=`); an ordering (`<`, `>=`, ...) with a string fails.
+an unknown side makes the result `inconclusive`. A NaN value fails every comparison, and so does
+arithmetic that has no number for an answer: a division by zero, or a string metric in a sum.
+Arithmetic results are rounded to 12 significant digits, so `0.9 - 0.8 >= 0.1` holds.
+A string equals only the same string (`==` / `!=`); an ordering (`<`, `>=`, ...) with a string fails.
 
-The explanation marks each comparison that does not hold with `✗ ` (`✗ gain 0.08 >= 0.1`), and
-`Judgement.comparisons` gives every comparison as data (metric, operator, value, threshold, held).
+The explanation marks each comparison that does not hold with `✗ ` (`✗ gain 0.08 >= 0.1`) and shows
+arithmetic with each metric's value and the result: `(mlp_acc 0.93 - phase-0.baseline_acc 0.88 =
+0.05) >= 0.1`. `Judgement.comparisons` gives every comparison as data (metric or expression,
+operator, value, threshold, held, and the metrics an expression read).
 """
 
 from __future__ import annotations
@@ -33,7 +44,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from runbook.model import BoolOp, Compare, CompareOp, Expr, MetricRef, Not, Number, Text
+from runbook.model import Arith, BoolOp, Compare, CompareOp, Expr, MetricRef, Neg, Not, Number, Operand, Text
 
 __all__ = [
     "FAILED_MARK",
@@ -43,6 +54,7 @@ __all__ = [
     "evaluate",
     "format_value",
     "metric_names",
+    "name_columns",
     "parse_criterion",
     "render",
     "strip_backticks",
@@ -72,12 +84,15 @@ class Comparison(BaseModel):
     right (`1.5 <= accept_len`) the operator is flipped so that the metric reads first."""
 
     text: str  # as in the explanation, without the mark: "accept_len 1.31 >= 1.5"
-    metric: str | None  # the metric compared; None when both sides are numbers
+    # the metric compared, or the expression (`mlp_acc - phase-0.baseline_acc`) when that side is
+    # arithmetic; None when both sides are constants
+    metric: str | None
     op: CompareOp
     value: float | str | None  # the metric's value; None when no step wrote it
     threshold: float | str | None  # the number (or the other metric's value) it is compared with
     threshold_metric: str | None = None  # the other metric, when both sides are metrics
     held: bool | None  # None: a metric is missing
+    operands: dict[str, float | str | None] = {}  # the metrics an arithmetic side read (None: missing)
 
 
 class Judgement(BaseModel):
@@ -96,10 +111,11 @@ _TOKEN_RE = re.compile(
     r"""
     \s*
     (?:
-        (?P<num>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)(?![A-Za-z0-9_.])
+        (?P<num>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)(?![A-Za-z0-9_.])
       | (?P<str>"[^"]*"|'[^']*')
       | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:[.-][A-Za-z0-9_]+)*)
       | (?P<op><=|>=|==|!=|<|>)
+      | (?P<arith>[-+*/])
       | (?P<lpar>\()
       | (?P<rpar>\))
       | (?P<bad>\S)
@@ -108,7 +124,7 @@ _TOKEN_RE = re.compile(
     re.VERBOSE,
 )
 _KEYWORDS = frozenset({"and", "or", "not"})
-MAX_DEPTH = 64  # parentheses and `not` nested deeper are an error
+MAX_DEPTH = 64  # parentheses, `not` and unary minus nested deeper are an error
 _HINTS = {
     '"': 'a string needs its closing quote: "adamw"',
     "'": "a string needs its closing quote: 'adamw'",
@@ -116,6 +132,8 @@ _HINTS = {
     "&": "use 'and'",
     "|": "use 'or'",
     "!": "use 'not' or '!='",
+    "^": "there is no power operator; write x * x",
+    "%": "there is no remainder operator",
 }
 
 
@@ -137,7 +155,8 @@ def _tokenize(text: str, base_col: int) -> list[_Tok]:
         word = m.group(kind)
         col = base_col + m.start(kind)
         if kind == "bad":
-            hint = _HINTS.get(word, "expected a metric name, a number, a comparison, and/or/not or parentheses")
+            hint = _HINTS.get(word, "expected a metric name, a number, a comparison, arithmetic (+ - * /), "
+                                    "and/or/not or parentheses")
             raise CriterionError(f"unexpected {word!r}: {hint}", col)
         if kind == "name" and word in _KEYWORDS:
             kind = word
@@ -148,12 +167,23 @@ def _tokenize(text: str, base_col: int) -> list[_Tok]:
 
 # ---- parser --------------------------------------------------------------------------------
 
+_CONDITIONS = ("compare", "and", "or", "not")
+
+
+def _is_condition(node: Expr | Operand) -> bool:
+    return node.kind in _CONDITIONS
+
 
 class _Parser:
     """Recursive descent over the token list. Inner nodes are built with `model_construct`: the
     parser only ever builds well-typed trees, and skipping validation keeps a 500-phase plan fast.
     The leaves (a name, a float) use the validating constructors, which pydantic runs faster than
-    `model_construct` for models this small."""
+    `model_construct` for models this small.
+
+    Conditions (comparisons and their and/or/not) and values (metrics, literals, arithmetic) share
+    the parentheses, so each level returns either; where the other kind is needed, the error names
+    the column: a value must be followed by a comparison, arithmetic or `)`, and a condition is
+    never an operand."""
 
     def __init__(self, tokens: list[_Tok]) -> None:
         self.tokens = tokens
@@ -164,7 +194,7 @@ class _Parser:
         self.depth += 1
         if self.depth > MAX_DEPTH:
             raise CriterionError(
-                f"nested more than {MAX_DEPTH} deep (parentheses and `not`); write it flatter", tok.col
+                f"nested more than {MAX_DEPTH} deep (parentheses, `not` and unary minus); write it flatter", tok.col
             )
 
     def peek(self) -> _Tok:
@@ -184,58 +214,125 @@ class _Parser:
             if tok.kind == "rpar":
                 raise CriterionError("unbalanced ')': no '(' to close", tok.col)
             raise CriterionError(f"unexpected {tok.text!r}: join conditions with 'and' / 'or'", tok.col)
-        return expr
+        return self.condition(expr, tok)
 
-    def parse_or(self) -> Expr:
-        items = [self.parse_and()]
+    def condition(self, node: Expr | Operand, nxt: _Tok) -> Expr:
+        """`node` where a condition is needed: a value alone is an error at the token after it."""
+        if _is_condition(node):
+            return node  # type: ignore[return-value]
+        what = "the end" if nxt.kind == "end" else repr(nxt.text)
+        raise CriterionError(
+            f"expected a comparison (< <= > >= == !=) after {_operand_text(node)!r}, found {what}", nxt.col  # type: ignore[arg-type]
+        )
+
+    def parse_or(self) -> Expr | Operand:
+        first = self.parse_and()
+        if self.peek().kind != "or":
+            return first
+        items = [self.condition(first, self.peek())]
         while self.peek().kind == "or":
             self.take()
-            items.append(self.parse_and())
-        return items[0] if len(items) == 1 else BoolOp.model_construct(kind="or", items=items)
+            item = self.parse_and()
+            items.append(self.condition(item, self.peek()))
+        return BoolOp.model_construct(kind="or", items=items)
 
-    def parse_and(self) -> Expr:
-        items = [self.parse_not()]
+    def parse_and(self) -> Expr | Operand:
+        first = self.parse_not()
+        if self.peek().kind != "and":
+            return first
+        items = [self.condition(first, self.peek())]
         while self.peek().kind == "and":
             self.take()
-            items.append(self.parse_not())
-        return items[0] if len(items) == 1 else BoolOp.model_construct(kind="and", items=items)
+            item = self.parse_not()
+            items.append(self.condition(item, self.peek()))
+        return BoolOp.model_construct(kind="and", items=items)
 
-    def parse_not(self) -> Expr:
+    def parse_not(self) -> Expr | Operand:
         if self.peek().kind == "not":
             self.deeper(self.take())
-            item = self.parse_not()
+            item = self.condition(self.parse_not(), self.peek())
             self.depth -= 1
             return Not.model_construct(kind="not", item=item)
-        return self.parse_primary()
+        return self.parse_compare()
 
-    def parse_primary(self) -> Expr:
-        tok = self.peek()
-        if tok.kind == "lpar":
-            self.deeper(self.take())
-            expr = self.parse_or()
-            close = self.peek()
-            if close.kind != "rpar":
-                raise CriterionError("missing ')': a '(' is never closed", close.col)
-            self.take()
-            self.depth -= 1
-            return expr
-        left = self.parse_operand()
+    def parse_compare(self) -> Expr | Operand:
+        start = self.peek()
+        left = self.parse_sum()
+        if self.peek().kind != "op":
+            nxt = self.peek()
+            if not _is_condition(left) and nxt.kind != "rpar":
+                self.condition(left, nxt)  # raises: a value alone
+            return left
+        self.value(left, start)
         compares: list[Compare] = []
         while self.peek().kind == "op":
             op = self.take().text
-            right = self.parse_operand()
+            at = self.peek()
+            right = self.value(self.parse_sum(), at)
             compares.append(Compare.model_construct(kind="compare", left=left, op=op, right=right))
             left = right
-        if not compares:
-            nxt = self.peek()
-            what = "the end" if nxt.kind == "end" else repr(nxt.text)
-            raise CriterionError(
-                f"expected a comparison (< <= > >= == !=) after {tok.text!r}, found {what}", nxt.col
-            )
         return compares[0] if len(compares) == 1 else BoolOp.model_construct(kind="and", items=list(compares))
 
-    def parse_operand(self) -> MetricRef | Number | Text:
-        tok = self.take()
+    def value(self, node: Expr | Operand, at: _Tok) -> Operand:
+        """`node` where a value is needed (a side of a comparison, an arithmetic operand)."""
+        if _is_condition(node):
+            raise CriterionError(
+                "a condition cannot be compared or computed with; compare values: `(a + b) / 2 >= 1`", at.col
+            )
+        return node  # type: ignore[return-value]
+
+    def parse_sum(self) -> Expr | Operand:
+        return self.parse_level(("+", "-"), self.parse_term)
+
+    def parse_term(self) -> Expr | Operand:
+        return self.parse_level(("*", "/"), self.parse_unary)
+
+    def parse_level(self, ops: tuple[str, str], operand) -> Expr | Operand:
+        start = self.peek()
+        first = operand()
+        if not (self.peek().kind == "arith" and self.peek().text in ops):
+            return first
+        items = [self.number(first, start)]
+        signs: list[str] = []
+        while self.peek().kind == "arith" and self.peek().text in ops:
+            signs.append(self.take().text)
+            at = self.peek()
+            items.append(self.number(operand(), at))
+        return Arith.model_construct(kind="arith", items=items, ops=signs)
+
+    def number(self, node: Expr | Operand, at: _Tok) -> Operand:
+        value = self.value(node, at)
+        if isinstance(value, Text):
+            raise CriterionError("a string cannot take part in arithmetic", at.col)
+        return value
+
+    def parse_unary(self) -> Expr | Operand:
+        tok = self.peek()
+        if tok.kind == "arith" and tok.text in "+-":
+            self.deeper(self.take())
+            at = self.peek()
+            item = self.number(self.parse_unary(), at)
+            self.depth -= 1
+            if isinstance(item, Number) and item.text is not None and item.text[:1] not in "+-":
+                value = -item.value if tok.text == "-" else item.value
+                return Number(kind="number", value=value, text=tok.text + item.text)
+            return item if tok.text == "+" else Neg.model_construct(kind="neg", item=item)
+        return self.parse_atom()
+
+    def parse_atom(self) -> Expr | Operand:
+        tok = self.peek()
+        if tok.kind == "lpar":
+            self.deeper(self.take())
+            inner = self.parse_or()
+            close = self.peek()
+            if close.kind != "rpar":
+                if not _is_condition(inner):
+                    self.condition(inner, close)  # raises: "expected a comparison after ..."
+                raise CriterionError("missing ')': a '(' is never closed", close.col)
+            self.take()
+            self.depth -= 1
+            return inner
+        self.take()
         if tok.kind == "name":
             return MetricRef(kind="metric", name=tok.text)
         if tok.kind == "num":
@@ -269,6 +366,17 @@ def parse_criterion(text: str) -> Expr:
     return _Parser(_tokenize(inner, offset + 1)).parse()
 
 
+def name_columns(text: str) -> list[tuple[str, int]]:
+    """Every metric name of a `Pass:` text with its 1-based column, in order (for messages about
+    one name, such as a reference to a phase that does not exist). [] when it does not tokenize."""
+    inner, offset = strip_backticks(text)
+    try:
+        tokens = _tokenize(inner, offset + 1)
+    except CriterionError:
+        return []
+    return [(tok.text, tok.col) for tok in tokens if tok.kind == "name"]
+
+
 # ---- inspection and rendering --------------------------------------------------------------
 
 
@@ -276,17 +384,28 @@ def metric_names(expr: Expr) -> list[str]:
     """The metric names the expression reads, in order of first appearance."""
     names: list[str] = []
     for node in _operands(expr):
-        if isinstance(node, MetricRef) and node.name not in names:
-            names.append(node.name)
+        for ref in _refs(node):
+            if ref.name not in names:
+                names.append(ref.name)
     return names
 
 
-def _operands(expr: Expr) -> list[MetricRef | Number | Text]:
+def _refs(node: Operand) -> list[MetricRef]:
+    if isinstance(node, MetricRef):
+        return [node]
+    if isinstance(node, Arith):
+        return [ref for item in node.items for ref in _refs(item)]
+    if isinstance(node, Neg):
+        return _refs(node.item)
+    return []
+
+
+def _operands(expr: Expr) -> list[Operand]:
     if isinstance(expr, Compare):
         return [expr.left, expr.right]
     if isinstance(expr, Not):
         return _operands(expr.item)
-    out: list[MetricRef | Number | Text] = []
+    out: list[Operand] = []
     for item in expr.items:
         out.extend(_operands(item))
     return out
@@ -311,12 +430,34 @@ def _render(expr: Expr, outer: int) -> str:
     return f"({text})" if prec < outer else text
 
 
-def _operand_text(node: MetricRef | Number | Text) -> str:
+def _operand_text(node: Operand) -> str:
     if isinstance(node, MetricRef):
         return node.name
     if isinstance(node, Text):
         return '"' + node.value + '"' if '"' not in node.value else "'" + node.value + "'"
+    if isinstance(node, Arith):
+        parts = [_wrapped(node.items[0], _operand_text(node.items[0]), node, 0)]
+        for i, (op, item) in enumerate(zip(node.ops, node.items[1:], strict=True), 1):
+            parts += [op, _wrapped(item, _operand_text(item), node, i)]
+        return " ".join(parts)
+    if isinstance(node, Neg):
+        return "-" + _wrapped(node.item, _operand_text(node.item), None, 0)
     return node.text if node.text is not None else format_value(node.value)
+
+
+def _additive(node: Arith) -> bool:
+    return node.ops[0] in "+-"
+
+
+def _wrapped(node: Operand, text: str, outer: Arith | None, index: int) -> str:
+    """An operand's text inside arithmetic, with the parentheses its place needs: a sum inside a
+    product, anything after the first place of its own level (`a - (b - c)`), any sum or product
+    under unary minus."""
+    if not isinstance(node, Arith):
+        return text
+    if outer is None or (_additive(node) and not _additive(outer)) or (index > 0 and _additive(node) == _additive(outer)):
+        return f"({text})"
+    return text
 
 
 def format_value(value: float | str | None) -> str:
@@ -347,7 +488,10 @@ _COMPARE = {
 
 
 def evaluate(expr: Expr, metrics: dict[str, float | str]) -> Judgement:
-    """Judge `expr` against `metrics`: pass, fail, or inconclusive when a needed metric is missing."""
+    """Judge `expr` against `metrics`: pass, fail, or inconclusive when a needed metric is missing.
+
+    References to other phases (`phase-0.acc`) are looked up in `metrics` like any name: the
+    caller puts their values there (runbook/crossref.py)."""
     values: dict[str, float | str] = {}
     missing: list[str] = []
     for name in metric_names(expr):
@@ -381,9 +525,13 @@ def _comparison(leaf: Compare, values: dict[str, float | str]) -> Comparison:
     left, right = _side(leaf.left, values), _side(leaf.right, values)
     held = None if left[0] is None or right[0] is None else _holds(leaf.op, left[0], right[0])
     subject, op, other = leaf.left, leaf.op, leaf.right
-    if not isinstance(subject, MetricRef) and isinstance(other, MetricRef):
+    if not _refs(subject) and _refs(other):
         subject, op, other = other, _FLIP[op], subject
-    metric = subject.name if isinstance(subject, MetricRef) else None
+    metric = _operand_text(subject) if _refs(subject) else None
+    operands: dict[str, float | str | None] = {}
+    for node in (subject, other):
+        if isinstance(node, (Arith, Neg)):
+            operands.update({ref.name: values.get(ref.name) for ref in _refs(node)})
     return Comparison(
         text=f"{left[1]} {leaf.op} {right[1]}",
         metric=metric,
@@ -392,6 +540,7 @@ def _comparison(leaf: Compare, values: dict[str, float | str]) -> Comparison:
         threshold=_side(other, values)[0],
         threshold_metric=other.name if isinstance(other, MetricRef) else None,
         held=held,
+        operands=operands,
     )
 
 
@@ -444,7 +593,13 @@ def _paren(text: str, prec: int, outer: int) -> str:
     return f"({text})" if prec < outer else text
 
 
-def _side(node: MetricRef | Number | Text, values: dict[str, float | str]) -> tuple[float | str | None, str]:
+def _side(node: Operand, values: dict[str, float | str]) -> tuple[float | str | None, str]:
+    """A comparison side's value (None: a metric is missing) and its text for the explanation."""
+    if isinstance(node, (Arith, Neg)):
+        value, text, problem = _compute(node, values)
+        if value is None:
+            return None, f"({text})"
+        return value, f"({text} = {problem or format_value(value)})"
     if isinstance(node, (Number, Text)):
         return node.value, _operand_text(node)
     if node.name in values:
@@ -452,3 +607,35 @@ def _side(node: MetricRef | Number | Text, values: dict[str, float | str]) -> tu
         shown = f'"{format_value(value)}"' if isinstance(value, str) else format_value(value)
         return value, f"{node.name} {shown}"
     return None, f"{node.name} (missing)"
+
+
+def _compute(node: Operand, values: dict[str, float | str]) -> tuple[float | None, str, str | None]:
+    """(value, text, problem) of a value node. None: a metric is missing. NaN with a problem
+    ("division by zero", "x is not a number"): there is no number, and every comparison fails."""
+    if isinstance(node, Arith):
+        first = _compute(node.items[0], values)
+        texts = [_wrapped(node.items[0], first[1], node, 0)]
+        acc, problem, missing = first[0], first[2], first[0] is None
+        for i, (op, item) in enumerate(zip(node.ops, node.items[1:], strict=True), 1):
+            value, text, sub_problem = _compute(item, values)
+            texts += [op, _wrapped(item, text, node, i)]
+            problem = problem or sub_problem
+            if value is None or acc is None:
+                missing = True
+                continue
+            if op == "/" and value == 0:
+                problem = problem or "division by zero"
+                acc = math.nan
+            else:
+                acc = acc + value if op == "+" else acc - value if op == "-" else acc * value if op == "*" else acc / value
+        if acc is not None and math.isfinite(acc):
+            acc = float(f"{acc:.12g}")  # decimal noise off: 0.9 - 0.8 is 0.1, not 0.09999999999999998
+        return (None if missing else acc), " ".join(texts), problem
+    if isinstance(node, Neg):
+        value, text, problem = _compute(node.item, values)
+        return (None if value is None else -value), "-" + _wrapped(node.item, text, None, 0), problem
+    value, text = _side(node, values)
+    if isinstance(value, str):
+        return math.nan, text, f"{node.name if isinstance(node, MetricRef) else text} is not a number"
+    return value, text, None
+

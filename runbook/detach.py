@@ -50,6 +50,7 @@ class SupervisorSpec(BaseModel):
     restart: bool = False
     until_stop: bool = False
     no_commit: bool = False
+    sets: list[str] = []  # `--set NAME=VALUE` items
     run_id: str  # the id of its first fresh run
     caller_pid: int  # holds the run lock until the supervisor adopts it
     caller_start: str | None = None
@@ -67,7 +68,7 @@ class Started:
 
 
 def start(ws, lock, *, plan_opt: str | None, phase_ref: str | None, restart: bool, until_stop: bool,
-          no_commit: bool, run_id: str) -> Started:
+          no_commit: bool, run_id: str, sets: list[str] | None = None) -> Started:
     """Start the supervisor, hand it the run lock, and wait until its run has started."""
     from runbook import procs
     from runbook.ledger import run_dir
@@ -78,7 +79,7 @@ def start(ws, lock, *, plan_opt: str | None, phase_ref: str | None, restart: boo
     read_end, write_end = os.pipe()
     spec = SupervisorSpec(
         cwd=os.getcwd(), plan_opt=plan_opt, phase_ref=phase_ref, restart=restart, until_stop=until_stop,
-        no_commit=no_commit, run_id=run_id, caller_pid=os.getpid(), caller_start=procs.proc_start(os.getpid()),
+        no_commit=no_commit, sets=list(sets or []), run_id=run_id, caller_pid=os.getpid(), caller_start=procs.proc_start(os.getpid()),
         fd=write_end, supervisor_log=ws.rel(log_path),
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -216,7 +217,8 @@ def _supervise(spec: SupervisorSpec, pipe: _Pipe) -> int:
         raise RunbookError(str(exc), "locked") from None
     pipe.send("adopted", pid=os.getpid())
     try:
-        runner = _Next(spec.plan_opt, spec.phase_ref, spec.restart, spec.until_stop, True, spec.no_commit, False)
+        runner = _Next(spec.plan_opt, spec.phase_ref, spec.restart, spec.until_stop, True, spec.no_commit, False,
+                       spec.sets)
 
         def started(live) -> None:
             pipe.send("started", run_id=live.run_id, phase=live.phase, reattached=bool(live.jobs))

@@ -467,13 +467,15 @@ def merge_metrics(results: list[StepResult]) -> Metrics:
 
 
 def judge(
-    criterion_expr: object | None, metrics: Metrics, results: list[StepResult] | None = None
+    criterion_expr: object | None, metrics: Metrics, results: list[StepResult] | None = None,
+    ref_missing: dict[str, str] | None = None,
 ) -> tuple[str, str]:
     """Verdict and one-line reason for a phase whose steps all exited 0.
 
     When the criterion names a metric no step wrote (`inconclusive`), the reason says what the
     steps did write, with a "did you mean", and, given `results`, notices a step that printed a
-    JSON object to its output instead of writing it to $RUNBOOK_METRICS."""
+    JSON object to its output instead of writing it to $RUNBOOK_METRICS. `ref_missing`: why a
+    reference to another phase's metric (runbook/crossref.py) has no value."""
     if criterion_expr is None:
         return "pass", "all steps exited 0 (no Pass: criterion)"
     from runbook.criteria import evaluate
@@ -482,9 +484,13 @@ def judge(
     verdict = judgement.verdict
     reason = judgement.explanation
     if verdict == "inconclusive" and getattr(judgement, "missing", None):
-        missing = ", ".join(judgement.missing)
-        reason = f"no step wrote {missing}" + (f" ({reason})" if reason else "")
-        reason += missing_metrics_hint(judgement.missing, metrics, results or [])
+        refs = ref_missing or {}
+        own = [name for name in judgement.missing if name not in refs]
+        parts = [f"no step wrote {', '.join(own)}"] if own else []
+        parts += [refs[name] for name in judgement.missing if name in refs]
+        reason = "; ".join(parts) + (f" ({reason})" if reason else "")
+        if own:
+            reason += missing_metrics_hint(own, metrics, results or [])
     return verdict, reason
 
 
@@ -503,6 +509,10 @@ def missing_metrics_hint(missing: list[str], metrics: Metrics, results: list[Ste
             guesses.append(f"{close[0]} for {name}")
     if guesses:
         parts.append("did you mean " + ", ".join(guesses) + "?")
+    for name in missing:  # `a-b` is one name: subtraction needs spaces
+        pieces = name.split("-")
+        if len(pieces) > 1 and all(piece in metrics for piece in pieces):
+            parts.append(f"`{name}` is one name; to subtract, write `{' - '.join(pieces)}`")
     if written:
         shown = ", ".join(written[:12]) + (f" and {len(written) - 12} more" if len(written) > 12 else "")
         parts.append(f"the steps wrote {shown}")

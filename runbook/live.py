@@ -130,6 +130,8 @@ class LiveRun(BaseModel):
     record: RunRecord | None = None  # judged, and being recorded (ledger, plan, commit)
     supervisor_log: str | None = None  # repo-relative, detached runs only
     stopping: str | None = None  # why it is being stopped (a signal, a timeout), once it is
+    vars: dict[str, str] = {}  # the vars its commands use, with their values (runbook/overrides.py)
+    overrides: list[str] = []  # those set with `runbook next --set`
 
     def job_for(self, step_id: str) -> JobRef | None:
         found = None
@@ -233,7 +235,7 @@ def interrupted_record(live: LiveRun, root: Path, reason: str) -> RunRecord:
         phase_text_hash=live.phase_text_hash, started=live.started, finished=iso(now), duration_s=duration,
         steps=steps, metrics=metrics, criterion=live.criterion, verdict="interrupted", reason=reason,
         commit_before=live.commit_before, dirty=live.dirty, dirty_files=list(live.dirty_files), env=live.env,
-        executor=live.executor, detached=live.detached,
+        executor=live.executor, detached=live.detached, vars=dict(live.vars), overrides=list(live.overrides),
     )
 
 

@@ -84,7 +84,30 @@ class Text(BaseModel):
     value: str
 
 
-Operand = Annotated[MetricRef | Number | Text, Field(discriminator="kind")]
+ArithOp = Literal["+", "-", "*", "/"]
+
+
+class Arith(BaseModel):
+    """`items[0] ops[0] items[1] ops[1] items[2] ...`, evaluated left to right, all of one precedence
+    level (`+ -` or `* /`): a long sum is one flat node, so no chain of terms can nest deeply."""
+
+    kind: Literal["arith"] = "arith"
+    items: list[Operand]
+    ops: list[ArithOp]  # len(items) - 1
+
+
+class Neg(BaseModel):
+    """Unary minus of a value that is not a number literal (`-x`; `-3` is a Number)."""
+
+    kind: Literal["neg"] = "neg"
+    item: Operand
+
+
+# A value: a metric (of this run, or `phase-0.name` of another phase's latest run), a literal, or
+# arithmetic over them.
+Operand = Annotated[MetricRef | Number | Text | Arith | Neg, Field(discriminator="kind")]
+Arith.model_rebuild()
+Neg.model_rebuild()
 
 
 class Compare(BaseModel):
@@ -163,11 +186,12 @@ class Phase(BaseModel):
     timeout_s: float | None = None
     executor: Literal["local", "slurm"] | None = None  # `Executor:`; None -> local
     resources: dict[str, str] = {}  # `Resources:` words (runbook/resources.py), in order
+    columns: list[str] = []  # `Columns:`: more metrics (or vars) for the results table than `Pass:` reads
     status: PhaseStatus | None = None
     blocks: dict[str, Block] = {}
     span: Span  # heading line to the byte before the next phase heading (or end of file)
     heading_span: Span
-    field_lines: dict[str, int] = {}  # "pass", "on_pass", "on_fail", "needs", "timeout", "executor", ... -> line
+    field_lines: dict[str, int] = {}  # "pass", "on_pass", "on_fail", "needs", "timeout", "executor", "columns", ... -> line
 
     @property
     def display_name(self) -> str:
@@ -276,3 +300,10 @@ class RunRecord(BaseModel):
     env: EnvFingerprint | None = None
     executor: Literal["local", "slurm"] = "local"  # where its steps ran (runbook/executor.py)
     detached: bool = False  # run by a supervisor that outlived the `runbook next --detach` that started it
+    # every var the phase's commands used, with the value they ran with (empty in records older
+    # than this field); `overrides` names those set with `runbook next --set` for this run
+    vars: dict[str, str] = {}
+    overrides: list[str] = []
+    # other phases' metrics its criterion read (`phase-0.acc` -> value) and the runs they came from
+    ref_metrics: Metrics = {}
+    ref_runs: dict[str, str] = {}  # phase id -> run id

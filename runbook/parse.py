@@ -140,7 +140,7 @@ _PHASE_START_RE = re.compile(r"Phase\s+\d", re.IGNORECASE)
 _ATX_OPEN_RE = re.compile(r"^[ ]{0,3}##[ \t]*")
 _ATX_CLOSE_RE = re.compile(r"[ \t]+#+[ \t]*$")
 _FIELD_RE = re.compile(
-    r"(?:^|(?<=\r))(?P<indent>[ \t]*)(?P<key>steps|pass|on[ \t]+pass|on[ \t]+fail|needs|timeout|executor|resources)[ \t]*:(?P<value>[^\r\n]*)",
+    r"(?:^|(?<=\r))(?P<indent>[ \t]*)(?P<key>steps|pass|on[ \t]+pass|on[ \t]+fail|needs|timeout|executor|resources|columns)[ \t]*:(?P<value>[^\r\n]*)",
     re.IGNORECASE | re.MULTILINE,
 )
 _TASK_RE = re.compile(r"^[ \t]*(?:[-*+]|\d{1,9}[.)])[ \t]+\[(?P<mark>[ xX])\](?=[ \t]|$)")
@@ -160,10 +160,12 @@ _FIELD_KEYS = {
     "timeout": "timeout",
     "executor": "executor",
     "resources": "resources",
+    "columns": "columns",
 }
 _FIELD_NAMES = {"steps": "Steps:", "pass": "Pass:", "on_pass": "On pass:", "on_fail": "On fail:", "needs": "Needs:", "timeout": "Timeout:",
-                "executor": "Executor:", "resources": "Resources:"}
+                "executor": "Executor:", "resources": "Resources:", "columns": "Columns:"}
 _EXECUTORS = ("local", "slurm")
+_COLUMN_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:[.-][A-Za-z0-9_]+)*")
 _UNITS = {
     "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
     "m": 60, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
@@ -609,6 +611,8 @@ class _Parser:
                 timeout_s = None
         executor, resources_map = self.executor_fields(fields)
 
+        columns = self.columns(*fields["columns"]) if "columns" in fields else []
+
         status = None
         block_map: dict[str, Block] = {b.name: b for b in blocks}
         if "status" in block_map:
@@ -636,6 +640,7 @@ class _Parser:
             timeout_s=timeout_s,
             executor=executor,
             resources=resources_map,
+            columns=columns,
             status=status,
             blocks=block_map,
             span=phase_span,
@@ -771,6 +776,29 @@ class _Parser:
             )
         return steps
 
+    def columns(self, line0: int, col: int, value: str) -> list[str]:
+        """`Columns: val_loss, lr` -> ["val_loss", "lr"]: metric or var names, comma-separated
+        (backticks around the list or a name are fine)."""
+        names: list[str] = []
+        if not value.strip("` \t"):
+            self.error(line0, col, "`Columns:` is empty: name metrics or vars to show, e.g. `Columns: val_loss, lr`")
+            return names
+        at = col  # `value` starts at column `col` of its line
+        for part in value.split(","):
+            where = at + len(part) - len(part.lstrip())
+            at += len(part) + 1
+            name = part.strip().strip("`").strip()
+            if not name:
+                self.error(line0, where, "`Columns:` has an empty name between commas")
+            elif not _COLUMN_RE.fullmatch(name):
+                self.error(line0, where, f"`Columns:` {name!r} is not a metric or var name (letters, digits, `_`, "
+                                         "with `.` or `-` between parts); separate names with commas")
+            elif name in names:
+                self.warn(line0, where, f"`Columns:` names {name!r} twice")
+            else:
+                names.append(name)
+        return names
+
     def criterion(self, line0: int, col: int, value: str) -> Criterion | None:
         if not value:
             self.error(line0, col, "`Pass:` is empty: write a criterion such as `accept_len >= 1.5`")
@@ -807,7 +835,20 @@ class _Parser:
                     self.error(phase.field_lines["needs"] - 1, 1, f"`Needs:` names {ref!r}, which is not a phase of this plan (phases: {known})")
             for step in phase.steps:
                 self.check_command(plan, step)
+            self.check_refs(plan, phase, index)
         self.check_cycles(plan, index)
+
+    def check_refs(self, plan: Plan, phase: Phase, index: dict[str, Phase]) -> None:
+        """`phase-N.metric` names in `Pass:` must name another phase of this plan."""
+        from runbook import crossref
+
+        crit = phase.criterion
+        if crit is None or "." not in crit.text:
+            return
+        line0 = crit.span.start_line - 1
+        base = self.lines.line(line0).find(crit.text)
+        for col, message in crossref.check(plan, phase, index):
+            self.error(line0, base + col, f"Pass: {message}")
 
     def check_fences(self, n_lines: int) -> None:
         """A fenced block that is never closed runs to the end of the file: say so, and make it an

@@ -161,6 +161,7 @@ class RunOptions:
     detached: bool = False  # this process is a supervisor (runbook/detach.py)
     supervisor_log: str | None = None  # repo-relative
     on_started: Callable[[LiveRun], None] | None = None  # a run's live state exists (the detach handshake)
+    overrides: dict[str, str] = field(default_factory=dict)  # `--set NAME=VALUE` for this run
 
 
 @dataclass
@@ -225,15 +226,41 @@ def _commit_plan_edits_first(
     return plan_text, commit_before, dirty_files
 
 
+def with_overrides(sel: Selection, given: dict[str, str] | None) -> tuple[Selection, dict[str, str], str | None]:
+    """The overrides a selected run uses, and the selection they leave: a resumed run keeps the
+    `--set` values its interrupted run had unless others are given; other values than those rerun
+    the phase from its first step (the done steps ran with the old ones). Returns (selection,
+    overrides, a note to print or None)."""
+    from runbook.overrides import run_overrides
+
+    if sel.phase is None or sel.mode != "resume" or sel.last is None:
+        return sel, dict(given or {}), None
+    before = run_overrides(sel.last)
+    if given is None:
+        shown = " ".join(f"--set {k}={shlex.quote(v)}" for k, v in before.items())
+        return sel, before, (f"resuming with the values run {sel.last.run_id} was started with: {shown}"
+                             if before else None)
+    if given == before:
+        return sel, given, None
+    why = (f"{sel.message}; but --set differs from what run {sel.last.run_id} ran with, so it runs from its "
+           "first step")
+    return Selection(sel.phase, 0, "restart", why, sel.last), given, None
+
+
 def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts: RunOptions) -> RunResult:
-    """Run the selected phase once and record it everywhere. Call with the run lock held."""
+    """Run the selected phase once and record it everywhere. Call with the run lock held.
+
+    `opts.overrides` (`--set`) replace plan vars for this run; `plan` is the plan as written."""
     from runbook.criteria import metric_names as names_in
     from runbook.envprint import fingerprint
     from runbook.executor import phase_executor
     from runbook.live import PlannedStep, new_live
+    from runbook.overrides import effective, used_vars
 
     phase = sel.phase
     assert phase is not None
+    written = plan
+    plan = effective(plan, opts.overrides)
     run_id, opts.run_id = opts.run_id or ledger.new_run_id(), None
     lock.set_run(run_id)
     lock.note(plan=ws.plan_rel, phase=phase.id, step=None)
@@ -259,6 +286,7 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
         planned=[PlannedStep(step_id=s.step_id, command=s.command, skip=s.skip, carried_metrics=s.carried_metrics)
                  for s in specs],
         supervisor_log=opts.supervisor_log, resources=resources, sbatch_args=sbatch_args,
+        vars=used_vars(phase, plan.vars), overrides=[name for name in opts.overrides if name in written.vars],
     )
     return _execute(ws, live, specs, lock, opts, started_from=plan_text,
                     criterion=phase.criterion.expr if phase.criterion else None)
@@ -334,12 +362,13 @@ def _execute(ws: Workspace, live: LiveRun, specs: list[StepSpec], lock: RunLock,
     finally:
         writer.stop()
     metrics = merge_metrics(outcome.results)
+    refs = _refs(ws, live.phase, criterion)
     if outcome.stopped:
         verdict, reason = outcome.stopped, outcome.reason
         if verdict == "interrupted" and (ledger.run_dir(ws.state, live.run_id) / "cancel-requested").exists():
             reason = f"cancelled (runbook cancel): {reason}"
     else:
-        verdict, reason = judge(criterion, metrics, outcome.results)
+        verdict, reason = judge(criterion, {**metrics, **refs.values}, outcome.results, refs.missing)
     record = RunRecord(
         run_id=live.run_id,
         plan=live.plan,
@@ -361,12 +390,30 @@ def _execute(ws: Workspace, live: LiveRun, specs: list[StepSpec], lock: RunLock,
         env=live.env,
         executor=live.executor,
         detached=live.detached,
+        vars=dict(live.vars),
+        overrides=list(live.overrides),
+        ref_metrics=refs.values,
+        ref_runs=refs.runs,
     )
     writer.update(record=record, step=None)  # judged: a runbook killed from here on is recorded as judged
     result = record_run(ws, record, live.metric_names, opts, started_from=started_from)
     result.reattached = reattach
     writer.remove()
     return result
+
+
+def _refs(ws: Workspace, phase_id: str, expr):  # -> crossref.Refs
+    """Other phases' metrics the criterion reads (`phase-0.acc`), from this plan's ledger."""
+    from runbook import crossref
+    from runbook.criteria import metric_names
+
+    if expr is None or not any("." in name for name in metric_names(expr)):
+        return crossref.Refs()
+    plan = ws.plan
+    phase = plan.find_phase(phase_id)
+    if phase is None:
+        return crossref.Refs()
+    return crossref.resolve(plan, phase, expr, ledger.load_runs(ws.state, plan=ws.plan_rel))
 
 
 def settle_orphans(ws: Workspace, lock: RunLock, opts: RunOptions) -> tuple[list[RunResult], list[RunResult]]:
@@ -433,7 +480,6 @@ def recover_unrecorded(ws: Workspace) -> list[str]:
     atomic write left beside the plan or notes are removed. Returns the ledger paths
     (repo-relative) to commit together with the plan.
     """
-    from runbook.criteria import metric_names as names_in
     from runbook.parse import parse_plan, read_text
 
     for tmp in ws.plan_path.parent.glob(f".{ws.plan_path.name}.*.tmp"):
@@ -458,9 +504,8 @@ def recover_unrecorded(ws: Workspace) -> list[str]:
             r for r in ledger.load_runs(ws.state, plan=ws.plan_rel, phase=record.phase)
             if (r.started, r.run_id) <= (record.started, record.run_id)
         ]
-        names = names_in(phase.criterion.expr) if phase.criterion else []
         try:
-            new_text = writeback.apply_run(new_text, current, record.phase, record, history, names, file=ws.plan_rel)
+            new_text = writeback.apply_run(new_text, current, record.phase, record, history, file=ws.plan_rel)
         except writeback.HandEdited:
             continue
     if new_text != text:
@@ -496,9 +541,7 @@ def record_run(
         else:
             history = ledger.load_runs(ws.state, plan=ws.plan_rel, phase=record.phase)
             try:
-                new_text = writeback.apply_run(
-                    text, current, record.phase, record, history, metric_names, file=ws.plan_rel
-                )
+                new_text = writeback.apply_run(text, current, record.phase, record, history, file=ws.plan_rel)
             except writeback.HandEdited as exc:
                 result.plan_written = False
                 result.problems.append(f"{exc} The run is recorded in {ws.rel(ledger_path)}.")

@@ -90,14 +90,16 @@ def _first_unfinished(phase: Phase) -> int:
     return len(phase.steps)
 
 
-def resolved_commands(plan: Plan, phase: Phase) -> list[str]:
-    """The phase's step commands with vars resolved, as `runbook next` would run them."""
+def resolved_commands(plan: Plan, phase: Phase, overrides: dict[str, str] | None = None) -> list[str]:
+    """The phase's step commands with vars resolved, as `runbook next` would run them
+    (with `overrides`: as `runbook next --set` would)."""
     from runbook.resolve import resolve_command
 
+    vars = {**plan.vars, **overrides} if overrides else plan.vars
     out = []
     for step in phase.steps:
         try:
-            out.append(resolve_command(step.command, plan.vars))
+            out.append(resolve_command(step.command, vars))
         except Exception:  # a bad placeholder is validate's to report; compare it as written
             out.append(step.command)
     return out
@@ -120,10 +122,13 @@ def stale_reason(plan: Plan, phase: Phase, run: RunRecord) -> str | None:
     A verdict is stale when the phase's commands (vars resolved) or its `Pass:` are not those the
     run was judged by. Prose, the heading, transitions and the timeout do not count: editing
     them must not rerun a days-long phase. Runs recorded without steps are compared by their
-    criterion alone."""
+    criterion alone. A run made with `runbook next --set` is compared with its own overrides
+    applied: the experiment it was stays the phase's verdict (runbook/overrides.py)."""
     from runbook.envprint import redact_credentials
+    from runbook.overrides import run_overrides
 
-    now = [redact_credentials(c) for c in resolved_commands(plan, phase)]  # as the record keeps them
+    # as the record keeps them
+    now = [redact_credentials(c) for c in resolved_commands(plan, phase, run_overrides(run))]
     then = [redact_credentials(s.command) for s in run.steps]
     if run.steps and then != now:
         changed = [f"step-{i + 1}" for i, (a, b) in enumerate(zip(then, now, strict=False)) if a != b]

@@ -23,7 +23,6 @@ __all__ = ["forget_runs"]
 
 
 def _rewrite(ws: Workspace, text: str, forgotten: list[RunRecord], remaining: list[RunRecord]) -> str:
-    from runbook.criteria import metric_names
     from runbook.parse import parse_plan
 
     for phase_id in dict.fromkeys(r.phase for r in forgotten):
@@ -34,8 +33,7 @@ def _rewrite(ws: Workspace, text: str, forgotten: list[RunRecord], remaining: li
         history = [r for r in remaining if r.phase == phase_id]
         try:
             if history:
-                names = metric_names(phase.criterion.expr) if phase.criterion else []
-                text = writeback.apply_run(text, plan, phase_id, history[-1], history, names, file=ws.plan_rel)
+                text = writeback.apply_run(text, plan, phase_id, history[-1], history, file=ws.plan_rel)
             else:
                 text = writeback.clear_phase(text, plan, phase_id, file=ws.plan_rel)
         except writeback.HandEdited as exc:

@@ -7,8 +7,11 @@ Three things change, nothing else:
 - the `[ ]` / `[x]` character of each step (ticked when the step finished with exit 0 in this run
   or was already done in an earlier run of the phase);
 - the phase's results table, `<!-- runbook:results sha=... -->`, one row per run of the phase
-  (newest last; columns run, finished, commit, each metric named in `Pass:`, took, verdict), placed
-  at the end of the phase section (before its trailing blank lines) on first use.
+  (newest last; columns run, finished, commit, each var whose value differs between the listed
+  runs, each metric named in `Pass:` (not other phases' `phase-0.x`) and in `Columns:`, took,
+  verdict), placed at the end of the phase section (before its trailing blank lines) on first use.
+  A `Columns:` name shows the run's metric of that name, else the other phase's metric its
+  criterion read, else the run's value of the var of that name.
 
 `clear_phase` undoes all three for a phase left without runs (`runbook forget` / `reset`): the
 blocks go, with the blank line written before the results table, and every box is unticked.
@@ -120,15 +123,58 @@ def status_line(record: RunRecord) -> str:
     return "**Status:** " + " · ".join(parts)
 
 
+def table_columns(plan: Plan, phase: Phase) -> list[str]:
+    """The metric columns of a phase's results table: what its `Pass:` reads of its own runs,
+    then its `Columns:`."""
+    from runbook import crossref
+    from runbook.criteria import metric_names
+    from runbook.parse import phase_index
+
+    names = metric_names(phase.criterion.expr) if phase.criterion else []
+    if any("." in name for name in names):
+        index = phase_index(plan)
+        names = [name for name in names if crossref.split(name, index) is None]
+    return list(dict.fromkeys([*names, *phase.columns]))
+
+
+def varying_vars(records: list[RunRecord], exclude: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """Vars whose recorded value differs between `records` (records without vars do not count)."""
+    values: dict[str, set[str | None]] = {}
+    recorded = [r for r in records if r.vars]
+    for r in recorded:
+        for name in r.vars:
+            values.setdefault(name, set())
+    for name, seen in values.items():
+        seen.update(r.vars.get(name) for r in recorded)
+    return [name for name, seen in values.items() if len(seen) > 1 and name not in exclude]
+
+
+def cell(record: RunRecord, name: str) -> float | str | None:
+    """A run's value for a column: its metric, else the other phase's metric it read, else its var."""
+    if name in record.metrics:
+        return record.metrics[name]
+    if name in record.ref_metrics:
+        return record.ref_metrics[name]
+    return record.vars.get(name)
+
+
+def _text(value: float | str | None, width: int = 40) -> str:
+    text = _value(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def results_table(records: list[RunRecord], metric_names: list[str]) -> list[str]:
-    """The results table's lines, one row per run in the order given."""
-    header = ["run", "finished", "commit", *metric_names, "took", "verdict"]
+    """The results table's lines, one row per run in the order given: a column for each var that
+    differs between them, then `metric_names`."""
+    var_names = varying_vars(records, exclude=metric_names)
+    header = ["run", "finished", "commit", *var_names, *metric_names, "took", "verdict"]
     rows = [
         [
             r.run_id,
             _minute(r.finished),
             (r.commit_before or "")[:7] or "-",
-            *(_value(r.metrics.get(name)) for name in metric_names),
+            *(_text(r.vars.get(name)) for name in var_names),
+            *(_text(cell(r, name)) for name in metric_names),
             format_took(r.duration_s),
             r.verdict,
         ]
@@ -185,18 +231,21 @@ def apply_run(
     phase_id: str,
     record: RunRecord,
     history: list[RunRecord],
-    metric_names: list[str],
+    metric_names: list[str] | None = None,
     file: str = "",
 ) -> str:
     """The plan text with `record` written into phase `phase_id`.
 
     `plan` must be the parse of `text`. `history` is every run of the phase to list in the results
-    table, oldest first (it should end with `record`). Raises HandEdited (nothing changes) or
-    KeyError when the phase is not in the plan.
+    table, oldest first (it should end with `record`). `metric_names`: the table's metric columns
+    (default: `table_columns`). Raises HandEdited (nothing changes) or KeyError when the phase is
+    not in the plan.
     """
     phase = plan.find_phase(phase_id)
     if phase is None:
         raise KeyError(phase_id)
+    if metric_names is None:
+        metric_names = table_columns(plan, phase)
     check_blocks(text, phase, file)
     newline = detect_newline(text)
     edits: list[tuple[int, int, str]] = []  # (start, end, replacement), non-overlapping

@@ -3,7 +3,8 @@
 - `_Lines` (line table with a sentinel, built from line lengths when the text has no `\\r`) against
   a naive splitter, on random text;
 - the criterion tokenizer (one `finditer` with a catch-all `bad` group) against the former
-  match-at-each-position loop, kept here as the reference, on random and generated expressions;
+  match-at-each-position loop, kept here as the reference (with the tokens arithmetic added:
+  `+ - * /`, numbers without a sign), on random and generated expressions;
 - `check_command`, which now skips `suspicious_groups` when its own scan found no literal group,
   against calling `resolve.suspicious_groups` for every step;
 - LF and CRLF copies of every plan in the repository (plans/, templates/, tests/, the docs
@@ -48,9 +49,11 @@ def naive_lines(text: str) -> list[str]:
 _REF_TOKEN_RE = re.compile(
     r"""
     (?P<ws>\s+)
-  | (?P<num>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)(?![A-Za-z0-9_.])
+  | (?P<num>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)(?![A-Za-z0-9_.])
+  | (?P<str>"[^"]*"|'[^']*')
   | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:[.-][A-Za-z0-9_]+)*)
   | (?P<op><=|>=|==|!=|<|>)
+  | (?P<arith>[-+*/])
   | (?P<lpar>\()
   | (?P<rpar>\))
     """,
@@ -66,7 +69,8 @@ def reference_tokenize(text: str, base_col: int) -> list[tuple[str, str, int]]:
         m = _REF_TOKEN_RE.match(text, pos)
         if m is None:
             ch = text[pos]
-            hint = criteria._HINTS.get(ch, "expected a metric name, a number, a comparison, and/or/not or parentheses")
+            hint = criteria._HINTS.get(ch, "expected a metric name, a number, a comparison, arithmetic (+ - * /), "
+                                           "and/or/not or parentheses")
             raise CriterionError(f"unexpected {ch!r}: {hint}", base_col + pos)
         kind = m.lastgroup or ""
         if kind != "ws":
@@ -116,7 +120,7 @@ def test_line_table_edges(text: str) -> None:
 PIECES = [
     "accept_len", "x", "step-2.loss", "a.b", "1", "-3", "2e-4", ".5", "1.", "1abc", "4.0.", "1e999",
     "<", "<=", ">", ">=", "==", "!=", "=", "!", "&", "|", "and", "or", "not", "(", ")",
-    " ", "  ", "\t", "\n", "\u00a0", "é", "#", "_x", "+", "-", "x-", ".x",
+    " ", "  ", "\t", "\n", "\u00a0", "é", "#", "_x", "+", "-", "x-", ".x", "*", "/", "^", "%", "'s'", '"',
 ]  # fmt: skip
 
 
@@ -157,8 +161,8 @@ def test_criteria_still_parse_to_typed_trees(text: str, rendered: str) -> None:
     [
         ("x = 1", "unexpected '=': use '==' to compare", 3),
         ("`x < 1 & y`", "unexpected '&': use 'and'", 8),
-        ("x <\u00a01 ?", "unexpected '?': expected a metric name, a number, a comparison, and/or/not or parentheses", 7),
-        ("x < 1abc", "unexpected '1': expected a metric name, a number, a comparison, and/or/not or parentheses", 5),
+        ("x <\u00a01 ?", "unexpected '?': expected a metric name, a number, a comparison, arithmetic (+ - * /), and/or/not or parentheses", 7),
+        ("x < 1abc", "unexpected '1': expected a metric name, a number, a comparison, arithmetic (+ - * /), and/or/not or parentheses", 5),
     ],
 )
 def test_criterion_errors_keep_message_and_column(text: str, message: str, col: int) -> None:

@@ -132,7 +132,7 @@ def test_a_failed_comparison_is_marked_everywhere_the_verdict_line_is_shown(tmp_
     last = js(repo, "history")["result"]["runs"][-1]
     assert last["reason"] == mark and last["failures"] == [mark]
     assert last["comparisons"] == [{"text": "acc 0.3 >= 0.5", "metric": "acc", "op": ">=", "value": 0.3,
-                                    "threshold": 0.5, "threshold_metric": None, "held": False}]
+                                    "threshold": 0.5, "threshold_metric": None, "held": False, "operands": {}}]
     again = S.copy(repo, tmp_path / "again")
     (again / "work").mkdir(exist_ok=True)
     done = rb(again, "next", "--yes", "--phase", "1", "--restart")

@@ -45,6 +45,7 @@ Examples:
   runbook next --until-stop --yes   # keep going until stop, error or the end
   runbook next --phase 1 --restart  # run Phase 1 again from its first step
   runbook next --detach --yes       # run it in the background; `runbook logs -f`, `runbook cancel`
+  runbook next --phase 2 --restart --set lr=3e-4 --yes   # an experiment: one var changed
 """
 
 MAX_RUNS_PER_PHASE = 2  # --until-stop: a phase reached a third time in one invocation is a loop
@@ -63,6 +64,9 @@ MAX_RUNS_PER_PHASE = 2  # --until-stop: a phase reached a third time in one invo
 @click.option("--detach", is_flag=True,
               help="Run under a supervisor that outlives this command (own session); follow it with "
                    "`runbook status`, `runbook logs -f`, stop it with `runbook cancel`.")
+@click.option("--set", "sets", metavar="NAME=VALUE", multiple=True,
+              help="Use this value for the plan var NAME in this run (repeatable); the plan is not changed, the "
+                   "run record keeps every var value it used.")
 @json_option
 def command(
     plan_opt: str | None,
@@ -74,6 +78,7 @@ def command(
     no_commit: bool,
     detach: bool,
     as_json: bool,
+    sets: tuple[str, ...] = (),
 ) -> Output:
     """Run the current phase of the plan, judge it, write the verdict back, commit.
 
@@ -83,15 +88,17 @@ def command(
     state/runs/<run-id>.json, updates the phase's status block, checkboxes and results table in
     the plan, and commits exactly those two files. Step output goes to stderr under --json.
     """
-    nxt = _Next(plan_opt, phase_ref, restart, until_stop, yes, no_commit, as_json)
+    nxt = _Next(plan_opt, phase_ref, restart, until_stop, yes, no_commit, as_json, sets)
     nxt.detach = detach
     return nxt.main(dry_run)
 
 
 class _Next:
-    def __init__(self, plan_opt, phase_ref, restart, until_stop, yes, no_commit, as_json) -> None:
+    def __init__(self, plan_opt, phase_ref, restart, until_stop, yes, no_commit, as_json, sets=()) -> None:
         self.plan_opt, self.phase_ref, self.restart, self.until_stop = plan_opt, phase_ref, restart, until_stop
         self.yes, self.no_commit, self.as_json = yes, no_commit, as_json
+        self.sets = tuple(sets)
+        self.overrides: dict[str, str] | None = None  # parsed --set; None: not given
         self.runs: list = []
         self.settled: list = []  # runs a dead runbook left, recorded by this one
         self.selected = None
@@ -103,6 +110,21 @@ class _Next:
         """Run as the supervisor of a detached run (runbook/detach.py): step output only into the
         logs, the first fresh run under the id the caller chose."""
         self.supervisor = {"run_id": run_id, "supervisor_log": supervisor_log, "on_started": on_started}
+
+    def choose(self, ws, plan, sel):
+        """The selection with --set applied: (selection, the plan as it runs, overrides)."""
+        from runbook import runner
+        from runbook.overrides import check, effective, parse_sets
+
+        if self.sets and self.overrides is None:  # the supervisor of a detached run starts here
+            self.overrides = parse_sets(self.sets, plan, ws.plan_rel)
+        sel, overrides, note = runner.with_overrides(sel, self.overrides)
+        if note:
+            self.say(note)
+        if sel.phase is not None:
+            for warning in check(plan, sel.phase, overrides):
+                self.warn(warning)
+        return sel, effective(plan, overrides), overrides
 
     def say(self, msg: str) -> None:
         click.echo(msg, err=self.as_json)
@@ -129,6 +151,10 @@ class _Next:
         plan = ws.load_plan()
         for w in ws.warnings:
             click.echo(str(w), err=True)
+        if self.sets:
+            from runbook.overrides import parse_sets
+
+            self.overrides = parse_sets(self.sets, plan, ws.plan_rel)
         if self.phase_ref is not None and plan.find_phase(self.phase_ref) is None:
             from runbook.commands.show import unknown_phase
 
@@ -161,8 +187,9 @@ class _Next:
                 out.result.dry_run = dry_run
                 return out
             else:
-                self.selected = runner.selected_view(plan, sel)
-                self.say(runner.render_preview(ws, plan, sel))
+                sel, running, _ = self.choose(ws, plan, sel)
+                self.selected = runner.selected_view(running, sel)
+                self.say(runner.render_preview(ws, running, sel))
                 if dry_run:
                     self.say("dry run: nothing ran")
                     return self.result(ws, 0, dry_run=True, state=state)
@@ -208,7 +235,7 @@ class _Next:
                 file=str(exc.filename) if exc.filename else None,
             ) from None
 
-    def options(self, commit: bool, interrupts):  # -> runner.RunOptions
+    def options(self, commit: bool, interrupts, overrides: dict[str, str] | None = None):  # -> runner.RunOptions
         from runbook import runner
 
         opts = runner.RunOptions(
@@ -217,6 +244,7 @@ class _Next:
             say=self.say,
             warn=self.warn,
             interrupts=interrupts,
+            overrides=dict(overrides or {}),
         )
         if self.supervisor:
             opts.detached = True
@@ -256,12 +284,14 @@ class _Next:
                 check_blocks(plan.text, sel.phase, ws.plan_rel)
             except HandEdited as exc:
                 raise RunbookError(f"refusing to run: {exc}", "hand_edited", file=ws.plan_rel) from None
-            self.say(runner.render_preview(ws, plan, sel))
-            self.selected = runner.selected_view(plan, sel)
+            sel, running, _ = self.choose(ws, plan, sel)
+            self.say(runner.render_preview(ws, running, sel))
+            self.selected = runner.selected_view(running, sel)
         if not self.yes and not click.confirm("\nRun it in the background?", default=True):
             raise RunbookError("not confirmed: nothing ran", "not_confirmed")
         started = detach.start(ws, lock, plan_opt=self.plan_opt, phase_ref=self.phase_ref, restart=self.restart,
-                               until_stop=self.until_stop, no_commit=not commit, run_id=new_run_id())
+                               until_stop=self.until_stop, no_commit=not commit, run_id=new_run_id(),
+                               sets=list(self.sets))
         lines = [
             "",
             f"{'re-attached' if started.reattached else 'started'} run {started.run_id} ({started.phase}) in the "
@@ -326,16 +356,17 @@ class _Next:
                     check_blocks(plan.text, sel.phase, ws.plan_rel)
                 except HandEdited as exc:
                     raise RunbookError(f"refusing to run: {exc}", "hand_edited", file=ws.plan_rel) from None
-                self.say(runner.render_preview(ws, plan, sel))
+                sel, running, overrides = self.choose(ws, plan, sel)
+                self.say(runner.render_preview(ws, running, sel))
                 if first and not self.yes:
                     if not click.confirm(f"\nRun {sel.phase.display_name}{' and what follows' if self.until_stop else ''}?",
                                          default=True):
                         raise RunbookError("not confirmed: nothing ran", "not_confirmed")
                 if first:
-                    self.selected = runner.selected_view(plan, sel)
+                    self.selected = runner.selected_view(running, sel)
                 if interrupts is None:
                     interrupts = Interrupts().__enter__()
-                result = runner.run_selected(ws, plan, sel, lock, self.options(commit, interrupts))
+                result = runner.run_selected(ws, plan, sel, lock, self.options(commit, interrupts, overrides))
                 record = result.record
                 self.runs.append(record)
                 counts[record.phase] = counts.get(record.phase, 0) + 1
