@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("runbook.commands.logs", "Print or follow a step's output (the run in progress by default)."),
     "cancel": ("runbook.commands.cancel", "Stop the run in progress; it is recorded as interrupted."),
     "history": ("runbook.commands.history", "List past runs with verdicts and metrics."),
+    "diff": ("runbook.commands.diff", "Compare two runs: vars, commands, metrics, verdicts, code, environment."),
     "record": ("runbook.commands.record", "Write a milestone and lessons into the notes."),
     "brief": ("runbook.commands.brief", "Print the handoff for a new agent or engineer."),
     "forget": ("runbook.commands.forget", "Drop a run from the ledger and the plan's results."),

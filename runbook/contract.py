@@ -408,8 +408,77 @@ class NextResult(Model):
 class HistoryResult(Model):
     plan: str | None  # None: runs of every plan
     phase: str | None
-    runs: list[RunView]  # oldest first
+    runs: list[RunView]  # oldest first, or in the order --sort asked for
     running: LockHolder | None = None
+    columns: list[str] = []  # the --metric columns asked for (each a metric, another phase's metric, or a var)
+    sort: str | None = None  # the column the runs are sorted by (--sort), None: oldest first
+    descending: bool = False
+    warnings: list[str] = []  # --metric / --sort names no run has, with a "did you mean"
+
+
+class ValueChange(Model):
+    """One value in two runs: a var, a metric, an environment field."""
+
+    name: str
+    a: float | str | None  # None: run A has none
+    b: float | str | None
+    delta: float | None = None  # b - a, when both are finite numbers
+    rel: float | None = None  # (b - a) / |a|, when a is a number other than 0
+    changed: bool
+
+
+class CommandChange(Model):
+    step: str
+    a: str | None  # the command as run A ran it (vars resolved); None: no such step
+    b: str | None
+    diff: list[str] = []  # unified-diff lines (`-old`, `+new`, ` context`)
+
+
+class ComparisonChange(Model):
+    """The n-th comparison of each run's criterion, as judged then."""
+
+    a: str | None
+    b: str | None
+    a_held: bool | None
+    b_held: bool | None
+
+
+class CodeDiff(Model):
+    a: str | None  # the commit run A's code ran on
+    b: str | None
+    same: bool
+    files: list[str] | None = None  # tracked files changed between the two commits; None: unknown
+    a_dirty_files: list[str] = []  # uncommitted changes run A ran with
+    b_dirty_files: list[str] = []
+
+
+class DiffRun(Model):
+    run_id: str
+    plan: str
+    phase: str
+    label: str
+    verdict: Verdict
+    reason: str
+    finished: str | None
+    commit: str | None
+    duration_s: float | None
+
+
+class DiffResult(Model):
+    """`runbook diff RUN_A RUN_B --json`: what differs from run A to run B."""
+
+    a: DiffRun
+    b: DiffRun
+    same_phase: bool
+    verdict: ValueChange
+    vars: list[ValueChange]  # every var either run used (`changed` tells)
+    commands: list[CommandChange]  # only steps whose commands differ
+    metrics: list[ValueChange]  # every metric either run wrote, without the per-step copies
+    ref_metrics: list[ValueChange] = []  # other phases' metrics their criteria read
+    comparisons: list[ComparisonChange] = []
+    code: CodeDiff
+    env: list[ValueChange] = []  # only environment fields that differ
+    duration: ValueChange
 
 
 class LogsResult(Model):
@@ -519,6 +588,7 @@ RESULTS: dict[str, type[BaseModel]] = {
     "show": ShowResult,
     "next": NextResult,
     "history": HistoryResult,
+    "diff": DiffResult,
     "record": RecordResult,
     "brief": Brief,
     "forget": ForgetResult,

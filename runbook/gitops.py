@@ -173,14 +173,15 @@ def show_blob(root: str | os.PathLike[str], blob: str) -> str | None:
         return None
 
 
-def changed_files(root: str | os.PathLike[str], commit: str) -> list[str] | None:
-    """Tracked paths (repo-relative) that differ between `commit` and the work tree; None when git
-    cannot tell (no such commit). Runs the git binary, so readers stay free of gitpython."""
+def changed_files(root: str | os.PathLike[str], commit: str, other: str | None = None) -> list[str] | None:
+    """Tracked paths (repo-relative) that differ between `commit` and the work tree (or commit
+    `other`); None when git cannot tell (no such commit). Runs the git binary, so readers stay free
+    of gitpython."""
     import subprocess
 
     try:
         done = subprocess.run(
-            ["git", "diff", "--name-only", "--no-renames", "-z", commit, "--"],
+            ["git", "diff", "--name-only", "--no-renames", "-z", commit, *([other] if other else []), "--"],
             cwd=root, capture_output=True, timeout=30, check=False,
         )
     except (OSError, subprocess.TimeoutExpired):

@@ -118,6 +118,24 @@ class HistoryArgs(ShowArgs):
     plan: str | None = Field(None, description="Only runs of this plan file (default: every plan's runs; the "
                                                "only plan's when a phase is given).")
     phase: str | None = Field(None, description="Only runs of this phase (label or id).")
+    metrics: list[str] = Field([], description="Columns to show: metrics, other phases' metrics (phase-0.acc) "
+                                               "or vars; unknown names come back in `warnings`.")
+    sort: str | None = Field(None, description="Order the runs by this column, lowest first (`-NAME`: highest "
+                                               "first); runs without a value last.")
+
+    def cli_kwargs(self) -> dict[str, Any]:
+        return {**super().cli_kwargs(), "metrics": tuple(self.metrics), "sort": self.sort, "desc": False}
+
+
+class DiffArgs(Args):
+    run_a: str | None = Field(None, description="The first run: its id, a unique prefix, `last` or `last~N`. "
+                                                "Without run_b: compared with the run of its phase before it.")
+    run_b: str | None = Field(None, description="The second run (default: see run_a; with neither, the last "
+                                                "run against the one before it in its phase).")
+    plan: str | None = Field(None, description="Only runs of this plan file (default: every plan's runs).")
+
+    def cli_kwargs(self) -> dict[str, Any]:
+        return {"run_a": self.run_a, "run_b": self.run_b, "plan_opt": self.plan, "show_all": False}
 
 
 class NextArgs(PlanArgs):
@@ -127,11 +145,14 @@ class NextArgs(PlanArgs):
     restart: bool = Field(False, description="Untick the phase's steps and run it from its first step.")
     until_stop: bool = Field(False, description="Keep following On pass:/On fail: until stop, the end, "
                                                 "inconclusive, error, timeout or an interrupt.")
+    set: dict[str, str] = Field({}, description="Plan vars to give other values for this run (`runbook next "
+                                                "--set NAME=VALUE`); the run record keeps every var it used.")
     no_commit: bool = Field(False, description="Write the results but do not commit them.")
 
     def cli_kwargs(self) -> dict[str, Any]:
         return {**super().cli_kwargs(), "phase_ref": self.phase, "restart": self.restart,
-                "until_stop": self.until_stop, "no_commit": self.no_commit, "dry_run": not self.run}
+                "until_stop": self.until_stop, "no_commit": self.no_commit, "dry_run": not self.run,
+                "sets": tuple(f"{name}={value}" for name, value in self.set.items())}
 
     def argv(self) -> list[str]:
         """`runbook next` arguments that run what these arguments ask for."""
@@ -140,6 +161,8 @@ class NextArgs(PlanArgs):
         argv += ["--phase", self.phase] if self.phase else []
         argv += [flag for flag, on in (("--restart", self.restart), ("--until-stop", self.until_stop),
                                        ("--no-commit", self.no_commit)) if on]
+        for name, value in self.set.items():
+            argv += ["--set", f"{name}={value}"]
         return argv
 
 
@@ -210,6 +233,8 @@ TOOLS: list[Tool] = [
          "errors (the result still lists them)."),
     Tool("history", HistoryArgs, "Past runs from the ledger, oldest first, with verdicts, metrics and why; and "
          "the run in progress."),
+    Tool("diff", DiffArgs, "What differs between two runs: vars, commands, metrics with deltas, verdicts and "
+         "comparisons, the code commit (and files changed between), environment."),
     Tool("next", NextArgs, "What `runbook next` runs now. By default a dry run: the selected phase and its "
          "resolved commands, nothing runs. With run=true it runs the phase under the run lock, streams step "
          "output as progress, judges Pass:, writes the verdict into the plan and commits; the result holds the "

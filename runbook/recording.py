@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 from pathlib import Path
 
 from runbook.contract import MilestoneView, RecordResult, iso_utc, phase_label
@@ -28,19 +29,24 @@ def now_text() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def find_run(ws: Workspace, ref: str) -> RunRecord:
-    """A run of the workspace's plan by id, unique id prefix, or `last`; RunbookError(unknown_run)."""
-    runs = ws.runs()
-    if ref == "last":
-        if not runs:
-            raise RunbookError(f"no runs of {ws.plan_rel} in {ws.rel(ws.state)}/runs yet", "unknown_run",
-                               hint="run a phase first (`runbook next`), or leave --run out")
-        return runs[-1]
+def find_run(ws: Workspace, ref: str, runs: list[RunRecord] | None = None) -> RunRecord:
+    """A run of the workspace's plan (or of `runs`) by id, unique id prefix, `last`, or `last~N`
+    (the N-th run before the last); RunbookError(unknown_run)."""
+    runs = ws.runs() if runs is None else runs
+    whose = ws.plan_rel if ws.plan_path is not None else "this workspace"
+    last = re.fullmatch(r"last(?:~(\d{1,6}))?", ref)
+    if last:
+        back = int(last.group(1) or 0)
+        if back >= len(runs):
+            have = f"only {len(runs)} run(s)" if runs else "no runs"
+            raise RunbookError(f"{ref!r}: {whose} has {have} in {ws.rel(ws.state)}/runs", "unknown_run",
+                               hint="run a phase first (`runbook next`), or name a run from `runbook history`")
+        return runs[-1 - back]
     matches = [r for r in runs if r.run_id == ref] or [r for r in runs if r.run_id.startswith(ref)]
     if len(matches) != 1:
         known = ", ".join(r.run_id for r in runs[-5:]) or "none"
         what = "matches several runs" if matches else "is not a run"
-        raise RunbookError(f"{ref!r} {what} of {ws.plan_rel} (latest: {known})", "unknown_run",
+        raise RunbookError(f"{ref!r} {what} of {whose} (latest: {known})", "unknown_run",
                            hint="`runbook history` lists them")
     return matches[0]
 

@@ -188,3 +188,80 @@ def test_columns_line_is_validated_with_columns(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert f"plans/plan.md:{lineno}:19: `Columns:` has an empty name between commas" in out.stderr
     assert f"plans/plan.md:{lineno}:21: `Columns:` 'bad name' is not a metric or var name" in out.stderr
+
+
+# ---- comparing runs: history columns, diff --------------------------------------------------------
+
+
+def _two_mlp_runs(tmp_path: Path) -> Path:
+    repo = H.make_repo(tmp_path / "repo", PLAN)
+    assert H.runbook(repo, "next", "--phase", "0", "--yes").returncode == 0
+    assert H.runbook(repo, "next", "--phase", "1", "--yes").returncode == 0  # lr 0.1: mlp_acc 0.9, pass
+    assert H.runbook(repo, "next", "--phase", "1", "--restart", "--set", "lr=0.05", "--yes").returncode == 1
+    return repo
+
+
+def test_history_shows_each_metric_as_a_column_sorts_and_warns_about_unknown_names(tmp_path: Path) -> None:
+    repo = _two_mlp_runs(tmp_path)
+    out = H.runbook(repo, "history", "1", "--metric", "mlp_acc", "--metric", "lr", "--metric", "mlp_ac",
+                    "--sort", "mlp_acc")
+    assert out.returncode == 0, out.stderr
+    assert "warning: no run shown has 'mlp_ac'; did you mean mlp_acc?" in out.stderr
+    lines = out.stdout.splitlines()
+    header = lines[0].split()
+    # lr is a --metric column here, so no var column repeats it
+    assert header == ["run", "phase", "verdict", "finished", "took", "mlp_acc", "lr", "mlp_ac", "reason"]
+    rows = [line.split() for line in lines[1:3]]
+    # sorted by mlp_acc, lowest first: the lr 0.05 run, then lr 0.1; each metric its own column
+    assert [r[2] for r in rows] == ["fail", "pass"]
+    assert [r[header.index("mlp_acc") + 1] for r in rows] == ["0.85", "0.9"]  # +1: "finished" is two words
+    assert [r[header.index("lr") + 1] for r in rows] == ["0.05", "0.1"]
+    assert [r[header.index("mlp_ac") + 1] for r in rows] == ["-", "-"]
+    spark = [line for line in lines if line.strip().startswith("mlp_acc ")]
+    assert spark and "0.9 … 0.85" in spark[0] and "2 runs" in spark[0]  # oldest first, whatever the sort
+    desc = json.loads(H.runbook(repo, "history", "1", "--metric", "mlp_acc", "--sort", "-mlp_acc", "--json").stdout)
+    result = desc["result"]
+    assert [r["metrics"]["mlp_acc"] for r in result["runs"]] == [0.9, pytest.approx(0.85)]
+    assert result["columns"] == ["mlp_acc"] and result["sort"] == "mlp_acc" and result["descending"] is True
+    assert result["warnings"] == []
+    bad = json.loads(H.runbook(repo, "history", "--sort", "acc", "--json").stdout)["result"]
+    assert bad["warnings"] and "did you mean" in bad["warnings"][0]
+
+
+def test_diff_of_two_runs_lists_exactly_the_changed_var_and_the_metric_deltas(tmp_path: Path) -> None:
+    repo = _two_mlp_runs(tmp_path)
+    out = H.runbook(repo, "diff", "last~1", "last", "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)["result"]
+    assert d["same_phase"] is True and d["a"]["verdict"] == "pass" and d["b"]["verdict"] == "fail"
+    assert [(v["name"], v["a"], v["b"]) for v in d["vars"] if v["changed"]] == [("lr", "0.1", "0.05")]
+    (metric,) = d["metrics"]
+    assert metric["name"] == "mlp_acc" and metric["changed"] is True
+    assert metric["a"] == 0.9 and metric["b"] == pytest.approx(0.85) and metric["delta"] == pytest.approx(-0.05)
+    assert metric["rel"] == pytest.approx(-0.05 / 0.9, rel=1e-4)
+    assert [c["step"] for c in d["commands"]] == ["step-1"]
+    assert d["commands"][0]["diff"][-2:] == [f"-{d['commands'][0]['a']}", f"+{d['commands'][0]['b']}"]
+    assert d["verdict"] == {"name": "verdict", "a": "pass", "b": "fail", "delta": None, "rel": None, "changed": True}
+    assert [(c["a_held"], c["b_held"]) for c in d["comparisons"]] == [(True, False)]
+    assert d["ref_metrics"][0]["name"] == "phase-0.baseline_acc" and not d["ref_metrics"][0]["changed"]
+    assert d["env"] == []  # the same machine
+    assert d["code"]["files"] == []  # only the plan and the ledger changed between the two commits
+    text = H.runbook(repo, "diff").stdout  # no arguments: the last run against the one before it in its phase
+    assert "vars:\n  lr  0.1 -> 0.05\n" in text
+    assert "metrics:\n  mlp_acc  0.9 -> 0.85  (-0.05, -5.56%)\n" in text
+    assert "verdict: pass -> fail" in text and "environment: the same" in text
+    missing = H.runbook(repo, "diff", "nosuchrun", "last")
+    assert missing.returncode == 2 and "'nosuchrun' is not a run" in missing.stderr
+    H.assert_no_traceback(missing)
+
+
+def test_diff_is_an_mcp_tool_over_the_same_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runbook.mcp_server import BY_NAME, call_verb
+
+    repo = _two_mlp_runs(tmp_path)
+    monkeypatch.chdir(repo)
+    tool = BY_NAME["diff"]
+    outcome = call_verb("diff", tool.args(run_a="last~1", run_b="last").cli_kwargs())
+    assert outcome.envelope["ok"] and outcome.envelope["command"] == "diff"
+    cli = json.loads(H.runbook(repo, "diff", "last~1", "last", "--json").stdout)
+    assert outcome.envelope["result"] == cli["result"]

@@ -15,18 +15,26 @@ from runbook.errors import RunbookError
 @click.option("--plan", "plan_opt", metavar="PATH",
               help="Only runs of this plan file (default: every plan's runs; the only plan's when PHASE is given).")
 @click.option("--metric", "metrics", metavar="NAME", multiple=True,
-              help="Show this metric as a column (repeatable; default: the metrics each run's criterion names).")
+              help="Show NAME as a column of its own (repeatable): a metric, another phase's metric a criterion "
+                   "read (phase-0.acc), or a var. Default: one column with the metrics each run's criterion names.")
+@click.option("--sort", "sort", metavar="NAME",
+              help="Order the runs by this column (a --metric name, a var, or run/phase/verdict/finished/took), "
+                   "lowest first; runs without a value last. `-NAME` or --desc: highest first.")
+@click.option("--desc", is_flag=True, help="With --sort: highest first.")
 @json_option
-def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...], as_json: bool) -> Output:
+def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...], sort: str | None, desc: bool,
+            as_json: bool) -> Output:
     """List past runs: id, phase, verdict, when, how long, metrics, and why; and the run in progress.
 
     PHASE filters by label (`1`, `"Phase 1"`) or id (`phase-1`) of the plan (`--plan`, or the
-    only plan). Reads only the ledger and the run lock, so it works while a phase runs.
+    only plan). With PHASE, a column is added for each var whose value differs between its runs.
+    Below the table, a sparkline shows each --metric column across the runs (oldest first). Reads
+    only the ledger and the run lock, so it works while a phase runs.
 
     \b
     Examples:
       runbook history
-      runbook history 1 --metric accept_len --metric train_loss
+      runbook history 1 --metric accept_len --metric train_loss --sort accept_len --desc
       runbook history --json | jq '.result.runs[-1].verdict'
     """
     from runbook.commands.show import unknown_phase
@@ -68,12 +76,25 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
         running = None
     if running is not None and phase_id and running.phase != phase_id:
         running = None
-    views = [RunView.of(r) for r in runs] + [RunView.of(r, pending=True) for r in pending]
+    from runbook.compare import sort_runs, unknown
+
+    every = runs + pending
+    if sort and sort.startswith("-"):
+        sort, desc = sort[1:], True
+    warnings = unknown([*metrics, *([sort] if sort else [])], every)
+    for line in warnings:
+        click.echo(f"warning: {line}", err=True)
+    chrono = list(every)
+    if sort:
+        every = sort_runs(every, sort, desc)
+    waiting = {r.run_id for r in pending}
+    views = [RunView.of(r, pending=r.run_id in waiting) for r in every]
     result = HistoryResult(plan=ws.plan_rel if plan is not None else None, phase=phase_id,
-                           runs=views, running=running)
+                           runs=views, running=running, columns=list(metrics), sort=sort, descending=bool(sort and desc),
+                           warnings=warnings)
     if as_json:
         return Output(result)
-    return Output(result, 0, _render(result, runs + pending, metrics, ws.rel(ws.state), {r.run_id for r in pending}))
+    return Output(result, 0, _render(result, every, metrics, ws.rel(ws.state), waiting, phase_id is not None, chrono))
 
 
 def _pending(ws, one_plan: bool, phase_id: str | None) -> list:
@@ -87,34 +108,65 @@ def _pending(ws, one_plan: bool, phase_id: str | None) -> list:
 
 
 def _render(result: HistoryResult, runs: list, metrics: tuple[str, ...], state_rel: str,
-            pending: set[str] | frozenset[str] = frozenset()) -> str:
+            pending: set[str] | frozenset[str] = frozenset(), one_phase: bool = False,
+            chrono: list | None = None) -> str:
+    from runbook.compare import value
     from runbook.criteria import format_value
-    from runbook.writeback import format_took
+    from runbook.writeback import format_took, varying_vars
+
+    def fmt(v) -> str:
+        text = "-" if v is None else format_value(v)
+        return text if len(text) <= 40 else text[:39] + "…"
 
     lines: list[str] = []
     if not runs:
         lines.append("no runs yet" + (f" of {result.phase}" if result.phase else "") + f" (ledger: {state_rel}/runs/)")
     else:
+        var_names = varying_vars(runs, exclude=metrics) if one_phase else []
         rows = []
         for r in runs:
-            names = list(metrics) or _criterion_names(r.criterion)
-            shown = " ".join(
-                f"{n}={format_value(r.metrics[n]) if isinstance(r.metrics[n], (int, float)) else r.metrics[n]}"
-                if n in r.metrics else f"{n}=-" for n in names)
             when = (r.finished or r.started)[:16].replace("T", " ")
             verdict = r.verdict + (" (not yet recorded)" if r.run_id in pending else "")
-            rows.append([r.run_id, r.phase, verdict, when, format_took(r.duration_s), shown, r.reason])
-        header = ["run", "phase", "verdict", "finished", "took", "metrics", "reason"]
+            cells = [r.run_id, r.phase, verdict, when, format_took(r.duration_s)]
+            cells += [fmt(r.vars.get(n)) for n in var_names]
+            if metrics:
+                cells += [fmt(value(r, n)) for n in metrics]
+            else:
+                cells.append(" ".join(f"{n}={fmt(value(r, n))}" for n in _criterion_names(r.criterion)))
+            rows.append([*cells, r.reason])
+        header = ["run", "phase", "verdict", "finished", "took", *var_names, *(metrics or ["metrics"]), "reason"]
         widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+        numeric = {i for i in range(5, len(header) - 1) if metrics and i >= 5 + len(var_names)}
         for row in [header, *rows]:
-            cells = [str(c).ljust(w) for c, w in zip(row[:-1], widths, strict=False)] + [str(row[-1])]
+            cells = [str(c).rjust(w) if i in numeric and row is not header else str(c).ljust(w)
+                     for i, (c, w) in enumerate(zip(row[:-1], widths, strict=False))] + [str(row[-1])]
             lines.append("  ".join(cells).rstrip())
+        lines += _sparklines(chrono or runs, metrics)
     if result.running is not None:
         from runbook.planstate import running_text
 
         lines.append("")
         lines.append("now: " + running_text(result.running, result.plan or result.running.plan or ""))
     return "\n".join(lines)
+
+
+def _sparklines(runs: list, metrics: tuple[str, ...]) -> list[str]:
+    """One line per --metric column with numbers in two runs or more: its values across the runs,
+    oldest first, as a sparkline, then the first and last values."""
+    from runbook.compare import sparkline, value
+    from runbook.criteria import format_value
+
+    out: list[str] = []
+    width = max((len(n) for n in metrics), default=0)
+    for name in metrics:
+        values = [value(r, name) for r in runs]
+        numbers = [float(v) if isinstance(v, (int, float)) else None for v in values]
+        seen = [v for v in numbers if v is not None]
+        if len(seen) < 2:
+            continue
+        out.append(f"  {name.ljust(width)}  {sparkline(numbers)}  {format_value(seen[0])} … {format_value(seen[-1])} "
+                   f"(min {format_value(min(seen))}, max {format_value(max(seen))}, {len(seen)} runs, oldest first)")
+    return ["", *out] if out else []
 
 
 def _only_plan():  # -> Plan | None
