@@ -6,7 +6,7 @@ slow torch cannot hang a run. A few environment variables that change results (C
 thread counts, NCCL/vLLM/HF settings) are kept; names that look like secrets (*TOKEN*, *KEY*,
 *SECRET*, *PASSWORD*, ...) are never recorded, whatever their prefix. Passwords inside URLs
 (`https://user:secret@host`) are replaced by `***` wherever runbook records text a user or a step
-wrote: env values here, step commands and log tails in the run record (`redact_credentials`).
+wrote: env values here; step commands, log tails and vars in the run record (runbook/redact.py).
 
 The probe's answer is cached per host, interpreter, torch install and CUDA_VISIBLE_DEVICES in
 `$XDG_CACHE_HOME/runbook/envprobe.json` (importing torch can take many seconds on a busy machine).
@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import platform
-import re
 import socket
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from runbook.model import EnvFingerprint
+from runbook.redact import redact_credentials
 
 PROBE_TIMEOUT_S = 20.0
 
@@ -55,16 +55,6 @@ if importlib.util.find_spec("torch") is not None:
         pass
 print(json.dumps(out))
 """
-
-
-_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/:@'\"]+):[^\s/@'\"]+@")
-
-
-def redact_credentials(text: str) -> str:
-    """`scheme://user:password@host` -> `scheme://user:***@host`, everywhere in `text`."""
-    if "@" not in text or "://" not in text:
-        return text
-    return _URL_PASSWORD.sub(r"\1:***@", text)
 
 
 def is_secret_name(name: str) -> bool:

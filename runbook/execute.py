@@ -44,9 +44,9 @@ from typing import Any, BinaryIO
 
 from runbook import procs
 from runbook.bounded import NotReadable, read_bounded
-from runbook.envprint import redact_credentials
 from runbook.ledger import iso, run_dir, tail_lines, utc_now
 from runbook.model import Metrics, StepResult
+from runbook.redact import redact_credentials
 
 KILL_GRACE_S = 5.0
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

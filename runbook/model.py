@@ -16,7 +16,9 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from runbook.redact import redact_credentials
 
 FORMAT_VERSION = 1
 RUN_SCHEMA_VERSION = 1
@@ -257,6 +259,16 @@ class StepResult(BaseModel):
     job_id: str | None = None  # the cluster job that ran it (Executor: slurm)
     job_state: str | None = None  # that job's final state as the cluster said it (COMPLETED, TIMEOUT, ...)
 
+    @field_validator("command")
+    @classmethod
+    def _no_url_password(cls, value: str) -> str:
+        return redact_credentials(value)  # the record is committed
+
+    @field_validator("log_tail")
+    @classmethod
+    def _no_url_passwords(cls, value: list[str]) -> list[str]:
+        return [redact_credentials(line) for line in value]
+
     @property
     def completed(self) -> bool:
         """Done: exited 0 with usable metrics, or done in an earlier run. Only these are ticked."""
@@ -302,8 +314,13 @@ class RunRecord(BaseModel):
     detached: bool = False  # run by a supervisor that outlived the `runbook next --detach` that started it
     # every var the phase's commands used, with the value they ran with (empty in records older
     # than this field); `overrides` names those set with `runbook next --set` for this run
-    vars: dict[str, str] = {}
+    vars: dict[str, str] = {}  # URL passwords replaced by *** (the record is committed)
     overrides: list[str] = []
+
+    @field_validator("vars")
+    @classmethod
+    def _no_url_passwords_in_vars(cls, value: dict[str, str]) -> dict[str, str]:
+        return {k: redact_credentials(v) for k, v in value.items()}
     # other phases' metrics its criterion read (`phase-0.acc` -> value) and the runs they came from
     ref_metrics: Metrics = {}
     ref_runs: dict[str, str] = {}  # phase id -> run id

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from runbook import gitops, ledger, writeback
 from runbook.atomic import atomic_write_text
-from runbook.envprint import redact_credentials
 from runbook.errors import RunbookError
 from runbook.execute import Interrupts, StepSpec, judge, merge_metrics
 from runbook.lock import RunLock, write_lock
 from runbook.model import Metrics, Phase, Plan, RunRecord
+from runbook.redact import redact_credentials
 from runbook.select import Selection, select_phase
 from runbook.workspace import Workspace
 
@@ -236,6 +236,13 @@ def with_overrides(sel: Selection, given: dict[str, str] | None) -> tuple[Select
     if sel.phase is None or sel.mode != "resume" or sel.last is None:
         return sel, dict(given or {}), None
     before = run_overrides(sel.last)
+    hidden = [k for k, v in before.items() if redact_credentials(v) == v and ":***@" in v]
+    if given is None and hidden:
+        # the record keeps no URL passwords, so it cannot give the value back
+        names = " ".join(f"--set {k}=..." for k in hidden)
+        raise RunbookError(f"run {sel.last.run_id} was started with {names} holding a URL password, which the "
+                           "run record does not keep; give the value again to resume it", "usage",
+                           hint=f"runbook next {names}")
     if given is None:
         shown = " ".join(f"--set {k}={shlex.quote(v)}" for k, v in before.items())
         return sel, before, (f"resuming with the values run {sel.last.run_id} was started with: {shown}"

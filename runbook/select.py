@@ -124,8 +124,8 @@ def stale_reason(plan: Plan, phase: Phase, run: RunRecord) -> str | None:
     them must not rerun a days-long phase. Runs recorded without steps are compared by their
     criterion alone. A run made with `runbook next --set` is compared with its own overrides
     applied: the experiment it was stays the phase's verdict (runbook/overrides.py)."""
-    from runbook.envprint import redact_credentials
     from runbook.overrides import run_overrides
+    from runbook.redact import redact_credentials
 
     # as the record keeps them
     now = [redact_credentials(c) for c in resolved_commands(plan, phase, run_overrides(run))]

@@ -44,11 +44,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from runbook.envprint import redact_credentials
 from runbook.execute import MetricsError, StepsOutcome, StepSpec, _Echo, _rel, read_metrics, step_env
 from runbook.executor import StepContext
 from runbook.ledger import iso, run_dir, tail_lines, utc_now
 from runbook.model import StepResult
+from runbook.redact import redact_credentials
 
 __all__ = ["JobInfo", "SlurmError", "SlurmExecutor", "cancel_job", "find_job", "job_info", "job_name", "verdict_of"]
 

@@ -180,3 +180,26 @@ def test_uncommitted_code_is_warned_and_recorded(tmp_path: Path) -> None:
     record = last_record(repo)
     assert record["dirty"] is True and record["dirty_files"] == ["src/model.py"]
     assert os.environ.get("RUNBOOK_ENV_PROBE") != "1"
+
+
+def test_url_passwords_in_set_overrides_are_not_recorded_and_resume_asks_again(tmp_path: Path) -> None:
+    plan = PLAN.replace(
+        '- [ ] Use the url: `echo "fetching {url}"; echo \'{"m": 1}\' > "$RUNBOOK_METRICS"`',
+        '- [ ] Use the url: `echo "fetching {url}"`\n- [ ] Second: `test -e ok && echo \'{"m": 1}\' > "$RUNBOOK_METRICS"`',
+    )
+    repo = repo_with(tmp_path, plan)
+    (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "ok\n")
+    H.git(repo, "commit", "-qam", "ignore")
+    secret = "https://carol:set-pw@example.com/x.git"
+    first = H.runbook(repo, "next", "--yes", "--set", f"url={secret}")
+    assert first.returncode == 4, first.stdout + first.stderr  # step 2 fails: the run is resumable
+    record = last_record(repo)
+    assert record["vars"]["url"] == "https://carol:***@example.com/x.git" and "url" in record["overrides"]
+    assert "set-pw" not in (sorted((repo / "state" / "runs").glob("*.json"))[-1]).read_text()
+    (repo / "ok").write_text("")
+    again = H.runbook(repo, "next", "--yes")
+    H.assert_no_traceback(again)
+    assert again.returncode == 2 and "--set url=..." in again.stderr, again.stdout + again.stderr
+    resumed = H.runbook(repo, "next", "--yes", "--set", f"url={secret}")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "set-pw" not in H.git(repo, "log", "-p", "--", "state")
