@@ -3,6 +3,8 @@ speculators' own training on the SAME data, side by side in one run.
 
     python bench/train_real_loop.py --out $OUT        # on a GPU: 1.1B Llama shape (random bf16 weights)
     python bench/train_real_loop.py --smoke           # tiny shapes on the CPU (a check of the code)
+    python bench/train_real_loop.py --workdir W ...   # keep the target and data in W (reused when there;
+                                                      # bench/multi_gpu_scaling.py trains on W/data-v)
 
 What it does (every mode in its own process: fresh compile caches, its own warm-up):
   data     a random 1.1B-shape target; V = rows of 1024-2048 tokens (variable), F = rows of exactly
@@ -37,6 +39,9 @@ sys.path.insert(0, str(BENCH))
 
 MODES = ("real", "fixed", "speculators", "nobuckets")
 TTT = 3
+VAL_FRACTION = 0.05
+BATCH_TOKENS = {"gpu": 8192, "smoke": 96}
+LR = {"gpu": 2e-4, "smoke": 3e-3}  # eagle.train.default_lr of the 1.1B shape; the smoke's tiny shape needs more
 
 
 # ---------------------------------------------------------------- children
@@ -56,12 +61,13 @@ def child_eagle(mode: str, target: str, data: str, out: str, epochs: int, batch_
     train_mod.optimizer_step = counted
     t0 = time.perf_counter()
     log = train_mod.train(train_mod.TrainArgs(
-        model=target, data=data, out=out, epochs=epochs, batch_tokens=batch_tokens, lr=lr, val_fraction=0.02,
+        model=target, data=data, out=out, epochs=epochs, batch_tokens=batch_tokens, lr=lr, val_fraction=VAL_FRACTION,
         ttt_steps=TTT, shape_buckets=False if mode == "nobuckets" else None,
         device="cuda" if torch.cuda.is_available() else "cpu"), echo=True)
     steps = [r.steps for r in log.epochs]
     return {"mode": mode, "epoch_tok_s": [r.train_tok_s for r in log.epochs], "steps": steps,
             "epoch_s": [r.seconds for r in log.epochs], "train_loss": [r.train_loss for r in log.epochs],
+            "val_loss": [r.val_loss for r in log.epochs],
             "val_acc": log.epochs[-1].val_acc, "graphs": graphs, "graphs_after_epoch1": graphs[steps[0]:],
             "shape_buckets": log.args.shape_buckets, "layout_multiple": log.args.layout_multiple,
             "process_s": time.perf_counter() - t0, "peak_gib": (torch.cuda.max_memory_allocated() / 2**30
@@ -94,7 +100,7 @@ def child_speculators(target: str, data: str, out: str, batch_tokens: int, lr: f
                 "--t2d-path", str(Path(out) / "t2d.npy"), "--target-layer-ids", *map(str, layer_ids),
                 "--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--ttt-steps", str(TTT),
                 "--total-seq-len", str(batch_tokens), "--epochs", "1", "--lr", str(lr), "--on-missing", "raise",
-                "--train-data-ratio", "0.98", "--no-resume-from-checkpoint", "--mask-token-id", "0",
+                "--train-data-ratio", str(1 - VAL_FRACTION), "--no-resume-from-checkpoint", "--mask-token-id", "0",
                 "--num-workers", str(min(12, os.cpu_count() or 1)), "--checkpoint-freq", "1000000"]
     from speculators.train.cli import main
     from speculators.train.config import TrainConfig
@@ -120,14 +126,20 @@ def child_speculators(target: str, data: str, out: str, batch_tokens: int, lr: f
 
 
 # ---------------------------------------------------------------- parent
-def run_child(args: list[str], timeout: int) -> dict | None:
+def run_child(args: list[str], timeout: float, log: Path | None = None) -> dict | None:
+    from multi_gpu_scaling import run_group
+
     cmd = [sys.executable, __file__, "--child", json.dumps(args)]
     t0 = time.perf_counter()
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    except subprocess.TimeoutExpired as e:
-        print(f"{args[0]}: TIMED OUT after {timeout} s\n{(e.stderr or b'')[-1500:]!r}", file=sys.stderr, flush=True)
+    res = run_group(cmd, {**os.environ, "PYTHONUNBUFFERED": "1"}, timeout,
+                    log=None if log is None else log.with_suffix(""))
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"$ {' '.join(cmd)}\n# {time.perf_counter() - t0:.1f} s, rc {res.returncode}\n{res.stdout}\n"
+                       f"--- stderr\n{res.stderr}")
+    if res.returncode == 124:
+        print(f"{args[0]}: TIMED OUT after {timeout:.0f} s (its process group killed)\n{res.stderr[-1500:]}",
+              file=sys.stderr, flush=True)
         return None
     line = next((x for x in res.stdout.splitlines() if x.startswith("RESULT ")), None)
     if res.returncode != 0 or line is None:
@@ -137,10 +149,16 @@ def run_child(args: list[str], timeout: int) -> dict | None:
     return json.loads(line[len("RESULT "):])
 
 
-def eagle_cli(*args: str) -> None:
-    res = subprocess.run([sys.executable, "-m", "eagle.cli", *args], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise SystemExit(f"eagle {args[0]} failed:\n{res.stderr[-3000:]}")
+def eagle_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start `eagle ARGS` (wait with `finish`)."""
+    return subprocess.Popen([sys.executable, "-m", "eagle.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+
+
+def finish(proc: subprocess.Popen) -> None:
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(map(str, proc.args[2:5]))} failed:\n{err[-3000:]}")
 
 
 def make_rows(vocab: int, lengths: list[int], where: Path, seed: int) -> Path:
@@ -178,6 +196,46 @@ def steady(res: dict) -> float:
     return sum(t * s for t, s in later) / sum(s for _, s in later) if later else res["epoch_tok_s"][0]
 
 
+def prepare(work: Path, shape: dict[str, int], n: int, seq: int, modes: list[str], gpu: bool,
+            smoke: bool) -> tuple[Path, Path, Path | None, list[int], list[int]]:
+    """W/target, W/data-v (n rows of seq/2..seq tokens) and W/data-f (fixed rows, only when "fixed" is
+    run), extracted and with a vocabulary; what W already holds complete is reused (a marker file is
+    written last). `eagle extract` on W/data-v runs alone, with its metrics in W/extract-data-v.json:
+    bench/multi_gpu_scaling.py takes it as the 1-process extraction (its files' times give the rate)."""
+    import torch
+    from multi_gpu_scaling import EXTRACT_BATCH, make_target
+
+    g = torch.Generator().manual_seed(0)
+    lengths_v = torch.randint(seq // 2, seq + 1, (n,), generator=g).tolist()
+    n_fixed = max(8, n // 4)
+    layer_ids = [2, shape["num_hidden_layers"] // 2, shape["num_hidden_layers"] - 3]
+    target, data_v, data_f = work / "target", work / "data-v", work / "data-f"
+    want = {"shape": shape, "lengths_v": lengths_v, "n_fixed": n_fixed, "seq": seq, "layer_ids": layer_ids}
+    marker = work / "prepared.json"
+    have = json.loads(marker.read_text()) if marker.is_file() else {}
+    fixed = "fixed" in modes
+    if have.get("want") == want and (have.get("fixed") or not fixed):
+        return target, data_v, data_f if have.get("fixed") else None, lengths_v, layer_ids
+    import shutil
+
+    for d in (target, data_v, data_f):
+        shutil.rmtree(d, ignore_errors=True)
+    make_target(shape, target, gpu)
+    make_rows(shape["vocab_size"], lengths_v, data_v, 1)
+    if fixed:
+        make_rows(shape["vocab_size"], [seq] * n_fixed, data_f, 2)
+    ids = ",".join(map(str, layer_ids))
+    for d in (data_v, data_f) if fixed else (data_v,):  # one at a time: V's extraction is a 1-process figure
+        finish(eagle_cli("extract", "--model", str(target), "--data", str(d), "--layer-ids", ids, "--keep-free", "0",
+                         "--batch-tokens", str(EXTRACT_BATCH["smoke" if smoke else "gpu"]),
+                         *([] if gpu else ["--device", "cpu"]), env={"RUNBOOK_METRICS": str(work / f"extract-{d.name}.json")}))
+    finish(eagle_cli("vocab", "--data", str(data_v), "--draft-vocab", str(64 if smoke else 8000)))
+    if fixed:
+        (data_f / "vocab.safetensors").write_bytes((data_v / "vocab.safetensors").read_bytes())
+    marker.write_text(json.dumps({"want": want, "fixed": fixed}) + "\n")
+    return target, data_v, data_f if fixed else None, lengths_v, layer_ids
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true")
@@ -185,7 +243,11 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--modes", default="real,fixed,speculators", help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--workdir", type=Path, default=None, help="keep (and reuse) the target and data here")
     p.add_argument("--timeout", type=int, default=240, help="seconds per mode")
+    p.add_argument("--deadline", type=float, default=None,
+                   help="wall-clock time (time.time()) by which every mode must end; a mode gets at most what is "
+                        "left and is skipped with under 20 s")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -196,40 +258,38 @@ def main() -> int:
 
     import torch
     from gpu_throughput import drafter_flops_per_token
-    from multi_gpu_scaling import SMOKE, TARGET_1B, make_target
+    from multi_gpu_scaling import SMOKE, TARGET_1B
 
     gpu = not a.smoke and torch.cuda.is_available()
     shape = SMOKE if a.smoke else TARGET_1B
     n = a.samples or (24 if a.smoke else 256)
     seq = 48 if a.smoke else 2048
-    batch_tokens = 96 if a.smoke else 8192
-    lr = 2e-4 if not a.smoke else 3e-3  # eagle.train.default_lr of the shape
+    kind = "smoke" if a.smoke else "gpu"
+    batch_tokens, lr = BATCH_TOKENS[kind], LR[kind]
     out = a.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
-    work = Path(tempfile.mkdtemp(prefix="train-real-"))
+    work = a.workdir or Path(tempfile.mkdtemp(prefix="train-real-"))
+    work.mkdir(parents=True, exist_ok=True)
+    modes = a.modes.split(",")
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise SystemExit(f"unknown mode {bad[0]!r}; use {', '.join(MODES)}")
     meta: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "shape": shape,
-                            "samples_variable": n, "batch_tokens": batch_tokens, "epochs": a.epochs, "ttt": TTT}
+                            "samples_variable": n, "batch_tokens": batch_tokens, "epochs": a.epochs, "ttt": TTT,
+                            "lr": lr, "val_fraction": VAL_FRACTION}
     if gpu:
         meta["device"] = torch.cuda.get_device_name()
+    results: dict[str, dict] = {}
+
+    def save() -> None:
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "train_real_loop.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+
     t0 = time.perf_counter()
-    target = make_target(shape, work / "target", gpu)
-    g = torch.Generator().manual_seed(0)
-    lengths_v = torch.randint(seq // 2, seq + 1, (n,), generator=g).tolist()
-    n_fixed = max(8, n // 4)
-    data_v = make_rows(shape["vocab_size"], lengths_v, work / "data-v", 1)
-    modes = a.modes.split(",")
-    data_f = make_rows(shape["vocab_size"], [seq] * n_fixed, work / "data-f", 2) if "fixed" in modes else None
-    layer_ids = [2, shape["num_hidden_layers"] // 2, shape["num_hidden_layers"] - 3]
-    ids = ",".join(map(str, layer_ids))
-    for d in (data_v, data_f):
-        if d is None:
-            continue
-        eagle_cli("extract", "--model", str(target), "--data", str(d), "--layer-ids", ids, "--keep-free", "0",
-                  *([] if gpu else ["--device", "cpu"]))
-    eagle_cli("vocab", "--data", str(data_v), "--draft-vocab", str(64 if a.smoke else 8000))
-    if data_f is not None:
-        (data_f / "vocab.safetensors").write_bytes((data_v / "vocab.safetensors").read_bytes())
+    target, data_v, data_f, lengths_v, layer_ids = prepare(work, shape, n, seq, modes, gpu, a.smoke)
     meta["prepare_s"] = time.perf_counter() - t0
-    meta["tokens_variable"], meta["tokens_fixed"] = sum(lengths_v), seq * n_fixed
+    meta["tokens_variable"] = sum(lengths_v)
+    meta["tokens_fixed"] = seq * max(8, n // 4) if data_f is not None else 0
     peak = matmul_rate()
     meta["matmul_flop_s"] = peak
     h = shape["hidden_size"]
@@ -239,27 +299,26 @@ def main() -> int:
              "fixed": drafter_flops_per_token(h, shape["intermediate_size"], shape["num_attention_heads"],
                                               shape["num_key_value_heads"], 64 if a.smoke else 8000, TTT, seq)}
     meta["flops_per_token"] = flops
+    save()
     print(f"data ready in {meta['prepare_s']:.0f} s: {n} variable rows ({meta['tokens_variable']:,} tokens), "
-          f"{n_fixed} fixed rows", file=sys.stderr, flush=True)
-
-    results: dict[str, dict] = {}
-
-    def save() -> None:
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "train_real_loop.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+          f"{meta['tokens_fixed']:,} fixed tokens", file=sys.stderr, flush=True)
 
     for mode in modes:
-        if mode not in MODES:
-            raise SystemExit(f"unknown mode {mode!r}; use {', '.join(MODES)}")
-        (work / mode).mkdir()
+        budget = float(a.timeout) if a.deadline is None else min(a.timeout, a.deadline - time.time() - 2)
+        if budget < 20:
+            meta.setdefault("skipped", []).append(mode)
+            print(f"  {mode:<12} skipped: {budget:.0f} s left before the deadline", file=sys.stderr, flush=True)
+            continue
+        (work / mode).mkdir(exist_ok=True)
         if mode == "speculators":
             args = [mode, str(target), str(data_v), str(work / mode), batch_tokens, lr, layer_ids, 8 if gpu else 2]
         else:
             args = [mode, str(target), str(data_f if mode == "fixed" else data_v), str(work / mode / "draft"),
                     a.epochs, batch_tokens, lr]
-        res = run_child(args, a.timeout)
+        res = run_child(args, budget, work / "logs" / f"train_real_loop-{mode}.log")
         if res is None:
+            meta.setdefault("failed", []).append(mode)
+            save()
             continue
         res["steady_tok_s_all"] = steady(res)
         res["mfu"] = steady(res) * flops["fixed" if mode == "fixed" else "variable"] / peak if gpu else None

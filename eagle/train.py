@@ -528,8 +528,15 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
 
     ddp_model: Any = model
     if dist.world > 1:
+        import torch._dynamo
         from torch.nn.parallel import DistributedDataParallel
 
+        # dynamo's DDP optimizer splits every compiled graph at gradient-bucket boundaries so that the
+        # all-reduce of early buckets overlaps the rest of the backward. The drafter gains nothing from
+        # it: every trainable weight is used by every draft step (fc by step 0, whose backward runs
+        # last), so all gradients are ready only at the end of the backward. Splitting would only add
+        # graphs to compile and kernel launches to a step that is launch-bound already.
+        torch._dynamo.config.optimize_ddp = False
         ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                             broadcast_buffers=False)
     losses = drafter.loss_config()

@@ -1,0 +1,179 @@
+"""One device call on two GPUs for issues 17 and 24: everything in a wall-clock budget, partial results kept.
+
+    python3 bench/h200x2_call.py --out $OUT --budget 560     # on nvidia-h200-x2
+    python3 bench/h200x2_call.py --smoke --out /tmp/o        # the same plumbing on the CPU (tiny shapes,
+                                                             # gloo, make test-gpu skips without CUDA)
+
+Phase A, two lanes at once:
+  GPU 1   `make test-gpu PY=python3` (tests/test_gpu.py; CUDA_VISIBLE_DEVICES=1, so its DDP test runs
+          2 processes sharing one GPU over gloo)                                      -> test_gpu.log
+          then, with time left, the 1-process `eagle train --online` baseline (multi_gpu_scaling online1)
+  GPU 0   bench/train_real_loop.py --workdir W: target, data, the 1-process extraction, then eagle
+          train real loop / fixed shape / speculators' CLI        -> train_real_loop.json, lane0.log
+Phase B, both GPUs: bench/multi_gpu_scaling.py --workdir W (disk bound 1 and 2 writers, 2-process
+extraction against the lane's 1-process one, DDP training against the lane's real mode, compute-only
+capture, --online)                                                -> multi_gpu_scaling.json, scaling.log
+Then summary.txt (the tables), env.txt (machine), logs.tar.gz (every child's log): 8 files at most.
+Every piece runs in its own process group with a timeout taken from the budget; the group is
+killed when it runs out, and what was written so far stays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+TIMES: dict[str, float] = {}
+
+
+def run_logged(name: str, cmd: list[str], env: dict[str, str], timeout: float, log: Path) -> int:
+    """Run `cmd` in its own process group, output streamed to `log` (kept if killed); 124 on timeout."""
+    t0 = time.time()
+    with open(log, "a") as fh:
+        fh.write(f"$ {' '.join(cmd)}  (timeout {timeout:.0f} s)\n")
+        fh.flush()
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=max(1.0, timeout))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = 124
+        fh.write(f"\n# {name}: rc {rc} after {time.time() - t0:.1f} s\n")
+    TIMES[name] = round(time.time() - t0, 1)
+    TIMES[f"{name}_rc"] = rc
+    return rc
+
+
+def machine(out: Path) -> None:
+    parts = []
+    for cmd in (["nvidia-smi"], ["nvidia-smi", "topo", "-m"], ["nproc"], ["df", "-h", str(REPO), "/tmp"],
+                [sys.executable, "-c", "import torch, transformers; print(torch.__version__, torch.version.cuda, "
+                 "transformers.__version__, torch.backends.cudnn.version(), torch.cuda.device_count())"]):
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            parts.append(f"$ {' '.join(cmd)}\n{res.stdout}{res.stderr}")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            parts.append(f"$ {' '.join(cmd)}\n{e}")
+    (out / "env.txt").write_text("\n".join(parts))
+
+
+def test_summary(log: Path) -> str:
+    """The lines of the pytest log that say what passed (per test, the durations and the final count)."""
+    if not log.is_file():
+        return "(no log)"
+    lines = log.read_text(errors="replace").splitlines()
+    keep = [x for x in lines if any(k in x for k in (" PASSED", " FAILED", " ERROR", " SKIPPED", "passed", "failed",
+                                                       "s call ", "s setup ", "# test-gpu"))]
+    return "\n".join(keep[-60:])
+
+
+def summary(out: Path) -> str:
+    sys.path.insert(0, str(REPO / "bench"))
+    from multi_gpu_scaling import table
+
+    text = ["# times (s) and exit codes", json.dumps(TIMES), "", "# make test-gpu", test_summary(out / "test_gpu.log"), ""]
+    trl = out / "train_real_loop.json"
+    if trl.is_file():
+        d = json.loads(trl.read_text())
+        text.append("# train_real_loop (steady = real tokens/s over the epochs after the first)")
+        for mode, r in d["results"].items():
+            text.append(f"{mode:<12} steady {r['steady_tok_s_all']:>10,.0f} tok/s  epochs "
+                        f"{[round(x) for x in r['epoch_tok_s']]}  MFU {r.get('mfu') or 0:.1%}  graphs after epoch 1 "
+                        f"{sorted(set(r.get('graphs_after_epoch1', [])))}  process {r.get('process_s', 0):.0f} s")
+        text.append(f"ratios {json.dumps(d['meta'].get('ratios', {}))}  prepare {d['meta'].get('prepare_s', 0):.0f} s  "
+                    f"skipped {d['meta'].get('skipped', [])}  failed {d['meta'].get('failed', [])}")
+        text.append("")
+    mgs = out / "multi_gpu_scaling.json"
+    if mgs.is_file():
+        text += ["# multi_gpu_scaling", table(json.loads(mgs.read_text())["rows"])]
+    return "\n".join(text) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/h200x2-out")))
+    p.add_argument("--budget", type=float, default=560, help="Wall seconds for everything.")
+    p.add_argument("--workdir", type=Path, default=REPO.parent / "scale-work",
+                   help="Target, data and logs (kept between calls on a warm machine).")
+    p.add_argument("--samples", type=int, default=None, help="Training rows [192; smoke 24].")
+    p.add_argument("--lane-a", type=float, default=350, help="Seconds for phase A (both lanes).")
+    p.add_argument("--tests", default="make", help="make: run make test-gpu in lane 1; none: skip it.")
+    p.add_argument("--modes", default="real,fixed,speculators", help="train_real_loop modes (empty: no lane 0).")
+    p.add_argument("--parts", default="online1,disk,extract,train,capture,online",
+                   help="multi_gpu_scaling parts (online1 runs in lane 1 after the tests, when time is left).")
+    p.add_argument("--smoke", action="store_true")
+    a = p.parse_args()
+    start = time.time()
+    deadline = start + a.budget
+    out, work = a.out, a.workdir
+    out.mkdir(parents=True, exist_ok=True)
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    py = sys.executable
+    base = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1"}
+    samples = a.samples or (24 if a.smoke else 192)
+    smoke = ["--smoke"] if a.smoke else []
+    machine(out)
+
+    lane_end = start + min(a.lane_a, a.budget - 30)
+    gpu1 = {} if a.smoke else {"CUDA_VISIBLE_DEVICES": "1"}
+    gpu0 = {} if a.smoke else {"CUDA_VISIBLE_DEVICES": "0"}
+    def lane1() -> None:
+        """GPU 1: make test-gpu, then (time left, data ready) the 1-process --online baseline."""
+        if a.tests == "make":
+            cmd = ["make", "test-gpu", f"PY={py}"] if shutil.which("make") else [
+                py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "--durations=0", "tests/test_gpu.py"]
+            run_logged("test-gpu", cmd, {**base, **gpu1, "PYTEST_ADDOPTS": "-vv -rA"}, lane_end - time.time(),
+                       out / "test_gpu.log")
+        while "online1" in a.parts and lane_end - time.time() > 100 and not (work / "prepared.json").is_file():
+            time.sleep(2)
+        if "online1" in a.parts and lane_end - time.time() > 100:
+            run_logged("online1", [py, "bench/multi_gpu_scaling.py", "--workdir", str(work), "--out", str(work / "online1"),
+                                   "--nproc", "1", "--samples", str(samples), "--parts", "online1", "--extract-data", "v",
+                                   "--deadline", str(lane_end - 20), *smoke],
+                       {**base, **gpu1}, lane_end - time.time(), work / "logs" / "online1-lane.log")
+
+    lanes = [threading.Thread(target=lane1)]
+    if a.modes:
+        lanes.append(threading.Thread(target=run_logged, args=(
+            "train_real_loop", [py, "bench/train_real_loop.py", "--workdir", str(work), "--out", str(out), "--samples",
+                                str(samples), "--epochs", "3", "--modes", a.modes, "--deadline", str(lane_end - 20),
+                                *smoke],
+            {**base, **gpu0}, lane_end - time.time(), out / "lane0.log")))
+    for t in lanes:
+        t.start()
+    for t in lanes:
+        t.join()
+
+    phase_b = [x for x in a.parts.split(",") if x and x != "online1"]
+    if phase_b:
+        run_logged("multi_gpu_scaling", [py, "bench/multi_gpu_scaling.py", "--workdir", str(work), "--out", str(out),
+                                         "--samples", str(samples), "--epochs", "3", "--extract-data", "v",
+                                         "--train-baseline", str(out / "train_real_loop.json"),
+                                         "--parts", ",".join(phase_b),
+                                         "--deadline", str(deadline - 40), *smoke],
+                   base, deadline - 12 - time.time(), out / "scaling.log")
+    TIMES["total"] = round(time.time() - start, 1)
+    text = summary(out)
+    (out / "summary.txt").write_text(text)
+    print(text)
+    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
+        for f in sorted((work / "logs").glob("*.log")):
+            if f.stat().st_size < 4 << 20:
+                tar.add(f, arcname=f.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
