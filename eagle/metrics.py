@@ -42,3 +42,58 @@ def write_metrics(metrics: dict[str, float], path: str | os.PathLike[str] | None
             handle.write(json.dumps(current, indent=1, sort_keys=True) + "\n")
         os.replace(tmp, target)
     return target
+
+
+# ---- metric series ($RUNBOOK_SERIES) ----------------------------------------------------------------
+
+# TensorBoard tags (eagle/step_log.py) -> series names, so that a series and the summary metric of
+# the same quantity share a name (`val_loss`, `val_acc_0`, `est_accept_len`, `train_tok_s`).
+_SERIES_NAMES = {"train/loss": "train_loss", "train/lr": "lr", "val/loss": "val_loss",
+                 "val/est_accept_len": "est_accept_len", "speed/train_tok_s": "train_tok_s"}
+
+
+def series_name(tag: str) -> str:
+    """`train/acc_step1` -> `train_acc_1`, `val/acc_step0` -> `val_acc_0`, `train/loss` -> `train_loss`."""
+    if tag in _SERIES_NAMES:
+        return _SERIES_NAMES[tag]
+    head, _, tail = tag.partition("/")
+    for kind in ("acc", "loss"):
+        if tail.startswith(f"{kind}_step"):
+            return f"{head}_{kind}_{tail[len(kind) + 5:]}"
+    return tag.replace("/", "_")
+
+
+class SeriesWriter:
+    """Appends `{"step": N, name: value, ...}` lines to $RUNBOOK_SERIES (runbook keeps them as the
+    run's metric series, runbook/series.py). Non-finite values are written as null (a gap).
+
+    `from_env()` gives None when the variable is not set (not run by runbook) or `enabled` is false
+    (a DDP rank other than the main one), so callers write `if writer: writer.write(...)`."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    @classmethod
+    def from_env(cls, enabled: bool = True) -> SeriesWriter | None:
+        target = os.environ.get("RUNBOOK_SERIES")
+        if not enabled or not target:
+            return None
+        try:
+            return cls(target)
+        except OSError:
+            return None  # the curve is a nicety: never fail a training run over it
+
+    def write(self, step: int, values: dict[str, float]) -> None:
+        line = {"step": int(step)}
+        for name, value in values.items():
+            number = float(value)
+            line[name] = number if math.isfinite(number) else None
+        self._handle.write(json.dumps(line, separators=(",", ":")) + "\n")
+
+    def flush(self) -> None:
+        self._handle.flush()
+
+    def close(self) -> None:
+        if not self._handle.closed:
+            self._handle.close()

@@ -548,7 +548,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
         return data.batch(idx, device, hdt, layout=True, layout_multiple=args.layout_multiple, pad_to=pad_to)
 
     k, decay = args.ttt_steps, args.loss_decay
-    tb = StepLog(out / "tensorboard" if (args.tensorboard and dist.main) else None, k, decay)
+    tb = StepLog(out / "tensorboard" if (args.tensorboard and dist.main) else None, k, decay, series=dist.main)
     say(f"training {sum(p.numel() for p in params):,} parameters on {device} x{dist.world}: "
         f"{len(train_idx)} train / {len(val_idx)} val samples, {steps_per_epoch} steps/epoch"
         f"{f' of {accum} batches' if accum > 1 else ''}, epochs {start_epoch}..{args.epochs}, lr {args.lr:.3g}"

@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("runbook.commands.cancel", "Stop the run in progress; it is recorded as interrupted."),
     "history": ("runbook.commands.history", "List past runs with verdicts and metrics."),
     "diff": ("runbook.commands.diff", "Compare two runs: vars, commands, metrics, verdicts, code, environment."),
+    "plot": ("runbook.commands.plot", "Draw a metric's series or its values across runs as PNG and SVG."),
     "record": ("runbook.commands.record", "Write a milestone and lessons into the notes."),
     "brief": ("runbook.commands.brief", "Print the handoff for a new agent or engineer."),
     "forget": ("runbook.commands.forget", "Drop a run from the ledger and the plan's results."),

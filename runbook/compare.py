@@ -47,12 +47,13 @@ def value(record: RunRecord, name: str) -> float | str | None:
 
 def known_names(runs: list[RunRecord]) -> list[str]:
     """Every column name the runs have a value for (metrics without the per-step copies, read
-    references, vars), in order of first appearance."""
+    references, vars, metric series), in order of first appearance."""
     names: dict[str, None] = {}
     for record in runs:
         names.update(dict.fromkeys(top_metrics(record.metrics)))
         names.update(dict.fromkeys(record.ref_metrics))
         names.update(dict.fromkeys(record.vars))
+        names.update(dict.fromkeys(s.name for s in record.series))
     return list(names)
 
 

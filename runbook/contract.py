@@ -31,7 +31,7 @@ from typing import Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from runbook.criteria import Comparison
-from runbook.model import Problem, RunRecord, StepResult, Verdict
+from runbook.model import Problem, RunRecord, SeriesInfo, StepResult, Verdict
 
 SCHEMA_VERSION = 1
 
@@ -189,6 +189,7 @@ class RunView(Model):
     vars: dict[str, str] = {}  # every var its commands used, with the value they ran with
     overrides: list[str] = []  # those set with `runbook next --set`
     ref_runs: dict[str, str] = {}  # phase id -> the run whose metrics its criterion read (`phase-0.acc`)
+    series: list[SeriesInfo] = []  # metric series its steps wrote ($RUNBOOK_SERIES), summarised
     steps: list[StepView] = []
     executor: str = "local"  # where its steps ran: local or slurm
     detached: bool = False  # run by a supervisor (`runbook next --detach`)
@@ -204,6 +205,7 @@ class RunView(Model):
             recorded_in=recorded_in, criterion=_strip(record.criterion), comparisons=comparisons,
             failures=failures(record, comparisons), metrics=top_metrics(record.metrics),
             vars=dict(record.vars), overrides=list(record.overrides), ref_runs=dict(record.ref_runs),
+            series=list(record.series),
             steps=[StepView.of(s) for s in record.steps], executor=record.executor, detached=record.detached,
             pending=pending,
         )
@@ -416,6 +418,17 @@ class HistoryResult(Model):
     warnings: list[str] = []  # --metric / --sort names no run has, with a "did you mean"
 
 
+class PlotResult(Model):
+    """`runbook plot --json`: the files written and what they show."""
+
+    metric: str
+    kind: Literal["series", "runs"]  # a metric's series by step, or a metric across runs
+    png: str  # repo-relative (or absolute when outside the repository)
+    svg: str | None
+    runs: list[str]  # the run ids drawn
+    points: int  # data points drawn
+
+
 class ValueChange(Model):
     """One value in two runs: a var, a metric, an environment field."""
 
@@ -522,6 +535,7 @@ class RecordResult(Model):
     lessons_skipped: list[str]  # already in "Lessons learned"
     next_steps: list[str] | None  # the new "Next steps"; None when left as they were
     commit: str | None  # the commit record made; None with --no-commit or when nothing changed
+    plots: list[str] = []  # the charts (--plot) the milestone shows, committed with the notes
 
 
 class MilestoneText(Model):
@@ -589,6 +603,7 @@ RESULTS: dict[str, type[BaseModel]] = {
     "next": NextResult,
     "history": HistoryResult,
     "diff": DiffResult,
+    "plot": PlotResult,
     "record": RecordResult,
     "brief": Brief,
     "forget": ForgetResult,

@@ -10,7 +10,9 @@ streamed live to `echo` and to `state/runs/<run>/<step-id>.log`. Environment:
 - RUNBOOK_RUN_ID, RUNBOOK_PHASE, RUNBOOK_STEP;
 - RUNBOOK_ARTIFACTS: `state/runs/<run>/artifacts/`, a directory for the run's files;
 - RUNBOOK_METRICS: `state/runs/<run>/<step-id>.metrics.json`, a fresh file holding `{}`; the step
-  may replace it with a JSON object (`read_metrics` says what it may hold).
+  may replace it with a JSON object (`read_metrics` says what it may hold);
+- RUNBOOK_SERIES: `state/runs/<run>/<step-id>.series.jsonl`, not there when the step starts; the
+  step may append JSON lines `{"step": N, "name": value, ...}` (metric series, runbook/series.py).
 
 A step whose shell exits non-zero stops the phase (`error`); so does a step whose metrics file is
 rejected (that step is recorded with `metrics_error` and is not ticked, so a resume re-runs it).
@@ -223,6 +225,7 @@ def step_env(
         RUNBOOK_STEP=step_id,
         RUNBOOK_ARTIFACTS=str(artifacts),
         RUNBOOK_METRICS=str(metrics),
+        RUNBOOK_SERIES=str(metrics.with_name(f"{step_id}.series.jsonl")),
     )
     return env
 
@@ -393,6 +396,7 @@ def run_steps(
             env0, run_id=run_id, phase_id=phase_id, step_id=spec.step_id, artifacts=artifacts, metrics=metrics_path,
             bin_path=bin_path,
         )
+        Path(env["RUNBOOK_SERIES"]).unlink(missing_ok=True)  # a fresh series file for this step
         started = utc_now()
         t0 = time.monotonic()
         code, cause = _run_one(

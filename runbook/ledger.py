@@ -56,6 +56,11 @@ def run_path(state_dir: str | os.PathLike[str], run_id: str) -> Path:
     return runs_dir(state_dir) / f"{run_id}.json"
 
 
+def series_path(state_dir: str | os.PathLike[str], run_id: str) -> Path:
+    """The run's metric series, committed next to its record (runbook/series.py)."""
+    return runs_dir(state_dir) / f"{run_id}.series.jsonl"
+
+
 def run_dir(state_dir: str | os.PathLike[str], run_id: str) -> Path:
     """Where a run's logs, metrics files and artifacts go (gitignored)."""
     return runs_dir(state_dir) / run_id

@@ -174,13 +174,15 @@ class RecordArgs(PlanArgs):
     next_steps: list[str] = Field([], description="Replace 'Next steps' with these items (left as they are when "
                                                   "empty).")
     run: str | None = Field(None, description="Attach a run of the plan: its id, or `last`.")
+    plots: list[str] = Field([], description="Metrics to show as charts in the milestone: the run's series of each "
+                                             "(a training curve), else its value across the phase's runs.")
     no_commit: bool = Field(False, description="Write the notes but do not commit them.")
 
     def cli_kwargs(self) -> dict[str, Any]:
         return {**super().cli_kwargs(), "title": self.title, "body": io.StringIO(self.body),
                 "metric_args": tuple(f"{name}={value!r}" for name, value in self.metrics.items()),
                 "lessons": tuple(self.lessons), "next_steps": tuple(self.next_steps), "run_ref": self.run,
-                "no_commit": self.no_commit}
+                "no_commit": self.no_commit, "plot_metrics": tuple(self.plots)}
 
 
 class ForgetArgs(PlanArgs):

@@ -285,6 +285,23 @@ class EnvFingerprint(BaseModel):
     env: dict[str, str] = {}  # selected variables; secret-looking names never recorded
 
 
+class SeriesInfo(BaseModel):
+    """A metric series a step wrote to $RUNBOOK_SERIES, summarised (the points are in
+    `state/runs/<run-id>.series.jsonl`, runbook/series.py)."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    name: str  # "train_loss"
+    step_id: str  # the step that wrote it
+    points: int  # points the step wrote
+    kept: int  # points the ledger keeps (every k-th and the last, at most runbook.series.MAX_POINTS)
+    first_x: float | None = None
+    last_x: float | None = None
+    last: float | None = None  # the last finite value
+    min: float | None = None
+    max: float | None = None
+
+
 class RunRecord(BaseModel):
     model_config = ConfigDict(ser_json_inf_nan="strings")
 
@@ -324,3 +341,4 @@ class RunRecord(BaseModel):
     # other phases' metrics its criterion read (`phase-0.acc` -> value) and the runs they came from
     ref_metrics: Metrics = {}
     ref_runs: dict[str, str] = {}  # phase id -> run id
+    series: list[SeriesInfo] = []  # metric series its steps wrote; points in <run-id>.series.jsonl

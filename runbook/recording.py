@@ -80,8 +80,10 @@ def write_record(
     next_steps: list[str] | None,
     commit: bool = True,
     warn=lambda _msg: None,
+    attachments: list[Path] | None = None,
 ) -> RecordResult:
-    """Under the write lock: read the notes, apply the record, write atomically, commit."""
+    """Under the write lock: read the notes, apply the record, write atomically, commit.
+    `attachments`: files the milestone links to (its plots), committed with the notes."""
     from runbook.atomic import atomic_write_text
     from runbook.brief import status_block
     from runbook.lock import LockError, write_lock
@@ -97,7 +99,8 @@ def write_record(
         from runbook.gitops import GitStateError, check_can_commit
 
         try:
-            check_can_commit(ws.root, [notes_rel] if notes_path.exists() else [])
+            check_can_commit(ws.root, ([notes_rel] if notes_path.exists() else [])
+                             + [ws.rel(p) for p in attachments or []])
         except GitStateError as exc:
             raise RunbookError(f"{exc} (or pass --no-commit)", "git_state") from None
     try:
@@ -132,7 +135,7 @@ def write_record(
                 raise RunbookError(
                     f"runbook record: {notes_rel}: cannot write it ({exc.strerror or exc}); it is unchanged and "
                     "nothing was recorded", "io", file=notes_rel) from None
-            sha = _commit(ws, notes_rel, milestone, outcome) if commit else None
+            sha = _commit(ws, notes_rel, milestone, outcome, [ws.rel(p) for p in attachments or []]) if commit else None
     except LockError as exc:
         raise RunbookError(f"runbook record: {exc}", "locked") from None
     return RecordResult(
@@ -148,7 +151,42 @@ def write_record(
         lessons_skipped=outcome.lessons_skipped,
         next_steps=next_steps,
         commit=sha,
+        plots=[ws.rel(p) for p in attachments or []],
     )
+
+
+def draw_plots(ws: Workspace, run: RunRecord | None, metrics: list[str]) -> list[tuple[Path, str]]:
+    """Charts for a milestone: each metric's series in `run` when it has one, else the metric across
+    the runs of its phase up to it; PNG files under `plots/` beside the notes, each with the
+    Markdown image line that shows it (a path relative to the notes). RunbookError when a metric
+    has neither."""
+    from runbook.plotting import draw, plan_chart
+    from runbook.series import find, load
+
+    if not metrics:
+        return []
+    runs = ws.runs()
+    if run is None:
+        if not runs:
+            raise RunbookError(f"--plot: no runs of {ws.plan_rel} yet to plot", "unknown_run",
+                               hint="run a phase first, or leave --plot out")
+        run = runs[-1]
+    notes_path = ws.notes_path
+    assert notes_path is not None
+    folder = notes_path.parent / "plots"
+    out: list[tuple[Path, str]] = []
+    for metric in metrics:
+        if run.series and find(load(ws.state, run.run_id), metric) is not None:
+            chart = plan_chart(metric, [run], ws.state)
+        else:
+            upto = [r for r in runs if r.phase == run.phase and (r.started, r.run_id) <= (run.started, run.run_id)]
+            chart = plan_chart(metric, upto or [run], ws.state)
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", metric)
+        png = folder / f"{run.run_id}-{slug}.png"
+        draw(chart, png)
+        what = f"{metric} by step, run {run.run_id}" if chart.kind == "series" else chart.title
+        out.append((png, f"![{what}](plots/{png.name})"))
+    return out
 
 
 def _headline_metrics(ws: Workspace, milestone: Milestone) -> list[str]:
@@ -161,7 +199,8 @@ def _headline_metrics(ws: Workspace, milestone: Milestone) -> list[str]:
     return first + [name for name in milestone.metrics if name not in first]
 
 
-def _commit(ws: Workspace, notes_rel: str, milestone: Milestone, outcome: RecordOutcome) -> str | None:
+def _commit(ws: Workspace, notes_rel: str, milestone: Milestone, outcome: RecordOutcome,
+            attachments: list[str] | None = None) -> str | None:
     from runbook.gitops import GitStateError, commit_paths
 
     shown = ", ".join(f"{k}={milestone.metrics[k]:g}" for k in _headline_metrics(ws, milestone)[:3])
@@ -171,7 +210,7 @@ def _commit(ws: Workspace, notes_rel: str, milestone: Milestone, outcome: Record
         details.append(f"Run: {milestone.run_id} ({milestone.phase}, {milestone.verdict})")
     details += [f"Lesson: {lesson}" for lesson in outcome.lessons_added]
     try:
-        return commit_paths(ws.root, [notes_rel], subject + "\n\n" + "\n".join(details) + "\n")
+        return commit_paths(ws.root, [notes_rel, *(attachments or [])], subject + "\n\n" + "\n".join(details) + "\n")
     except GitStateError as exc:
         raise RunbookError(
             f"runbook record: {notes_rel} is written but not committed: {exc}", "commit_failed", file=notes_rel,

@@ -517,7 +517,8 @@ def recover_unrecorded(ws: Workspace) -> list[str]:
             continue
     if new_text != text:
         atomic_write_text(ws.plan_path, new_text)
-    return [ws.rel(ledger.run_path(ws.state, r.run_id)) for r in orphans]
+    kept = [ledger.series_path(ws.state, r.run_id) for r in orphans]
+    return [ws.rel(ledger.run_path(ws.state, r.run_id)) for r in orphans] + [ws.rel(p) for p in kept if p.is_file()]
 
 
 def record_run(
@@ -531,6 +532,7 @@ def record_run(
     from runbook.parse import parse_plan, read_text
 
     result = RunResult(record)
+    series_file = _keep_series(ws, record, opts)
     with write_lock(ws.state):
         ledger_path = ledger.save_run(ws.state, record)
         text, problem = read_text(str(ws.plan_path))
@@ -565,7 +567,8 @@ def record_run(
         for msg in result.problems:
             opts.warn(msg)
         if ws.git and opts.commit:
-            paths = [ws.rel(ledger_path)] + ([ws.plan_rel] if result.plan_written else [])
+            paths = [ws.rel(ledger_path)] + ([ws.rel(series_file)] if series_file else [])
+            paths += [ws.plan_rel] if result.plan_written else []
             try:
                 sha = gitops.commit_paths(ws.root, paths, commit_message(record, metric_names))
             except gitops.GitStateError as exc:
@@ -576,6 +579,31 @@ def record_run(
             else:
                 record.commit = sha
     return result
+
+
+def _keep_series(ws: Workspace, record: RunRecord, opts: RunOptions):  # -> Path | None
+    """The metric series the run's steps wrote, kept next to its record (runbook/series.py):
+    written to `state/runs/<run-id>.series.jsonl`, summarised in `record.series`."""
+    from runbook import series
+
+    if record.series:  # already kept (a judged run recorded by a later runbook)
+        path = ledger.series_path(ws.state, record.run_id)
+        return path if path.is_file() else None
+    last = None
+    if any(step.skipped for step in record.steps):  # their series are in the run they were done in
+        earlier = [r for r in ledger.load_runs(ws.state, plan=record.plan, phase=record.phase)
+                   if (r.started, r.run_id) < (record.started, record.run_id)]
+        last = earlier[-1] if earlier else None
+    found, problems = series.collect(ws.state, record.run_id, record.steps, last)
+    for problem in problems:
+        opts.warn(problem)
+    try:
+        path = series.save(ws.state, record.run_id, found, problems)
+    except OSError as exc:
+        opts.warn(f"the metric series of run {record.run_id} were not kept: {exc.strerror or exc}")
+        return None
+    record.series = series.summary(found)
+    return path
 
 
 def _commit_edits_during(ws: Workspace, record: RunRecord, opts: RunOptions) -> str | None:

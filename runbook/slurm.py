@@ -296,6 +296,7 @@ class SlurmExecutor:
                 log_path.touch()
                 env = step_env(env0, run_id=ctx.run_id, phase_id=ctx.phase_id, step_id=spec.step_id,
                                artifacts=artifacts, metrics=metrics_path, bin_path=ctx.bin_path)
+                Path(env["RUNBOOK_SERIES"]).unlink(missing_ok=True)  # a fresh series file for this job
                 args = [f"--job-name={name}", f"--output={log_path.resolve()}", "--open-mode=append",
                         f"--chdir={ctx.repo_root.resolve()}", "--export=ALL", *self._resource_args(ctx, deadline),
                         *ctx.sbatch_args]

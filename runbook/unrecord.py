@@ -1,12 +1,13 @@
 """`runbook forget RUN` and `runbook reset PHASE`: drop runs from the ledger, keep the plan true.
 
-A forgotten run's ledger file (`state/runs/<id>.json`) and its logs (`state/runs/<id>/`) are
-removed; every phase it belonged to is written back from the runs that remain (status block,
-checkboxes and results table from the latest remaining run, or no blocks and no ticks when none
-remains); plan and ledger go into one commit (`runbook: forget run <id>` / `runbook: reset <phase>`).
-Both take the run lock (they refuse while a run is in progress) and then the write lock. The plan
-is written before the ledger files are removed: a crash in between leaves runs the next write-back
-puts back into the plan, never a plan naming runs that are gone.
+A forgotten run's ledger file (`state/runs/<id>.json`), its metric series
+(`state/runs/<id>.series.jsonl`) and its logs (`state/runs/<id>/`) are removed; every phase it
+belonged to is written back from the runs that remain (status block, checkboxes and results table
+from the latest remaining run, or no blocks and no ticks when none remains); plan and ledger go
+into one commit (`runbook: forget run <id>` / `runbook: reset <phase>`). Both take the run lock
+(they refuse while a run is in progress) and then the write lock. The plan is written before the
+ledger files are removed: a crash in between leaves runs the next write-back puts back into the
+plan, never a plan naming runs that are gone.
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ def forget_runs(ws: Workspace, forgotten: list[RunRecord], subject: str, *, comm
             for record in forgotten:
                 path = ledger.run_path(ws.state, record.run_id)
                 path.unlink(missing_ok=True)
+                kept = ledger.series_path(ws.state, record.run_id)
+                if kept.is_file():
+                    kept.unlink()
+                    paths.append(ws.rel(kept))
                 logs = ledger.run_dir(ws.state, record.run_id)
                 if logs.is_dir():
                     shutil.rmtree(logs, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""`runbook --help` and `runbook status` start without torch, transformers, git or the MCP SDK."""
+"""`runbook --help` and `runbook status` start without torch, transformers, git, matplotlib or the MCP SDK."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-HEAVY = ("torch", "transformers", "git", "eagle", "speculators", "vllm", "mcp", "mcp_types", "anyio")
+HEAVY = ("torch", "transformers", "git", "eagle", "speculators", "vllm", "mcp", "mcp_types", "anyio", "matplotlib", "PIL")
 
 PROBE = """
 import sys
@@ -48,7 +48,8 @@ def test_help_and_status_import_nothing_heavy(tmp_path: Path) -> None:
     (tmp_path / ".git").mkdir()
     (tmp_path / "plans").mkdir()
     (tmp_path / "plans" / "probe.md").write_text(PLAN)
-    out = _probe([["--help"], ["status"], ["status", "--json"], ["show"], ["validate"], ["mcp", "--help"]], tmp_path)
+    out = _probe([["--help"], ["status"], ["status", "--json"], ["show"], ["validate"], ["mcp", "--help"],
+                  ["plot", "--help"], ["diff", "--help"], ["history", "--metric", "score"]], tmp_path)
     assert out[-1] == "[]", out
     # each verb ran to the end: the group returns the exit code it maps every outcome to
     exits = [line for line in out if line.startswith("exit ")]
@@ -59,6 +60,9 @@ def test_help_and_status_import_nothing_heavy(tmp_path: Path) -> None:
         "exit ['show'] 0",
         "exit ['validate'] 0",
         "exit ['mcp', '--help'] 0",
+        "exit ['plot', '--help'] 0",
+        "exit ['diff', '--help'] 0",
+        "exit ['history', '--metric', 'score'] 0",
     ], out
     assert any('"command": "status"' in line for line in out)  # the JSON envelope was printed
     assert any("Phase 0: Probe" in line for line in out)  # show printed the phase

@@ -29,7 +29,9 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
     PHASE filters by label (`1`, `"Phase 1"`) or id (`phase-1`) of the plan (`--plan`, or the
     only plan). With PHASE, a column is added for each var whose value differs between its runs.
     Below the table, a sparkline shows each --metric column across the runs (oldest first). Reads
-    only the ledger and the run lock, so it works while a phase runs.
+    only the ledger and the run lock, so it works while a phase runs. A run that wrote a series of
+    a --metric name ($RUNBOOK_SERIES, e.g. `eagle train`'s train_loss) shows its curve as a
+    sparkline next to the value.
 
     \b
     Examples:
@@ -94,7 +96,8 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
                            warnings=warnings)
     if as_json:
         return Output(result)
-    return Output(result, 0, _render(result, every, metrics, ws.rel(ws.state), waiting, phase_id is not None, chrono))
+    return Output(result, 0, _render(result, every, metrics, ws.rel(ws.state), waiting, phase_id is not None, chrono,
+                                     ws.state))
 
 
 def _pending(ws, one_plan: bool, phase_id: str | None) -> list:
@@ -109,7 +112,7 @@ def _pending(ws, one_plan: bool, phase_id: str | None) -> list:
 
 def _render(result: HistoryResult, runs: list, metrics: tuple[str, ...], state_rel: str,
             pending: set[str] | frozenset[str] = frozenset(), one_phase: bool = False,
-            chrono: list | None = None) -> str:
+            chrono: list | None = None, state_dir=None) -> str:
     from runbook.compare import value
     from runbook.criteria import format_value
     from runbook.writeback import format_took, varying_vars
@@ -130,7 +133,7 @@ def _render(result: HistoryResult, runs: list, metrics: tuple[str, ...], state_r
             cells = [r.run_id, r.phase, verdict, when, format_took(r.duration_s)]
             cells += [fmt(r.vars.get(n)) for n in var_names]
             if metrics:
-                cells += [fmt(value(r, n)) for n in metrics]
+                cells += [_cell(r, n, fmt, state_dir) for n in metrics]
             else:
                 cells.append(" ".join(f"{n}={fmt(value(r, n))}" for n in _criterion_names(r.criterion)))
             rows.append([*cells, r.reason])
@@ -148,6 +151,24 @@ def _render(result: HistoryResult, runs: list, metrics: tuple[str, ...], state_r
         lines.append("")
         lines.append("now: " + running_text(result.running, result.plan or result.running.plan or ""))
     return "\n".join(lines)
+
+
+def _cell(record, name: str, fmt, state_dir) -> str:
+    """A --metric cell: the run's value, and when the run wrote a series of that name, its curve as a
+    sparkline after the value (the series' last value when the run has no scalar of the name)."""
+    from runbook.compare import sparkline, value
+
+    v = value(record, name)
+    if state_dir is None or not any(s.name == name for s in record.series):
+        return fmt(v)
+    from runbook.series import find, load
+
+    found = find(load(state_dir, record.run_id), name)
+    if found is None:
+        return fmt(v)
+    if v is None:
+        v = next((y for y in reversed(found.y) if y is not None), None)
+    return f"{fmt(v)} {sparkline(found.y, 12)}"
 
 
 def _sparklines(runs: list, metrics: tuple[str, ...]) -> list[str]:

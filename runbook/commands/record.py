@@ -84,6 +84,7 @@ Examples:
       --lesson "batch 4, not 2000, or extraction OOMs" --next "Phase 1: fine-tune"
   runbook record "Phase 0 judged" --run last --body notes.txt
   echo "what happened" | runbook record "Probe done" --body - --json
+  runbook record "Drafter trained" --run last --plot train_loss --plot val_loss
 
 \b
 Exit codes: 0 recorded, 1 written but the commit failed (or cancelled in the editor),
@@ -95,6 +96,10 @@ Exit codes: 0 recorded, 1 written but the commit failed (or cancelled in the edi
 @click.option("--next", "-n", "next_steps", multiple=True, metavar="TEXT", help="Replace 'Next steps' with these items (all --next flags together); repeatable.")
 @click.option("--run", "run_ref", metavar="RUN_ID|last", help="Attach a run of this plan: its id, phase, verdict, commit and metrics go into the milestone.")
 @click.option("--body", type=click.File("r", encoding="utf-8"), metavar="FILE|-", help="Milestone text (Markdown) from a file, or '-' for stdin.")
+@click.option("--plot", "plot_metrics", multiple=True, metavar="METRIC",
+              help="Show METRIC as a chart in the milestone (repeatable): the run's series of it (e.g. the training "
+                   "curve), else its value across the phase's runs. A PNG under plots/ beside the notes, committed "
+                   "with them. The run: --run, else the last.")
 @plan_option
 @click.option("--no-commit", is_flag=True, help="Write the notes but do not commit them.")
 @json_option
@@ -108,6 +113,7 @@ def command(
     plan_opt: str | None,
     no_commit: bool,
     as_json: bool,
+    plot_metrics: tuple[str, ...] = (),
 ) -> Output:
     """Write a milestone into the notes document named by the plan's `notes:` front matter.
 
@@ -119,7 +125,7 @@ def command(
 
     Run with no TITLE and no options in a terminal to write the milestone in $EDITOR.
     """
-    from runbook.recording import find_run, milestone_for, write_record
+    from runbook.recording import draw_plots, find_run, milestone_for, write_record
 
     metrics: dict[str, float] = {}
     for arg in metric_args:
@@ -146,8 +152,17 @@ def command(
             raise RunbookError("give the milestone's TITLE", "usage",
                                hint="runbook record TITLE [--lesson ...]; in a terminal, no arguments open $EDITOR")
 
+    plots = draw_plots(ws, run, list(plot_metrics))
+    if plots:
+        body_text = "\n\n".join([body_text.rstrip("\n"), *(line for _, line in plots)]).lstrip("\n")
     milestone = milestone_for(title, body_text, metrics, run)
-    recorded = write_record(ws, milestone, list(lessons), list(next_steps) or None, commit=not no_commit)
+    try:
+        recorded = write_record(ws, milestone, list(lessons), list(next_steps) or None, commit=not no_commit,
+                                attachments=[path for path, _ in plots])
+    except BaseException:
+        for path, _ in plots:  # nothing recorded: no chart left behind
+            path.unlink(missing_ok=True)
+        raise
     parts = [f"recorded '{milestone.title}' in {recorded.notes}"]
     if recorded.created_notes:
         parts.append("(new file)")
@@ -158,6 +173,8 @@ def command(
         lines.append(f"  lesson already there, not added again: {lesson}")
     if recorded.next_steps is not None:
         lines.append(f"  next steps replaced: {len(recorded.next_steps)} item(s)")
+    for path in recorded.plots:
+        lines.append(f"  chart: {path}")
     if recorded.commit:
         lines.append(f"  commit {recorded.commit[:10]}")
     elif not no_commit:

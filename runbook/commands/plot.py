@@ -1,0 +1,98 @@
+"""`runbook plot [PHASE] --metric M`: a metric's series, or its values across runs, as PNG and SVG."""
+
+from __future__ import annotations
+
+import re
+
+import click
+
+from runbook.cli import Output
+from runbook.commands._options import json_option, warn
+from runbook.errors import RunbookError
+
+
+@click.command("plot")
+@click.argument("phase_ref", metavar="[PHASE]", required=False)
+@click.option("--metric", "-m", required=True, metavar="NAME",
+              help="The metric: its series ($RUNBOOK_SERIES) when the runs have one, else its value in each run.")
+@click.option("--runs", "run_refs", multiple=True, metavar="RUN[,RUN...]",
+              help="These runs (ids, unique prefixes, `last`, `last~N`; repeatable or comma-separated). "
+                   "Default: the runs of PHASE (or of every phase), the last 8 with a series of NAME.")
+@click.option("--out", "out", type=click.Path(dir_okay=False), metavar="FILE.png",
+              help="Where the PNG goes (the SVG beside it). Default: state/runs/<newest run drawn>/plots/.")
+@click.option("--plan", "plan_opt", metavar="PATH", help="Runs of this plan file (default: the only plan, or every plan).")
+@json_option
+def command(phase_ref: str | None, metric: str, run_refs: tuple[str, ...], out: str | None, plan_opt: str | None,
+            as_json: bool) -> Output:
+    """Draw METRIC as PNG and SVG files with matplotlib.
+
+    When the runs wrote a series of METRIC (JSON lines appended to $RUNBOOK_SERIES; `eagle train`
+    writes its losses and accuracies per step), one curve per run against the step; otherwise the
+    metric's value in each run, in run order, coloured by verdict. Runs that differ in a var are
+    labelled with its value.
+
+    \b
+    Examples:
+      runbook plot 1 --metric train_loss              # the training curves of Phase 1's runs
+      runbook plot --metric accept_len                # accept_len across every run
+      runbook plot --metric val_loss --runs last~1,last --out val.png
+    """
+    from runbook.plotting import draw, plan_chart
+    from runbook.recording import find_run
+    from runbook.workspace import Workspace
+
+    plan = None
+    if plan_opt or phase_ref:
+        ws = Workspace.open(plan_opt)
+        plan = ws.load_plan()
+    else:
+        ws = Workspace.at()
+    problems: list[str] = []
+    runs = ws.runs(problems, every_plan=plan is None)
+    warn(problems)
+    if phase_ref and plan is not None:
+        phase = plan.find_phase(phase_ref)
+        if phase is None:
+            from runbook.commands.show import unknown_phase
+
+            raise unknown_phase(plan, phase_ref, ws.plan_display)
+        runs = [r for r in runs if r.phase == phase.id]
+    if run_refs:
+        refs = [ref for item in run_refs for ref in item.split(",") if ref.strip()]
+        chosen = [find_run(ws, ref.strip(), runs) for ref in refs]
+        runs = sorted({r.run_id: r for r in chosen}.values(), key=lambda r: (r.started, r.run_id))
+    if not runs:
+        raise RunbookError("no runs to plot" + (f" of {phase_ref}" if phase_ref else ""), "unknown_run",
+                           hint="run a phase first (`runbook next`), or name runs with --runs")
+    chart = plan_chart(metric, runs, ws.state)
+    if out:
+        png = _resolve(out)
+    else:
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{phase_ref or 'runs'}-{metric}").strip("_") or "plot"
+        from runbook.ledger import run_dir
+
+        png = run_dir(ws.state, chart.runs[-1]) / "plots" / f"{slug}.png"
+    svg = png.with_suffix(".svg")
+    written = draw(chart, png, svg)
+    from runbook.contract import PlotResult
+
+    def shown(path) -> str:
+        try:
+            return ws.rel(path.resolve()) if path.resolve().is_relative_to(ws.root) else str(path)
+        except OSError:
+            return str(path)
+
+    result = PlotResult(metric=metric, kind=chart.kind, png=shown(written[0]), svg=shown(written[1]),
+                        runs=chart.runs, points=chart.points)
+    what = (f"the series of {metric} of {len(chart.runs)} run(s)" if chart.kind == "series"
+            else f"{metric} across {len(chart.runs)} run(s)")
+    return Output(result, 0, f"plotted {what} ({chart.points} points):\n  {result.png}\n  {result.svg}")
+
+
+def _resolve(out: str):  # -> Path
+    from pathlib import Path
+
+    path = Path(out)
+    if path.suffix.lower() != ".png":
+        raise RunbookError(f"--out {out}: name a .png file (the SVG is written beside it)", "usage")
+    return path
