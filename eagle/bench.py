@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 from pydantic import BaseModel
 
-from eagle.common import EagleError, fail, pick_device, pick_dtype, print_kv, warn
+from eagle.common import EagleError, fail, pick_device, pick_dtype, print_kv, quiet_hf, warn
 from eagle.evaluate import decoder_option, load_inputs
 from eagle.leviathan import acceptance_from_accept_len, expected_tokens, leviathan_speedup  # noqa: F401
 from eagle.metrics import write_metrics
@@ -133,6 +133,7 @@ def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens
     Example:
       eagle bench --model work/target --draft work/draft --prompts plans/data/prompts.jsonl -k 3
     """
+    quiet_hf()
     try:
         prompts = load_inputs(model, prompts_file, limit, draft, trust_remote_code)
         dev = pick_device(device)

@@ -13,7 +13,7 @@ import click
 
 # verb -> (module holding `command`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "toy-target": ("eagle.toy", "Make a tiny trained Llama target (or its successor) locally."),
+    "toy-target": ("eagle.toy", "Make a tiny trained target (Llama, Qwen3, DeepSeek-V3, Kimi-K2.5 layout) or its successor locally."),
     "prepare": ("eagle.data", "Conversations -> token ids + assistant-only loss mask."),
     "extract": ("eagle.extract", "Target hidden states in speculators' offline format."),
     "vocab": ("eagle.vocab", "Draft vocabulary: d2t / t2d from token frequencies."),

@@ -104,7 +104,7 @@ def load_target_rows(model: Eagle3DraftModel, target: Target) -> None:
         model.embed_tokens.weight.copy_(w["embed_tokens.weight"])
         rows = w["lm_head.weight"]
         if model.use_draft_vocab:
-            rows = rows[model.t2d.to(torch.bool)]
+            rows = rows[model.t2d.to(device=rows.device, dtype=torch.bool)]
         model.lm_head.weight.copy_(rows)
         model.verifier_lm_head.weight.copy_(rows)
         model.verifier_norm.weight.copy_(w["norm.weight"])

@@ -26,7 +26,7 @@ from typing import Any
 import click
 from pydantic import BaseModel
 
-from eagle.common import EagleError, fail, pick_device, pick_dtype, print_kv, progress
+from eagle.common import EagleError, fail, pick_device, pick_dtype, print_kv, progress, quiet_hf
 from eagle.metrics import write_metrics
 from eagle.target import trust_remote_code_option
 
@@ -202,6 +202,7 @@ def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens
     Example:
       eagle evaluate --model work/target --draft work/draft --prompts plans/data/prompts.jsonl -k 3
     """
+    quiet_hf()
     try:
         prompts = load_inputs(model, prompts_file, limit, draft, trust_remote_code)
         dev = pick_device(device)

@@ -75,7 +75,10 @@ class GenericDecoder:
     def new_cache(self) -> Any:
         from transformers import DynamicCache
 
-        return DynamicCache(config=self.model.config)
+        try:
+            return DynamicCache(config=self.model.config)  # per-layer kinds (sliding windows) from the config
+        except TypeError:  # a transformers without the argument
+            return DynamicCache()
 
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int] | torch.Tensor, cache: Any, aux_ids: Sequence[int] = (),

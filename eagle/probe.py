@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 from pydantic import BaseModel
 
-from eagle.common import EagleError, fail, pick_device, pick_dtype, print_table, split_layer_ids
+from eagle.common import EagleError, fail, pick_device, pick_dtype, print_table, quiet_hf, split_layer_ids
 from eagle.evaluate import decoder_option, load_inputs
 from eagle.metrics import write_metrics
 from eagle.target import trust_remote_code_option
@@ -179,6 +179,7 @@ def command(model: Path, other: Path, prompts_file: Path, draft: Path | None, la
     """
     from eagle.target import open_target
 
+    quiet_hf()
     try:
         open_target(other, trust_remote_code, what="--other")
         prompts = load_inputs(model, prompts_file, limit, draft, trust_remote_code)

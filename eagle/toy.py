@@ -372,19 +372,38 @@ def wrap_kimi_k25(text_model: Any) -> Any:
     return model
 
 
+# Kimi-K2.5's published preprocessor_config.json (vLLM's native Kimi-K2.5 builds its image
+# processor from it even when serving text only).
+KIMI_MEDIA_PROC_CFG = {
+    "in_patch_limit": 16384, "patch_size": 14, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+    "merge_kernel_size": 2, "fixed_output_tokens": None, "patch_limit_on_one_side": 512,
+    "in_patch_limit_each_frame": 4096, "in_patch_limit_video": None, "sample_fps": 2.0,
+    "max_num_frames_each_video": None, "temporal_merge_kernel_size": 4, "timestamp_mode": "hh:mm:ss.fff",
+    "config_type": "image"}
+KIMI_LAYOUT = 2  # bump when _original_kimi_layout changes (the kimi_k25 cache key includes it)
+
+
 def _original_kimi_layout(out: Path) -> None:
-    """transformers 5.19 saves Kimi-K2.5's decoder layers as `language_model.model.blocks.N`; Kimi's
-    published checkpoints (and vLLM's loader) name them `language_model.model.layers.N`, which
-    transformers also reads. Rename in place."""
+    """Make a saved Kimi_K25ForConditionalGeneration look like Kimi-K2.5's published checkpoint, which
+    vLLM's native Kimi-K2.5 loads and transformers reads as well: architectures
+    KimiK25ForConditionalGeneration; decoder layers `language_model.model.layers.N` (transformers 5.19
+    writes `...blocks.N`) and the projector's norm `mm_projector.pre_norm` (it writes
+    `model.mm_projector.pre_norm`); the image processor config."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
     file = out / "model.safetensors"
     with safe_open(str(file), framework="pt") as fh:
         meta = fh.metadata()
-        tensors = {k.replace("language_model.model.blocks.", "language_model.model.layers."): fh.get_tensor(k)
+        tensors = {k.replace("language_model.model.blocks.", "language_model.model.layers.")
+                   .replace("model.mm_projector.", "mm_projector.", 1)
+                   if k.startswith(("language_model.", "model.mm_projector.")) else k: fh.get_tensor(k)
                    for k in fh.keys()}
     save_file(tensors, str(file), metadata=meta)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["architectures"] = ["KimiK25ForConditionalGeneration"]
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (out / "preprocessor_config.json").write_text(json.dumps({"media_proc_cfg": KIMI_MEDIA_PROC_CFG}, indent=2) + "\n")
 
 
 def build_successor(base: Path, out: Path, steps: int | None = None, shift: float | None = None,
@@ -481,6 +500,8 @@ def cache_key(cfg: ToyConfig, successor: bool) -> str:
     import transformers
 
     fields = cfg.model_dump(exclude={"arch"} if cfg.arch == "llama" else None)  # llama keys as before arch existed
+    if cfg.arch == "kimi_k25":
+        fields["kimi_layout"] = KIMI_LAYOUT
     blob = json.dumps([TOY_VERSION, transformers.__version__, successor, fields], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -116,3 +116,12 @@ def toy_drafter_normed(toy_target: Path, toy_data: Path, tmp_path_factory: pytes
     train(TrainArgs(model=str(toy_target), data=str(toy_data), out=str(out), norm_before_fc=True, norm_output=True,
                     norm_before_residual=True), echo=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def arch_targets():
+    """`arch_targets(arch)`: the toy target of an architecture (llama, qwen3, deepseek_v3, kimi_k25),
+    trained once per machine like `toy_target` (kimi_k25 wraps the deepseek_v3 one: no training)."""
+    from eagle.toy import ToyConfig, cached_target
+
+    return lambda arch: cached_target(ToyConfig(arch=arch))
