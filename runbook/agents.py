@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from runbook.mdtext import detect_newline, ends_with_newline
+
 AGENTS_FILE = "AGENTS.md"
 MARK = "runbook brief"  # an AGENTS.md that mentions it already tells agents about runbook
 
@@ -46,6 +48,6 @@ def agents_addition(existing: str | None, plan: str, notes: str | None) -> str:
         return agents_section(plan, notes, heading=True)
     if MARK in existing:
         return ""
-    newline = "\r\n" if "\r\n" in existing else "\n"
-    lead = "" if not existing.strip() else (newline if existing.endswith(("\n", "\r")) else newline * 2)
+    newline = detect_newline(existing)
+    lead = "" if not existing.strip() else (newline if ends_with_newline(existing) else newline * 2)
     return lead + agents_section(plan, notes, heading=False).replace("\n", newline)

@@ -15,10 +15,12 @@ from __future__ import annotations
 import re
 
 from runbook.contract import Brief, MilestoneText, NoteStep, iso_utc, parse_utc, top_metrics
+from runbook.formatting import format_took, format_value
+from runbook.mdtext import to_lf
 from runbook.model import Plan, RunRecord
 from runbook.notes import read_framing, read_lessons, read_milestones, read_next_steps, read_status
 from runbook.planstate import PlanState
-from runbook.templates import format_number, render
+from runbook.templates import render
 
 __all__ = ["DEFAULT_MAX_CHARS", "build_brief", "fit_brief", "headline", "render_brief", "status_block", "top_metrics"]
 
@@ -51,7 +53,7 @@ def headline(plan: Plan, plan_rel: str, runs: list[RunRecord], state: PlanState)
         if record.plan == plan_rel:
             latest.update(top_metrics(record.metrics))
     leaves = judge_leaves(phase.criterion.expr, latest)
-    goal = phase.criterion.text.strip().strip("`").strip()
+    goal = phase.criterion.display
     return [f"Goal of {phase.display_name} (`{goal}`): " + " · ".join(t for _v, t in leaves)]
 
 
@@ -81,7 +83,7 @@ def plan_preamble(plan: Plan) -> tuple[str | None, str]:
     text = plan.text
     start = plan.front_matter_span.end
     end = plan.phases[0].span.start if plan.phases else len(text)
-    prose = text[start:end].replace("\r\n", "\n").strip("\n")
+    prose = to_lf(text[start:end]).strip("\n")
     title = None
     lines = prose.split("\n")
     if lines and re.match(r"^ {0,3}# ", lines[0]):
@@ -165,14 +167,12 @@ def build_brief(ws, state: PlanState, runs: list[RunRecord], notes_text: str | N
 
 
 def _metrics_text(metrics: dict, sep: str) -> str:
-    return sep.join(f"{name} {format_number(value) if isinstance(value, (int, float)) else value}"
+    return sep.join(f"{name} {format_value(value) if isinstance(value, (int, float)) else value}"
                     for name, value in metrics.items())
 
 
 def _render_parts(brief: Brief) -> tuple[str, str]:
-    from runbook.writeback import format_took
-
-    context = {"b": brief, "num": format_number, "metrics": _metrics_text, "took": format_took}
+    context = {"b": brief, "num": format_value, "metrics": _metrics_text, "took": format_took}
     head = render("brief-head.md.j2", **context)
     tail = render("brief-next.md.j2", **context)
     return head.rstrip("\n") + "\n", tail.rstrip("\n") + "\n"

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from runbook.mdtext import ends_with_newline
+
 if TYPE_CHECKING:
     from runbook.contract import ErrorInfo
     from runbook.errors import RunbookError
@@ -167,7 +169,7 @@ def _emit(out: Output, name: str, as_json: bool) -> None:
 
         click.echo(envelope_json(name, out.exit_code, out.result))
     elif out.text is not None:
-        click.echo(out.text, nl=not out.text.endswith(("\n", "\r")))
+        click.echo(out.text, nl=not ends_with_newline(out.text))
 
 
 def _refuse(exc, name: str, as_json: bool) -> int:

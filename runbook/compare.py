@@ -20,6 +20,7 @@ from runbook.contract import (
     ValueChange,
     top_metrics,
 )
+from runbook.formatting import format_took, format_value
 from runbook.model import RunRecord
 
 __all__ = ["BUILTIN", "diff", "known_names", "render_diff", "sort_runs", "sparkline", "unknown", "value"]
@@ -218,8 +219,6 @@ def _env_changes(a: RunRecord, b: RunRecord) -> list[ValueChange]:
 
 def render_diff(result: DiffResult, show_all: bool = False) -> str:
     """The text of `runbook diff`: what changed from A to B, section by section."""
-    from runbook.criteria import format_value
-    from runbook.writeback import format_took
 
     a, b = result.a, result.b
     lines = [f"A  {a.run_id}  {a.label} ({a.phase})  {a.verdict}  {a.finished or '-'}",

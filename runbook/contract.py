@@ -31,7 +31,7 @@ from typing import Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from runbook.criteria import Comparison
-from runbook.model import Problem, RunRecord, SeriesInfo, StepResult, Verdict
+from runbook.model import Problem, RunRecord, SeriesInfo, StepResult, Verdict, criterion_display
 
 SCHEMA_VERSION = 1
 
@@ -202,7 +202,7 @@ class RunView(Model):
             run_id=record.run_id, plan=record.plan, phase=record.phase, label=phase_label(record.phase_label),
             verdict=record.verdict, reason=record.reason, started=iso_utc(record.started),
             finished=iso_utc(record.finished), duration_s=record.duration_s, commit=record.commit_before,
-            recorded_in=recorded_in, criterion=_strip(record.criterion), comparisons=comparisons,
+            recorded_in=recorded_in, criterion=criterion_display(record.criterion) if record.criterion else record.criterion, comparisons=comparisons,
             failures=failures(record, comparisons), metrics=top_metrics(record.metrics),
             vars=dict(record.vars), overrides=list(record.overrides), ref_runs=dict(record.ref_runs),
             series=list(record.series),
@@ -211,8 +211,6 @@ class RunView(Model):
         )
 
 
-def _strip(text: str | None) -> str | None:
-    return text.strip().strip("`").strip() if text else text
 
 
 def _comparisons(record: RunRecord) -> list[Comparison]:

@@ -44,6 +44,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from runbook.formatting import format_value
 from runbook.model import Arith, BoolOp, Compare, CompareOp, Expr, MetricRef, Neg, Not, Number, Operand, Text
 
 __all__ = [
@@ -52,7 +53,6 @@ __all__ = [
     "CriterionError",
     "Judgement",
     "evaluate",
-    "format_value",
     "metric_names",
     "name_columns",
     "parse_criterion",
@@ -458,21 +458,6 @@ def _wrapped(node: Operand, text: str, outer: Arith | None, index: int) -> str:
     if outer is None or (_additive(node) and not _additive(outer)) or (index > 0 and _additive(node) == _additive(outer)):
         return f"({text})"
     return text
-
-
-def format_value(value: float | str | None) -> str:
-    """A metric value for messages: integers without a fraction, others to 6 significant digits,
-    strings as they are (at most 60 characters), `-` for none."""
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value if len(value) <= 60 else value[:57] + "..."
-    value = float(value)
-    if math.isnan(value) or math.isinf(value):
-        return str(value)
-    if value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return f"{value:.6g}"
 
 
 # ---- evaluation ----------------------------------------------------------------------------

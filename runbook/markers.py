@@ -13,28 +13,22 @@ from __future__ import annotations
 
 import re
 
+from runbook.mdtext import Fences, count_newlines, ends_with_newline, line_end
 from runbook.model import Block, Problem, Span
 
-__all__ = ["MARKER_RE", "detect_newline", "find_blocks", "render_block"]
+__all__ = ["MARKER_RE", "find_blocks", "render_block"]
 
 MARKER_RE = re.compile(
     r"^[ ]{0,3}<!--[ \t]*(?P<close>/?)runbook:(?P<name>[A-Za-z0-9_.-]+)(?P<attrs>[^\r\n]*?)[ \t]*-->[ \t]*$"
 )
 # Lines that matter to the scan: markers and fence lines (which hide markers inside them).
 _INTERESTING = re.compile(r"^[ \t]*(?:<!--|```|~~~)[^\r\n]*", re.MULTILINE)
-_FENCE_RE = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})(?P<info>[^\r\n]*)$")
 _ATTR_RE = re.compile(r"([A-Za-z0-9_.-]+)=(\S+)")
-
-
-def detect_newline(text: str) -> str:
-    """The newline style of a text: the first line ending found, or "\\n"."""
-    m = re.search(r"\r\n|\r|\n", text)
-    return m.group() if m else "\n"
 
 
 def render_block(name: str, inner: str, newline: str = "\n", attrs: dict[str, str] | None = None) -> str:
     """The full text of a block: opening marker, `inner` (ending in a newline), closing marker."""
-    if inner and not inner.endswith(("\n", "\r")):
+    if inner and not ends_with_newline(inner):
         inner += newline
     attr_text = "".join(f" {k}={v}" for k, v in (attrs or {}).items())
     return f"<!-- runbook:{name}{attr_text} -->{newline}{inner}<!-- /runbook:{name} -->{newline}"
@@ -58,29 +52,21 @@ def find_blocks(
     end = len(text) if end is None else end
     if text.find("<!--", start, end) < 0:
         return [], []
-    line_no = (text.count("\n", 0, start) + 1) if first_line is None else first_line
+    line_no = (count_newlines(text, 0, start) + 1) if first_line is None else first_line
     counted = start
     blocks: list[Block] = []
     problems: list[Problem] = []
     seen: dict[str, int] = {}
     open_marker: tuple[str, int, int, int, dict[str, str]] | None = None  # name, start, line, inner start, attrs
-    fence: str | None = None
+    fences = Fences()
 
     for m in _INTERESTING.finditer(text, start, end):
-        line_no += _count_lines(text, counted, m.start())
+        line_no += count_newlines(text, counted, m.start())
         counted = m.start()
         line = m.group()
-        line_end = _line_end(text, m.end(), end)
-        fence_m = _FENCE_RE.match(line)
-        if fence_m:
-            mark = fence_m.group("fence")
-            if fence is None:
-                fence = mark
-            elif mark[0] == fence[0] and len(mark) >= len(fence) and not fence_m.group("info").strip():
-                fence = None
+        if fences.step(line):
             continue
-        if fence is not None:
-            continue
+        after = line_end(text, m.end(), end)
         marker = MARKER_RE.match(line)
         if marker is None:
             if "runbook:" in line and line.lstrip().startswith("<!--"):
@@ -101,7 +87,7 @@ def find_blocks(
                 )
                 continue
             attrs = dict(_ATTR_RE.findall(marker.group("attrs")))
-            open_marker = (name, m.start() + col - 1, line_no, line_end, attrs)
+            open_marker = (name, m.start() + col - 1, line_no, after, attrs)
             continue
         if open_marker is None:
             problems.append(
@@ -139,7 +125,7 @@ def find_blocks(
         seen[oname] = oline
         block = Block(
             name=oname,
-            span=Span(start_line=oline, end_line=line_no, start=ostart, end=line_end),
+            span=Span(start_line=oline, end_line=line_no, start=ostart, end=after),
             inner=text[inner_start : counted],
         )
         if attrs:
@@ -157,27 +143,6 @@ def find_blocks(
             )
         )
     return blocks, problems
-
-
-def _count_lines(text: str, a: int, b: int) -> int:
-    if a >= b:
-        return 0
-    n = text.count("\n", a, b)
-    if "\r" in text[a:b]:
-        # Lone CR line endings count too (markdown-it treats them as newlines).
-        n += len(re.findall(r"\r(?!\n)", text[a:b]))
-    return n
-
-
-def _line_end(text: str, pos: int, end: int) -> int:
-    """Offset just past the line ending at or after `pos` (or `end`)."""
-    if pos < end and text[pos] == "\r":
-        pos += 1
-        if pos < end and text[pos] == "\n":
-            pos += 1
-    elif pos < end and text[pos] == "\n":
-        pos += 1
-    return pos
 
 
 def _problem(file: str, line: int, m: re.Match[str], message: str) -> Problem:

@@ -134,12 +134,23 @@ BoolOp.model_rebuild()
 Not.model_rebuild()
 
 
+def criterion_display(text: str) -> str:
+    """A `Pass:` text as people read it (status lines, briefs, run records): without the
+    backticks around it."""
+    return text.strip().strip("`").strip()
+
+
 class Criterion(BaseModel):
     """A parsed `Pass:` line: its text as written and its expression tree."""
 
     text: str
     expr: Expr
     span: Span
+
+    @property
+    def display(self) -> str:
+        """The text without the backticks around it (`criterion_display`)."""
+        return criterion_display(self.text)
 
 
 # ---- plan structure --------------------------------------------------------------------------

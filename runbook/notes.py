@@ -22,8 +22,10 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from runbook.formatting import format_value
+from runbook.mdtext import NEWLINE_RE, Fences, Line, detect_newline, ends_with_newline, lines, with_newlines
 from runbook.model import Metrics
-from runbook.templates import format_number, render
+from runbook.templates import render
 
 STATUS_BLOCK = "notes-status"
 MILESTONES = "Milestones"
@@ -33,7 +35,7 @@ NEXT_STEPS = "Next steps"
 _ORDER = (STATUS_BLOCK, MILESTONES, LESSONS, NEXT_STEPS)
 
 _HEADING = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_BLANK_LINE = re.compile(r"[ \t]*(?:\r\n|\r|\n)")
 _BULLET = re.compile(r"^ {0,3}(?:[-*+]|\d{1,9}[.)])[ \t]+(.*)$")
 _OPEN = f"<!-- runbook:{STATUS_BLOCK} -->"
 _CLOSE = f"<!-- /runbook:{STATUS_BLOCK} -->"
@@ -68,13 +70,6 @@ class RecordOutcome(BaseModel):
 
 
 @dataclass(frozen=True)
-class _Line:
-    start: int  # offset of the first character
-    end: int  # offset after the line's newline (or end of text)
-    content: str  # without the newline
-
-
-@dataclass(frozen=True)
 class Section:
     """An owned level-2 section: heading line start, body start, end (next heading or EOF)."""
 
@@ -87,16 +82,6 @@ class Section:
 # ---- small text helpers -------------------------------------------------------------------------
 
 
-def newline_of(text: str) -> str:
-    """The document's newline: that of its first line break, "\\n" when it has none."""
-    match = re.search(r"\r\n|\n|\r", text)
-    return match.group(0) if match else "\n"
-
-
-def with_newlines(text: str, newline: str) -> str:
-    return re.sub(r"\r\n|\r|\n", newline, text)
-
-
 def normalise_lesson(text: str) -> str:
     """Comparison key for lessons: case, whitespace, Markdown emphasis and final stops ignored."""
     key = re.sub(r"[`*_]", "", text).casefold()
@@ -104,40 +89,20 @@ def normalise_lesson(text: str) -> str:
     return key.rstrip(" .;:!")
 
 
-def _lines(text: str) -> list[_Line]:
-    out: list[_Line] = []
-    pos = 0
-    for match in re.finditer(r"[^\r\n]*(?:\r\n|\r|\n|$)", text):
-        chunk = match.group(0)
-        if not chunk:
-            break
-        content = chunk.rstrip("\r\n")
-        out.append(_Line(pos, pos + len(chunk), content))
-        pos += len(chunk)
-    return out
-
-
-def _structure(text: str) -> tuple[list[tuple[_Line, int, str]], tuple[int, int] | None]:
+def _structure(text: str) -> tuple[list[tuple[Line, int, str]], tuple[int, int] | None]:
     """Headings outside fenced code and the status block: ([(line, level, title)], block span)."""
-    headings: list[tuple[_Line, int, str]] = []
+    headings: list[tuple[Line, int, str]] = []
     block: tuple[int, int] | None = None
-    fence: str | None = None
+    fences = Fences()
     block_start: int | None = None
-    for line in _lines(text):
+    for line in lines(text):
         stripped = line.content.strip()
         if block_start is not None:
             if stripped == _CLOSE:
                 block = (block_start, line.end)
                 block_start = None
             continue
-        fence_match = _FENCE.match(line.content)
-        if fence is not None:
-            if fence_match and fence_match.group(1)[0] == fence[0] and len(fence_match.group(1)) >= len(fence):
-                if not line.content.strip()[len(fence_match.group(1)) :].strip():
-                    fence = None
-            continue
-        if fence_match:
-            fence = fence_match.group(1)
+        if fences.step(line.content):
             continue
         if stripped == _OPEN and block is None:
             block_start = line.start
@@ -153,8 +118,8 @@ def _structure(text: str) -> tuple[list[tuple[_Line, int, str]], tuple[int, int]
 def problems(text: str) -> list[tuple[int, str]]:
     """(line, message) for what stops `runbook record` from editing the document safely."""
     found: list[tuple[int, str]] = []
-    opens = [i for i, line in enumerate(_lines(text), 1) if line.content.strip() == _OPEN]
-    closes = [i for i, line in enumerate(_lines(text), 1) if line.content.strip() == _CLOSE]
+    opens = [i for i, line in enumerate(lines(text), 1) if line.content.strip() == _OPEN]
+    closes = [i for i, line in enumerate(lines(text), 1) if line.content.strip() == _CLOSE]
     if len(opens) > 1:
         found.append((opens[1], f"a second {_OPEN}; keep one status block and delete the other"))
     if opens and (not closes or closes[0] < opens[0]):
@@ -188,7 +153,7 @@ def find_status_block(text: str) -> tuple[int, int] | None:
 def _content_end(text: str, start: int, end: int) -> int:
     """Offset just after the last non-blank line in text[start:end] (start if all blank)."""
     last = start
-    for line in _lines(text[start:end]):
+    for line in lines(text[start:end]):
         if line.content.strip():
             last = start + line.end
     return last
@@ -198,18 +163,23 @@ def _insert(text: str, pos: int, block: str, newline: str) -> str:
     """Insert `block` (ending in a newline) at line start `pos`, with a blank line on each side."""
     before, after = text[:pos], text[pos:]
     prefix = ""
-    if before and not before.endswith(("\n", "\r")):
+    if before and not ends_with_newline(before):
         prefix = newline + newline
     elif before.strip() and not _ends_with_blank_line(before):
         prefix = newline
-    suffix = "" if not after or re.match(r"[ \t]*(?:\r\n|\r|\n)", after) else newline
+    suffix = "" if not after or _opens_with_blank_line(after) else newline
     return before + prefix + block + suffix + after
+
+
+def _opens_with_blank_line(text: str) -> bool:
+    """Whether the first line of `text` is blank and ends in a newline."""
+    return _BLANK_LINE.match(text) is not None
 
 
 def _ends_with_blank_line(text: str) -> bool:
     """Whether the last complete line of `text` (which ends in a newline) is blank."""
     body = re.sub(r"(?:\r\n|\r|\n)$", "", text, count=1)
-    last = re.split(r"\r\n|\r|\n", body)[-1]
+    last = NEWLINE_RE.split(body)[-1]
     return not last.strip() and body != ""
 
 
@@ -234,7 +204,7 @@ def _anchor(text: str, part: str) -> int:
 def _ensure_section(text: str, name: str, created: list[str]) -> tuple[str, Section]:
     sections = find_sections(text)
     if name not in sections:
-        newline = newline_of(text)
+        newline = detect_newline(text)
         text = _insert(text, _anchor(text, name), f"## {name}{newline}", newline)
         created.append(name)
         sections = find_sections(text)
@@ -250,13 +220,9 @@ def _one_line(text: str) -> str:
 
 def _bullets(body: str) -> list[str]:
     items: list[str] = []
-    fence: str | None = None
-    for line in _lines(body):
-        fence_match = _FENCE.match(line.content)
-        if fence_match:
-            fence = None if fence else fence_match.group(1)
-            continue
-        if fence:
+    fences = Fences()
+    for line in lines(body):
+        if fences.step(line.content):
             continue
         bullet = _BULLET.match(line.content)
         if bullet:
@@ -311,10 +277,10 @@ def read_framing(text: str) -> str:
         close = head.find("\n---\n", 4)
         if close != -1:
             head = head[close + 5 :]
-    lines = head.lstrip("\n").split("\n")
-    if lines and re.match(r"^ {0,3}# ", lines[0]):
-        lines = lines[1:]
-    return "\n".join(lines).strip()
+    rows = head.lstrip("\n").split("\n")
+    if rows and re.match(r"^ {0,3}# ", rows[0]):
+        rows = rows[1:]
+    return "\n".join(rows).strip()
 
 
 def read_status(text: str) -> str:
@@ -337,17 +303,9 @@ def contain_body(body: str) -> str:
     `##### Next steps`: it stays a heading inside the entry, never an owned section or a new
     milestone), status-block markers are neutralised, and a fence left open is closed."""
     out: list[str] = []
-    fence: str | None = None
+    fences = Fences()
     for line in body.split("\n"):
-        fence_match = _FENCE.match(line)
-        if fence is not None:
-            if fence_match and fence_match.group(1)[0] == fence[0] and len(fence_match.group(1)) >= len(fence) \
-                    and not line.strip()[len(fence_match.group(1)):].strip():
-                fence = None
-            out.append(line)
-            continue
-        if fence_match:
-            fence = fence_match.group(1)
+        if fences.step(line):
             out.append(line)
             continue
         heading = _HEADING.match(line)
@@ -358,15 +316,15 @@ def contain_body(body: str) -> str:
         elif line.strip() in (_OPEN, _CLOSE):
             line = line.replace("<!--", "&lt;!--")
         out.append(line)
-    if fence is not None:
-        out.append(fence)
+    if fences.open is not None:
+        out.append(fences.open)
     return "\n".join(out)
 
 
 def render_milestone(milestone: Milestone) -> str:
     """The entry's Markdown with "\\n" newlines, ending in one newline."""
     body = contain_body(with_newlines(milestone.body, "\n").strip("\n"))
-    metrics = [f"{name} {format_number(value)}" for name, value in milestone.metrics.items()]
+    metrics = [f"{name} {format_value(value)}" for name, value in milestone.metrics.items()]
     run_parts: list[str] = []
     if milestone.run_id:
         run_parts.append(f"Run `{milestone.run_id}`")
@@ -392,7 +350,7 @@ def render_milestone(milestone: Milestone) -> str:
 def append_milestone(text: str, milestone: Milestone, created: list[str] | None = None) -> str:
     created = created if created is not None else []
     text, section = _ensure_section(text, MILESTONES, created)
-    newline = newline_of(text)
+    newline = detect_newline(text)
     entry = with_newlines(render_milestone(milestone), newline)
     return _insert(text, _content_end(text, section.body_start, section.end), entry, newline)
 
@@ -416,12 +374,12 @@ def add_lessons(text: str, lessons: list[str], created: list[str] | None = None)
     if not added:
         return text, added, skipped
     text, section = _ensure_section(text, LESSONS, created)
-    newline = newline_of(text)
+    newline = detect_newline(text)
     bullets = "".join(f"- {lesson}{newline}" for lesson in added)
     pos = _content_end(text, section.body_start, section.end)
     if pos == section.body_start:
         return _insert(text, pos, bullets, newline), added, skipped
-    if not text[:pos].endswith(("\n", "\r")):
+    if not ends_with_newline(text[:pos]):
         bullets = newline + bullets
     return text[:pos] + bullets + text[pos:], added, skipped
 
@@ -430,15 +388,15 @@ def replace_next_steps(text: str, steps: list[str], created: list[str] | None = 
     """Replace the body of "Next steps" with `steps` as bullets (blank lines after it are kept)."""
     created = created if created is not None else []
     text, section = _ensure_section(text, NEXT_STEPS, created)
-    newline = newline_of(text)
+    newline = detect_newline(text)
     bullets = "".join(f"- {_one_line(step)}{newline}" for step in steps if step.strip())
     pos = _content_end(text, section.body_start, section.end)
     head = text[: section.body_start]
-    if not head.endswith(("\n", "\r")):
+    if not ends_with_newline(head):
         head += newline
     rest = text[pos:]
     middle = newline + bullets
-    if rest and not re.match(r"[ \t]*(?:\r\n|\r|\n)", rest):
+    if rest and not _opens_with_blank_line(rest):
         middle += newline
     return head + middle + rest
 
@@ -446,14 +404,14 @@ def replace_next_steps(text: str, steps: list[str], created: list[str] | None = 
 def set_status(text: str, inner: str, created: list[str] | None = None) -> str:
     """Replace (or create) the status block with `inner` (Markdown, any newlines)."""
     created = created if created is not None else []
-    newline = newline_of(text)
+    newline = detect_newline(text)
     body = with_newlines(inner.strip("\r\n"), newline)
     block = find_status_block(text)
     if block:
         start, end = block
         old = text[start:end]
         indent = old[: old.index(_OPEN)]
-        tail = newline if old.endswith(("\n", "\r")) else ""
+        tail = newline if ends_with_newline(old) else ""
         return text[:start] + f"{indent}{_OPEN}{newline}{body}{newline}{_CLOSE}{tail}" + text[end:]
     created.append(STATUS_BLOCK)
     rendered = f"{_OPEN}{newline}{body}{newline}{_CLOSE}{newline}"

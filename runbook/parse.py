@@ -15,11 +15,11 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from itertools import accumulate
 from typing import Any
 
 from runbook import criteria, markers, resolve
 from runbook.bounded import NotReadable, read_bounded
+from runbook.mdtext import LineTable, count_newlines, to_lf
 from runbook.model import (
     FORMAT_VERSION,
     VERDICTS,
@@ -131,7 +131,6 @@ def _yaml_load(text: str) -> Any:
 
 # ---- regular expressions of the format -----------------------------------------------------
 
-_NEWLINE_RE = re.compile(r"\r\n|\r|\n")
 _EXPLICIT_ID_RE = re.compile(r"\s*\{#(?P<id>[^{}]*)\}\s*$")
 _ID_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _ESTIMATE_RE = re.compile(r"\s*\((?P<est>~[^()]*)\)\s*$")
@@ -239,40 +238,8 @@ def reassemble(plan: Plan) -> str:
 # ---- the parser ----------------------------------------------------------------------------
 
 
-@dataclass
-class _Lines:
-    """Line table of the original text: 0-based line i is text[starts[i]:starts[i+1]].
-
-    `starts` ends with len(text) as a sentinel, so it has one entry more than there are lines.
-    """
-
-    text: str
-    starts: list[int]
-
-    @classmethod
-    def of(cls, text: str) -> _Lines:
-        starts = [0]
-        if "\r" in text:
-            starts.extend(m.end() for m in _NEWLINE_RE.finditer(text))
-        else:  # the usual case: sums of the line lengths, without a match object per line
-            starts.extend(accumulate(len(line) + 1 for line in text.split("\n")[:-1]))
-        if len(starts) > 1 and starts[-1] == len(text):
-            starts.pop()
-        starts.append(len(text))
-        return cls(text, starts)
-
-    def __len__(self) -> int:
-        return len(self.starts) - 1
-
-    def start(self, i: int) -> int:
-        starts = self.starts
-        return starts[i] if i < len(starts) else starts[-1]
-
-    def line(self, i: int) -> str:
-        starts = self.starts
-        if i + 1 < len(starts):
-            return self.text[starts[i] : starts[i + 1]].rstrip("\r\n")
-        return self.text[self.start(i) : self.start(i + 1)].rstrip("\r\n")
+class _Lines(LineTable):
+    """The line table (mdtext.LineTable) with the plan model's spans."""
 
     def span(self, first: int, stop: int) -> Span:
         """Span of 0-based lines [first, stop)."""
@@ -551,7 +518,7 @@ class _Parser:
             i, counted = top.first, lines.start(top.first)
             for m in _FIELD_RE.finditer(self.text, counted, lines.start(top.stop)):
                 line_start = m.start()
-                i += _count_newlines(self.text, counted, line_start)
+                i += count_newlines(self.text, counted, line_start)
                 counted = line_start
                 record(i, m, line_start)
 
@@ -631,7 +598,7 @@ class _Parser:
             title=title,
             heading=heading_text,
             estimate=estimate,
-            goal=_lf(goal),
+            goal=to_lf(goal),
             steps=steps,
             criterion=criterion,
             on_pass=on_pass,
@@ -762,12 +729,12 @@ class _Parser:
                 self.error(first, m.end() + 1, f"{step_id} has no command: write it in backticks (`- [ ] Train: `eagle train ...``) or in a fenced block under the item")
             nul = self.text.find("\0", lines.start(first), lines.start(stop))
             if nul >= 0:
-                line0 = first + _count_newlines(self.text, lines.start(first), nul)
+                line0 = first + count_newlines(self.text, lines.start(first), nul)
                 self.error(line0, nul - lines.start(line0) + 1, f"{step_id} holds a NUL byte, which no shell command can carry (it would be run as U+FFFD); delete it")
             steps.append(
                 Step(
                     id=step_id,
-                    text=_lf(item_text.strip()),
+                    text=to_lf(item_text.strip()),
                     command=command,
                     done=m.group("mark") != " ",
                     span=lines.span(first, stop),
@@ -905,7 +872,7 @@ class _Parser:
         pos = self.text.find(needle, step.span.start, step.span.end)
         if pos < 0:
             return step.span.start_line - 1, 1
-        line0 = step.span.start_line - 1 + _count_newlines(self.text, step.span.start, pos)
+        line0 = step.span.start_line - 1 + count_newlines(self.text, step.span.start, pos)
         return line0, pos - self.lines.start(line0) + 1
 
     def check_cycles(self, plan: Plan, index: dict[str, Phase]) -> None:
@@ -967,18 +934,6 @@ def _is_phase_heading(content: str) -> bool:
 def _phase_ref(text: str) -> str:
     ref = text.strip().strip("`").strip().rstrip(".").strip()
     return "stop" if ref.lower() == "stop" else ref
-
-
-def _count_newlines(text: str, a: int, b: int) -> int:
-    """Line endings in text[a:b] (\r\n, \r and \n each count once, as markdown-it counts them)."""
-    n = text.count("\n", a, b)
-    if text.find("\r", a, b) >= 0:
-        n += text.count("\r", a, b) - text.count("\r\n", a, b)
-    return n
-
-
-def _lf(text: str) -> str:
-    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
 _FRONT_MATTER_MAX_VALUES = 10_000

@@ -142,7 +142,7 @@ def running_text(holder: LockHolder, plan_rel: str) -> str:
 
 
 def _took(seconds: float | None) -> str:
-    from runbook.writeback import format_took
+    from runbook.formatting import format_took
 
     return format_took(seconds)
 
@@ -162,7 +162,7 @@ def _steps(plan: Plan, phase: Phase, done_before: int) -> list[StepLine]:
 
 
 def _criterion(phase: Phase) -> str | None:
-    return phase.criterion.text.strip().strip("`").strip() if phase.criterion else None
+    return phase.criterion.display if phase.criterion else None
 
 
 def _action_for(plan: Plan, phase: Phase, kind: str, why: str, argv: list[str] | None, start: int, **extra) -> NextAction:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from runbook.contract import MilestoneView, RecordResult, iso_utc, phase_label
 from runbook.errors import RunbookError
+from runbook.formatting import format_value
 from runbook.model import RunRecord
 from runbook.notes import Milestone, RecordOutcome
 from runbook.workspace import Workspace
@@ -203,7 +204,7 @@ def _commit(ws: Workspace, notes_rel: str, milestone: Milestone, outcome: Record
             attachments: list[str] | None = None) -> str | None:
     from runbook.gitops import GitStateError, commit_paths
 
-    shown = ", ".join(f"{k}={milestone.metrics[k]:g}" for k in _headline_metrics(ws, milestone)[:3])
+    shown = ", ".join(f"{k}={format_value(milestone.metrics[k])}" for k in _headline_metrics(ws, milestone)[:3])
     subject = f"runbook: record {milestone.title}" + (f" ({shown})" if shown else "")
     details = [f"Notes: {notes_rel}"]
     if milestone.run_id:

@@ -28,7 +28,9 @@ from runbook import gitops, ledger, writeback
 from runbook.atomic import atomic_write_text
 from runbook.errors import RunbookError
 from runbook.execute import Interrupts, StepSpec, judge, merge_metrics
+from runbook.formatting import format_value
 from runbook.lock import RunLock, write_lock
+from runbook.mdtext import to_lf
 from runbook.model import Metrics, Phase, Plan, RunRecord
 from runbook.redact import redact_credentials
 from runbook.select import Selection, select_phase
@@ -114,7 +116,7 @@ def render_preview(ws: Workspace, plan: Plan, sel: Selection) -> str:
     phase = sel.phase
     assert phase is not None
     lines = [f"{ws.plan_rel}:{phase.span.start_line}: {sel.message}", ""]
-    source = plan.text[phase.span.start : phase.span.end].replace("\r\n", "\n").rstrip("\n")
+    source = to_lf(plan.text[phase.span.start : phase.span.end]).rstrip("\n")
     lines += ["    " + line if line else "" for line in source.split("\n")]
     lines.append("")
     if sel.mode == "changed":
@@ -184,8 +186,6 @@ def _carried(sel: Selection, step_id: str) -> Metrics:
 
 
 def commit_message(record: RunRecord, metric_names: list[str]) -> str:
-    from runbook.criteria import format_value
-
     shown = [f"{n}={format_value(record.metrics[n])}" for n in metric_names if n in record.metrics]
     detail = ", ".join(shown) if shown else " ".join(record.reason.split())[:80]
     return f"runbook: {record.phase} {record.verdict}" + (f" ({detail})" if detail else "")
@@ -286,7 +286,7 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
     resources, sbatch_args = _slurm_settings(ws, phase) if executor == "slurm" else ({}, [])
     live = new_live(
         run_id=run_id, plan=ws.plan_rel, plan_blob=plan_blob, phase=phase.id, phase_label=phase.label,
-        phase_text_hash=text_hash, criterion=phase.criterion.text.strip("`") if phase.criterion else None,
+        phase_text_hash=text_hash, criterion=phase.criterion.display if phase.criterion else None,
         metric_names=metric_names, started=ledger.iso(ledger.utc_now()), timeout_s=phase.timeout_s,
         commit_before=commit_before, dirty=bool(dirty_files) if dirty_files is not None else None,
         dirty_files=dirty_files or [], env=env, executor=executor, detached=opts.detached,

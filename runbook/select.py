@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from runbook.model import JUDGED, Phase, Plan, RunRecord
+from runbook.model import JUDGED, Phase, Plan, RunRecord, criterion_display
 
 RESUMABLE = frozenset({"error", "timeout", "interrupted"})
 Mode = Literal["fresh", "resume", "rerun", "changed", "restart", "stale"]
@@ -113,7 +113,7 @@ def _criterion_key(text: str | None) -> str | None:
     try:
         return render(parse_criterion(text))
     except (CriterionError, RecursionError):
-        return " ".join(text.strip().strip("`").split())
+        return " ".join(criterion_display(text).split())
 
 
 def stale_reason(plan: Plan, phase: Phase, run: RunRecord) -> str | None:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from runbook.formatting import format_value
+
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
@@ -50,7 +52,7 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
         undefined=jinja2.StrictUndefined,
     )
-    env.filters["num"] = format_number
+    env.filters["num"] = format_value
     return env
 
 
@@ -72,11 +74,3 @@ def resource_exists(name: str) -> bool:
     for part in name.split("/"):
         node = node.joinpath(part)
     return node.is_file()
-
-
-def format_number(value: float | int | str | None) -> str:
-    """Short, stable text for a metric: 2912.0 -> "2912", 1.3125 -> "1.3125", 1e-05 -> "1e-05",
-    a string as it is; one home with `criteria.format_value`."""
-    from runbook.criteria import format_value
-
-    return format_value(value)

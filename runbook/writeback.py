@@ -27,8 +27,10 @@ from __future__ import annotations
 import difflib
 import hashlib
 
+from runbook.formatting import format_took, format_value
 from runbook.ledger import parse_iso
-from runbook.markers import detect_newline, render_block
+from runbook.markers import render_block
+from runbook.mdtext import detect_newline, ends_with_newline, line_end, to_lf
 from runbook.model import Phase, Plan, RunRecord
 
 STATUS = "status"
@@ -56,7 +58,7 @@ def phase_source(text: str, phase: Phase) -> str:
     for start, end in cuts:
         if 0 <= start <= end <= len(chars):
             del chars[start:end]
-    return "".join(chars).replace("\r\n", "\n").replace("\r", "\n")
+    return to_lf("".join(chars))
 
 
 def phase_text_hash(text: str, phase: Phase) -> str:
@@ -82,19 +84,7 @@ def phase_diff(old: str, new: str, label: str) -> str:
 
 
 def block_sha(inner: str) -> str:
-    normal = inner.replace("\r\n", "\n").replace("\r", "\n")
-    return hashlib.sha256(normal.encode("utf-8")).hexdigest()[:8]
-
-
-def format_took(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    total = int(round(seconds))
-    if total < 60:
-        return f"{total}s"
-    if total < 3600:
-        return f"{total // 60}m{total % 60:02d}s"
-    return f"{total // 3600}h{(total % 3600) // 60:02d}m"
+    return hashlib.sha256(to_lf(inner).encode("utf-8")).hexdigest()[:8]
 
 
 def _minute(iso_text: str | None) -> str:
@@ -104,14 +94,6 @@ def _minute(iso_text: str | None) -> str:
         return parse_iso(iso_text).strftime("%Y-%m-%d %H:%M")
     except ValueError:
         return iso_text[:16].replace("T", " ")
-
-
-def _value(value: float | str | None) -> str:
-    if value is None:
-        return "-"
-    from runbook.criteria import format_value
-
-    return format_value(value)
 
 
 def status_line(record: RunRecord) -> str:
@@ -159,7 +141,7 @@ def cell(record: RunRecord, name: str) -> float | str | None:
 
 
 def _text(value: float | str | None, width: int = 40) -> str:
-    text = _value(value)
+    text = format_value(value)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -191,20 +173,6 @@ def _block(name: str, lines: list[str], newline: str) -> str:
 
 
 # ---- applying ---------------------------------------------------------------------------------
-
-
-def _line_end(text: str, pos: int) -> int:
-    """Offset just past the end of the line containing `pos` (len(text) at a last line without newline)."""
-    n = len(text)
-    while pos < n and text[pos] not in "\r\n":
-        pos += 1
-    if pos < n and text[pos] == "\r":
-        pos += 1
-        if pos < n and text[pos] == "\n":
-            pos += 1
-    elif pos < n and text[pos] == "\n":
-        pos += 1
-    return pos
 
 
 def check_blocks(text: str, phase: Phase, file: str = "") -> None:
@@ -256,8 +224,8 @@ def apply_run(
         span = phase.blocks[STATUS].span
         edits.append((span.start, span.end, status))
     else:
-        at = _line_end(text, phase.heading_span.start)
-        prefix = newline if at == len(text) and not text.endswith(("\n", "\r")) else ""
+        at = line_end(text, phase.heading_span.start)
+        prefix = newline if at == len(text) and not ends_with_newline(text) else ""
         edits.append((at, at, prefix + status))
 
     # checkboxes
@@ -277,8 +245,8 @@ def apply_run(
         edits.append((span.start, span.end, results))
     else:
         body_end = phase.span.start + len(text[phase.span.start : phase.span.end].rstrip())
-        at = _line_end(text, body_end)
-        lead = newline if at == len(text) and not text.endswith(("\n", "\r")) else ""
+        at = line_end(text, body_end)
+        lead = newline if at == len(text) and not ends_with_newline(text) else ""
         edits.append((at, at, lead + newline + results))
 
     out = text

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runbook.markers import detect_newline, find_blocks, render_block
+from runbook.markers import find_blocks, render_block
+from runbook.mdtext import detect_newline
 from runbook.project import ConfigError, discover_plans, find_repo_root, load_config, state_dir
 from runbook.resolve import placeholders, resolve_command, suspicious_groups
 

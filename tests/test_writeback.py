@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from runbook.formatting import format_took
 from runbook.model import RunRecord, StepResult
 from runbook.parse import parse_plan
-from runbook.writeback import HandEdited, apply_run, format_took, phase_text_hash, results_table, status_line
+from runbook.writeback import HandEdited, apply_run, phase_text_hash, results_table, status_line
 
 PLAN = """\
 ---

@@ -114,8 +114,8 @@ def _render(result: HistoryResult, runs: list, metrics: tuple[str, ...], state_r
             pending: set[str] | frozenset[str] = frozenset(), one_phase: bool = False,
             chrono: list | None = None, state_dir=None) -> str:
     from runbook.compare import value
-    from runbook.criteria import format_value
-    from runbook.writeback import format_took, varying_vars
+    from runbook.formatting import format_took, format_value
+    from runbook.writeback import varying_vars
 
     def fmt(v) -> str:
         text = "-" if v is None else format_value(v)
@@ -175,7 +175,7 @@ def _sparklines(runs: list, metrics: tuple[str, ...]) -> list[str]:
     """One line per --metric column with numbers in two runs or more: its values across the runs,
     oldest first, as a sparkline, then the first and last values."""
     from runbook.compare import sparkline, value
-    from runbook.criteria import format_value
+    from runbook.formatting import format_value
 
     out: list[str] = []
     width = max((len(n) for n in metrics), default=0)

@@ -14,6 +14,7 @@ from runbook.cli import Output
 from runbook.commands._options import json_option
 from runbook.contract import InitResult
 from runbook.errors import RunbookError
+from runbook.mdtext import detect_newline, ends_with_newline
 
 PLANS_DIR = "plans"
 STATE_DIR = "state"
@@ -64,8 +65,8 @@ def gitignore_addition(existing: str) -> str:
     missing = [entry for entry in GITIGNORE_ENTRIES if entry not in have and f"/{entry}" not in have]
     if not missing:
         return ""
-    newline = "\r\n" if "\r\n" in existing else "\n"
-    lead = newline if existing and not existing.endswith(("\n", "\r")) else ""
+    newline = detect_newline(existing)
+    lead = newline if existing and not ends_with_newline(existing) else ""
     lead += newline if existing.strip() else ""
     return (lead + "# runbook: locks, per-run logs (the run records state/runs/*.json are committed) and the "
             "steps' outputs" + newline + newline.join(missing) + newline)

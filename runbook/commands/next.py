@@ -381,8 +381,8 @@ class _Next:
                 interrupts.__exit__(None, None, None)
 
     def summary(self, ws, plan, phase, record, runner) -> None:
+        from runbook.formatting import format_took
         from runbook.ledger import run_path
-        from runbook.writeback import format_took
 
         say = self.say
         say("")

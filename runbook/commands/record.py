@@ -10,6 +10,7 @@ import click
 from runbook.cli import Output
 from runbook.commands._options import json_option, open_plan, plan_option
 from runbook.errors import RunbookError
+from runbook.mdtext import to_lf
 from runbook.model import RunRecord
 
 _METRIC = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*=\s*(\S+)\s*$")
@@ -32,7 +33,7 @@ def parse_metric(text: str) -> tuple[str, float]:
 
 def parse_editor_text(text: str) -> tuple[str, str, dict[str, float], list[str], list[str]]:
     """The edited template -> (title, body, metrics, lessons, next steps). Pure."""
-    text = re.sub(r"<!--.*?-->", "", text.replace("\r\n", "\n"), flags=re.S)
+    text = re.sub(r"<!--.*?-->", "", to_lf(text), flags=re.S)
     title = ""
     body: list[str] = []
     metrics: dict[str, float] = {}

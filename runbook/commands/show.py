@@ -8,6 +8,7 @@ from runbook.cli import Output
 from runbook.commands._options import json_option, open_plan, plan_option
 from runbook.contract import PhaseDetail, ShowResult, ShowStep
 from runbook.errors import RunbookError
+from runbook.mdtext import ends_with_newline
 from runbook.model import Phase, Plan
 
 
@@ -74,7 +75,7 @@ def command(phase_ref: str | None, plan_opt: str | None, as_json: bool) -> Outpu
     )
     if not as_json:
         click.echo(f"{ws.plan_display}:{phase.span.start_line}", err=True)
-        click.echo(source, nl=not source.endswith(("\n", "\r")))
+        click.echo(source, nl=not ends_with_newline(source))
         if steps:
             click.echo("\nResolved commands (run with the repository root as the working directory):")
             for step in steps:
