@@ -52,6 +52,16 @@ def cli() -> None:
     Every command prints a short table and, when $RUNBOOK_METRICS names a file, merges its summary
     metrics into it as a flat JSON object (that is how `runbook next` judges a phase).
     """
+    quiet_library_logs()
+
+
+def quiet_library_logs() -> None:
+    """Drop loguru's handlers: speculators logs every file it opens at INFO, and our commands print
+    their own tables. The command line owns its process, so it may; eagle's modules imported into
+    another program leave that program's handlers alone."""
+    from loguru import logger
+
+    logger.remove()
 
 
 def main() -> None:

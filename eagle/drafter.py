@@ -13,15 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from loguru import logger
 from speculators.losses import resolve_loss_config
 from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 from transformers import LlamaConfig
 
 from eagle import checkpoint
 from eagle.target import DraftShape, Target, open_target
-
-logger.remove()  # speculators logs every file it opens at INFO; our commands print their own tables
 
 ATTN_IMPL = "sdpa"
 LOSS = "kl_div"

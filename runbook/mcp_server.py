@@ -21,8 +21,10 @@ output schema, `ok: false` is an MCP tool error carrying the same code, exit cod
   the latest run (`runbook://run/latest`) and any run by id (`runbook://run/{run_id}`), as the
   `RunView` of the contract.
 
-Adding a tool is one `Tool(...)` line in `TOOLS` (and its arguments model); `runbook logs` /
-`runbook cancel` (detached runs) will be two such lines when they land.
+Adding a tool is one `Tool(...)` line in `TOOLS` (and its arguments model). `logs` answers the last
+lines of a step's log (no `--follow`: a tool answers once; call it again for more, or use the
+progress of `next` with `run`); `cancel` stops the run in progress, whoever started it, and waits
+until it is recorded `interrupted` (a `next` call of this server's then ends with that run).
 """
 
 from __future__ import annotations
@@ -201,6 +203,25 @@ class ResetArgs(PlanArgs):
         return {**super().cli_kwargs(), "phase_ref": self.phase, "no_commit": self.no_commit}
 
 
+class LogsArgs(PlanArgs):
+    run: str | None = Field(None, description="A run id (or prefix, or `last`); default: the run in progress, "
+                                              "else the latest.")
+    step: str | None = Field(None, description="A step id (`step-2`, or `2`); default: the step running now, "
+                                               "else the last one started.")
+    lines: int = Field(40, ge=0, description="How many last lines of the log to return.")
+
+    def cli_kwargs(self) -> dict[str, Any]:
+        return {**super().cli_kwargs(), "run_ref": self.run, "step": self.step, "lines": self.lines,
+                "follow": False}
+
+
+class CancelArgs(PlanArgs):
+    wait: float = Field(180.0, ge=0, description="Seconds to wait for the run to stop and be recorded.")
+
+    def cli_kwargs(self) -> dict[str, Any]:
+        return {**super().cli_kwargs(), "wait_s": self.wait}
+
+
 # ---- the tools ------------------------------------------------------------------------------------
 
 
@@ -247,6 +268,12 @@ TOOLS: list[Tool] = [
          "steps into the plan's notes document, and commit it. Works while a phase runs.", read_only=False),
     Tool("forget", ForgetArgs, "Drop one run from the ledger and the plan's results (a mistaken run, one of a "
          "phase since rewritten). Committed, so `git revert` brings it back; refused while a run is in progress.",
+         read_only=False, destructive=True),
+    Tool("logs", LogsArgs, "The last lines of a step's log: by default the running step of the run in "
+         "progress (detached or on Slurm too), else the last step of the latest run."),
+    Tool("cancel", CancelArgs, "Stop the run in progress cleanly: its runbook stops the step, records the run "
+         "`interrupted`, writes the plan back and commits; `next` resumes at the first unfinished step. A run "
+         "whose runbook died is recorded so. exit_code 4 when it did not stop within `wait`.",
          read_only=False, destructive=True),
     Tool("reset", ResetArgs, "Drop every run of a phase so that it is `not run` again (the phase was rewritten "
          "from scratch). Committed, so `git revert` brings them back; refused while a run is in progress.",

@@ -447,6 +447,55 @@ def test_sigterm_to_the_server_records_its_run_as_interrupted(tmp_path: Path) ->
     _assert_interrupted_then_resumes(repo, step_pid)
 
 
+def test_logs_and_cancel_tools_show_and_stop_a_run_in_progress(tmp_path: Path) -> None:
+    """`logs` answers what `runbook logs --json` answers; `cancel` from a second client stops the first
+    client's run, which ends recorded `interrupted`, and `next` resumes it at its unfinished step."""
+    repo = H.make_repo(tmp_path / "repo", WAIT_PLAN.replace("Wait: `echo $$", "Wait: `echo waiting for ok; echo $$"),
+                       notes=NOTES)
+    (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "step2.pid\ncount.txt\nok\n")
+    git(repo, "commit", "-qam", "ignore the steps' files")
+
+    async def main():
+        results = {}
+        async with Client(params(repo)) as first, Client(params(repo)) as second:
+            async with anyio.create_task_group() as tg:
+
+                async def running() -> None:
+                    results["next"] = await first.call_tool("next", {"run": True})
+
+                tg.start_soon(running)
+                await anyio.to_thread.run_sync(wait_for, repo / "step2.pid")
+                results["logs"] = await second.call_tool("logs", {})
+                results["logs_cli"] = await anyio.to_thread.run_sync(cli_json, repo, "logs")
+                results["step1"] = await second.call_tool("logs", {"step": "1", "lines": 5})
+                results["cancel"] = await second.call_tool("cancel", {"wait": 60})
+            (repo / "ok").write_text("")
+            results["again"] = await second.call_tool("next", {"run": True})
+        return results
+
+    results = run(main)
+    logs = results["logs"]
+    assert not logs.is_error and logs.structured_content == results["logs_cli"]
+    shown = logs.structured_content["result"]
+    assert shown["step"] == "step-2" and shown["running"] and shown["lines"] == ["waiting for ok"]
+    assert shown["log_path"] == f"state/runs/{shown['run_id']}/step-2.log"
+    assert results["step1"].structured_content["result"]["step"] == "step-1"
+
+    cancel = results["cancel"]
+    assert not cancel.is_error and cancel.structured_content["exit_code"] == 0, cancel.content
+    stopped = cancel.structured_content["result"]
+    assert stopped["cancelled"] and "SIGTERM" in stopped["how"]
+    assert stopped["run"]["run_id"] == shown["run_id"] and stopped["run"]["verdict"] == "interrupted"
+    ended = results["next"].structured_content  # the first client's call ended with the cancelled run
+    assert ended["exit_code"] == 4 and [r["verdict"] for r in ended["result"]["runs"]] == ["interrupted"]
+    assert [s["exit_code"] for s in runs(repo)[0]["steps"]] == [0, -15]
+
+    again = results["again"].structured_content
+    assert again["exit_code"] == 0 and again["result"]["runs"][0]["verdict"] == "pass"
+    assert (repo / "count.txt").read_text() == "run\n"  # resumed at step 2: step 1 did not run again
+    assert not (repo / "state" / "lock").exists()
+
+
 def test_init_writes_agents_md_and_a_config_that_starts_the_server(tmp_path: Path) -> None:
     done = H.runbook(tmp_path, "init", "ws", "--title", "Drafter", "--json", env=ENV)
     result = json.loads(done.stdout)["result"]
