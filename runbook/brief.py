@@ -48,10 +48,13 @@ def headline(plan: Plan, plan_rel: str, runs: list[RunRecord], state: PlanState)
         phase = plan.find_phase(view.last_run.phase)
     if phase is None or phase.criterion is None:
         return []
+    from runbook.crossref import resolve
+
     latest: dict = {}
-    for record in runs:
-        if record.plan == plan_rel:
-            latest.update(top_metrics(record.metrics))
+    mine = [record for record in runs if record.plan == plan_rel]
+    for record in mine:
+        latest.update(top_metrics(record.metrics))
+    latest.update(resolve(plan, phase, phase.criterion.expr, mine).values)  # `phase-0.acc` references
     leaves = judge_leaves(phase.criterion.expr, latest)
     goal = phase.criterion.display
     return [f"Goal of {phase.display_name} (`{goal}`): " + " · ".join(t for _v, t in leaves)]

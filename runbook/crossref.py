@@ -48,9 +48,13 @@ def check(plan: Plan, phase: Phase, index: dict[str, Phase]) -> list[tuple[int, 
         if found is not None and found[0].id == phase.id:
             problems.append((col, f"`{name}` names a metric of this phase itself; write `{found[1]}`"))
         elif found is None and rest and _LOOKS_LIKE_PHASE.fullmatch(head):
-            known = ", ".join(p.id for p in plan.phases)
-            problems.append((col, f"`{name}`: this plan has no phase `{head}` (phases: {known}); "
-                                  f"a metric of another phase is written `phase-0.{rest}`"))
+            label = head.split("-", 1)[1].lower()
+            same = next((p for p in plan.phases if p.label.lower() == label), None)
+            if same is not None:  # Phase 0 {#base}: its id is `base`
+                fix = f"{same.display_name}'s id is `{same.id}`: write `{same.id}.{rest}`"
+            else:
+                fix = f"phases: {', '.join(p.id for p in plan.phases)}"
+            problems.append((col, f"`{name}`: this plan has no phase `{head}` ({fix})"))
     return problems
 
 

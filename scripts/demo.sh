@@ -5,7 +5,8 @@
 #   2. makes a fresh workspace ($DEMO_DIR, default ./demo: its own git repo, made by
 #      `runbook init --example eagle3`), or resumes the one that is there;
 #   3. runs the plan: `runbook next --until-stop --yes` (every step's output is shown as it runs);
-#   4. records a milestone in the notes (`runbook record ... --run last`);
+#   4. records a milestone in the notes (`runbook record ... --run last --plot train_loss`: with the
+#      drafter's training curve as a chart);
 #   5. prints `runbook status`, `runbook brief` and `git log --oneline`.
 #
 # Run it again to resume where it stopped; `rm -rf demo` to start over.
@@ -78,7 +79,9 @@ runs = [json.loads(p.read_text()) for p in sorted(pathlib.Path("state/runs").glo
 print("Path taken: " + " -> ".join(f"Phase {r['phase_label']} {r['verdict']}" for r in runs) + ".")
 PY
 )
-    echo "$path" | runbook record "Demo: the plan ran to its end" --plan "$PLAN" --run last --body - \
+    # --plot train_loss: the drafter's training curve (what `eagle train` appended to $RUNBOOK_SERIES
+    # during the last run) as a chart in the milestone, committed with the notes
+    echo "$path" | runbook record "Demo: the plan ran to its end" --plan "$PLAN" --run last --body - --plot train_loss \
         --lesson "Probe before you train: \`eagle probe\` tells in minutes whether the old drafter carries over to the new target (fine-tune) or not (train from scratch)." \
         --next "Point the plan's vars at a real model (README: With a real model on a GPU server) and run \`runbook next --phase 0 --yes\`." \
         --next "Scale the data up (\`--limit\`, more prompts) until acceptance stops improving."

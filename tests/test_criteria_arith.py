@@ -118,3 +118,46 @@ def test_a_long_sum_is_flat_and_a_deep_unary_chain_is_bounded() -> None:
     with pytest.raises(CriterionError, match="nested more than 64 deep"):
         parse_criterion("-" * 100 + "a > 1")
     assert evaluate(parse_criterion("- " * 63 + "a < 0"), {"a": 1}).verdict == "pass"  # 63 minus signs
+
+
+def test_references_resolve_to_the_latest_judged_run_of_the_phase_and_say_why_when_missing() -> None:
+    from runbook import crossref
+    from runbook.model import RunRecord
+    from runbook.parse import parse_plan
+
+    plan, problems = parse_plan(
+        "---\nrunbook: 1\n---\n\n## Phase 0: Base {#base}\n\nSteps:\n- [ ] a: `true`\n\n"
+        "## Phase 1: Beat it\n\nSteps:\n- [ ] b: `true`\n\nPass: `acc - base.acc >= 0.1 and acc / Base.loss > 1`\n",
+        "p.md")
+    assert plan is not None and not problems, problems
+    phase = plan.phases[1]
+
+    def run(run_id: str, verdict: str, **metrics: float) -> RunRecord:
+        return RunRecord(run_id=run_id, plan="p.md", plan_blob="0", phase="base", phase_label="0",
+                         phase_text_hash="0", started=run_id, verdict=verdict, metrics=metrics)
+
+    none = crossref.resolve(plan, phase, phase.criterion.expr, [])
+    assert none.values == {} and none.missing == {"base.acc": "Phase 0 has no judged run yet",
+                                                  "Base.loss": "Phase 0 has no judged run yet"}
+    runs = [run("1", "fail", acc=0.5, loss=2.0), run("2", "pass", accs=0.6, loss=0.5), run("3", "error", acc=0.9)]
+    refs = crossref.resolve(plan, phase, phase.criterion.expr, runs)
+    # the error run does not count; the latest judged run has no `acc`: missing, with a near miss
+    assert refs.values == {"Base.loss": 0.5} and refs.runs == {"base": "2"}
+    assert refs.missing == {"base.acc": "Phase 0's latest run (2) has no acc (did you mean accs?)"}
+    from runbook.criteria import evaluate
+
+    j = evaluate(phase.criterion.expr, {"acc": 0.9, **refs.values})
+    assert j.verdict == "inconclusive" and j.missing == ["base.acc"]
+    ok = crossref.resolve(plan, phase, phase.criterion.expr, [*runs, run("4", "inconclusive", acc=0.7, loss=0.6)])
+    assert evaluate(phase.criterion.expr, {"acc": 0.8, **ok.values}).verdict == "pass"  # 0.8 - 0.7 >= 0.1, 0.8 / 0.6 > 1
+    assert evaluate(phase.criterion.expr, {"acc": 0.75, **ok.values}).verdict == "fail"
+
+
+def test_a_phase_with_an_explicit_id_is_named_by_it_and_the_error_says_so() -> None:
+    from runbook.parse import parse_plan
+
+    text = ("---\nrunbook: 1\n---\n\n## Phase 0: Base {#base}\n\nSteps:\n- [ ] a: `true`\n\n"
+            "## Phase 1: Beat it\n\nSteps:\n- [ ] b: `true`\n\nPass: acc > phase-0.acc\n")
+    _, problems = parse_plan(text, "p.md")
+    assert [(p.line, p.col, p.message) for p in problems] == [
+        (15, 13, "Pass: `phase-0.acc`: this plan has no phase `phase-0` (Phase 0's id is `base`: write `base.acc`)")]

@@ -143,14 +143,27 @@ def test_demo_runs_the_plan_records_and_commits(tmp_path: Path) -> None:
     assert f"Run `{runs[-1].run_id}`" in milestones
     assert "Path taken: Phase S pass -> Phase 0 " in milestones
     assert "Probe before you train" in notes.split("## Lessons learned", 1)[1]
+    # ... with the drafter's training curve of that run as a chart (record --plot train_loss)
+    last = runs[-1]
+    curve = f"plots/{last.run_id}-train_loss.png"
+    assert f"![train_loss by step, run {last.run_id}]({curve})" in milestones
+    assert "train_loss" in {s.name for s in last.series}
+    from PIL import Image
 
-    # Each run is one git commit, holding exactly its run record and the plan.
+    with Image.open(workspace / "plans" / curve) as image:
+        assert image.format == "PNG" and image.size == (800, 450)
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert sum(n for n, rgb in colours if rgb != (255, 255, 255)) > 0.01 * 800 * 450  # not blank
+
+    # Each run is one git commit, holding exactly its run record, its metric series (when its steps
+    # wrote any: the runs that trained) and the plan.
     for run in runs:
         record = f"state/runs/{run.run_id}.json"
         commits = git(workspace, "log", "--format=%H", "--", record).split()
         assert len(commits) == 1, f"{record}: {len(commits)} commits"
         files = git(workspace, "show", "--name-only", "--format=", commits[0]).split()
-        assert sorted(files) == sorted([PLAN, record]), files
+        kept = [f"state/runs/{run.run_id}.series.jsonl"] if run.series else []
+        assert sorted(files) == sorted([PLAN, record, *kept]), files
         subject = git(workspace, "log", "-1", "--format=%s", commits[0]).strip()
         assert subject.startswith(f"runbook: {run.phase} {run.verdict}"), subject
     subjects = git(workspace, "log", "--format=%s").splitlines()

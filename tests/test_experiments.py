@@ -173,8 +173,7 @@ def test_references_to_missing_phases_and_to_itself_are_validation_errors_with_c
     got = [(p["line"], p["col"], p["message"]) for p in problems]
     assert got == [
         (lineno, line.index("phase-9") + 1,
-         "Pass: `phase-9.baseline_acc`: this plan has no phase `phase-9` (phases: phase-0, phase-1); a metric of "
-         "another phase is written `phase-0.baseline_acc`"),
+         "Pass: `phase-9.baseline_acc`: this plan has no phase `phase-9` (phases: phase-0, phase-1)"),
         (lineno, line.index("phase-1.") + 1, "Pass: `phase-1.mlp_acc` names a metric of this phase itself; write `mlp_acc`"),
     ]  # `Phase-0.baseline_acc`: ids match case-insensitively, as everywhere
     assert H.runbook(repo, "next", "--yes").returncode == 2 and runs(repo) == []
@@ -265,3 +264,19 @@ def test_diff_is_an_mcp_tool_over_the_same_code(tmp_path: Path, monkeypatch: pyt
     assert outcome.envelope["ok"] and outcome.envelope["command"] == "diff"
     cli = json.loads(H.runbook(repo, "diff", "last~1", "last", "--json").stdout)
     assert outcome.envelope["result"] == cli["result"]
+
+
+def test_set_through_the_mcp_next_tool_shows_the_override_in_the_dry_run(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from runbook.mcp_server import BY_NAME, call_verb
+
+    repo = H.make_repo(tmp_path / "repo", PLAN)
+    monkeypatch.chdir(repo)
+    args = BY_NAME["next"].args(set={"epochs": "7"})
+    assert args.argv()[-2:] == ["--set", "epochs=7"]  # what run=true passes to `runbook next`
+    outcome = call_verb("next", args.cli_kwargs())
+    assert outcome.envelope["ok"], outcome.envelope
+    (step,) = outcome.envelope["result"]["selected"]["steps"]
+    assert step["command"].endswith(" 7 > \"$RUNBOOK_METRICS\"")
+    typo = call_verb("next", BY_NAME["next"].args(set={"epoch": "7"}).cli_kwargs())
+    assert typo.envelope["error"]["code"] == "usage" and "did you mean epochs?" in typo.envelope["error"]["message"]
