@@ -216,6 +216,7 @@ def save(state_dir: str | os.PathLike[str], run_id: str, series: list[Series], p
     if not series:
         return None
     path = series_path(state_dir, run_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
     lines = [_Header(run_id=run_id, problems=problems).model_dump_json()]
     lines += [json.dumps({**s.model_dump(), "x": [_compact(v) for v in s.x]}, separators=(",", ":"), allow_nan=False)
               for s in series]
