@@ -62,7 +62,9 @@ def test_forget_one_of_two_runs_rewrites_the_phase_from_the_other(tmp_path: Path
     repo = S.fresh_repo(tmp_path / "repo")
     assert rb(repo, "next", "--yes").returncode == 0
     assert rb(repo, "next", "--yes", "--phase", "0", "--restart").returncode == 0
-    first, second = sorted(p.stem for p in (repo / "state" / "runs").glob("*.json"))
+    # in start order: two runs in the same second have ids that sort by their random suffix
+    records = [json.loads(p.read_text()) for p in (repo / "state" / "runs").glob("*.json")]
+    first, second = [r["run_id"] for r in sorted(records, key=lambda r: (r["started"], r["run_id"]))]
     assert js(repo, "forget", "last")["result"]["forgotten"][0]["run_id"] == second
     text = (repo / "plans" / "plan.md").read_text()
     assert f"run {first}" in text and second not in text and "- [x] Probe" in text
