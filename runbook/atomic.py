@@ -17,14 +17,17 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "
     atomic_write_bytes(path, text.encode(encoding))
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> None:
+    """Replace `path` with `data` atomically. `durable=False` skips the fsyncs: for a cache whose
+    reader checks a checksum (after a power loss the file may be damaged; the reader rebuilds it)."""
     target = Path(path)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         if target.exists():
             os.chmod(tmp_name, target.stat().st_mode & 0o7777)
         else:
@@ -39,7 +42,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             # name the file the caller wanted to write (a full disk fails in write/flush, nameless)
             raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from exc
         raise
-    _fsync_dir(target.parent)
+    if durable:
+        _fsync_dir(target.parent)
 
 
 def _umask() -> int:

@@ -13,6 +13,7 @@ leaves no dangling reference.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from runbook.contract import Brief, MilestoneText, NoteStep, iso_utc, parse_utc, top_metrics
 from runbook.formatting import format_took, format_value
@@ -22,7 +23,8 @@ from runbook.notes import read_framing, read_lessons, read_milestones, read_next
 from runbook.planstate import PlanState
 from runbook.templates import render
 
-__all__ = ["DEFAULT_MAX_CHARS", "build_brief", "fit_brief", "headline", "render_brief", "status_block", "top_metrics"]
+__all__ = ["DEFAULT_MAX_CHARS", "build_brief", "fit_brief", "headline", "ran_since", "render_brief", "status_block",
+           "top_metrics"]
 
 DEFAULT_MAX_CHARS = 6000
 
@@ -40,28 +42,32 @@ def judge_leaves(expr, metrics: dict) -> list[tuple[str, str]]:
     return out
 
 
-def headline(plan: Plan, plan_rel: str, runs: list[RunRecord], state: PlanState) -> list[str]:
-    """Headline metrics against the goal: the next (or last) phase's criterion, latest values."""
+def headline(plan: Plan, plan_rel: str, ledger, state: PlanState) -> list[str]:
+    """Headline metrics against the goal: the next (or last) phase's criterion, against each
+    metric's value in the latest run of the plan that wrote it, and the other phases' metrics it
+    names; `ledger`: the workspace's `ledger_index.LedgerIndex` (nothing else is read)."""
     view = state.view
     phase = plan.find_phase(view.next.phase) if view.next.phase else None
     if phase is None and view.last_run is not None:
         phase = plan.find_phase(view.last_run.phase)
     if phase is None or phase.criterion is None:
         return []
-    from runbook.crossref import resolve
+    latest = ledger.latest_metrics(plan_rel)
+    from runbook.criteria import metric_names
 
-    latest: dict = {}
-    mine = [record for record in runs if record.plan == plan_rel]
-    for record in mine:
-        latest.update(top_metrics(record.metrics))
-    latest.update(resolve(plan, phase, phase.criterion.expr, mine).values)  # `phase-0.acc` references
+    if any("." in name for name in metric_names(phase.criterion.expr)):  # `phase-0.acc` references
+        from runbook.crossref import COUNTED, resolve
+
+        counted = ledger.latest_runs(plan_rel, verdicts=COUNTED)  # all `resolve` reads
+        latest.update(resolve(plan, phase, phase.criterion.expr, counted).values)
     leaves = judge_leaves(phase.criterion.expr, latest)
     goal = phase.criterion.display
     return [f"Goal of {phase.display_name} (`{goal}`): " + " · ".join(t for _v, t in leaves)]
 
 
-def status_block(plan: Plan, plan_rel: str, runs: list[RunRecord], updated: str, state: PlanState) -> str:
-    """The inner Markdown of the notes' status block (templates/notes-status.md.j2)."""
+def status_block(plan: Plan, plan_rel: str, ledger, updated: str, state: PlanState) -> str:
+    """The inner Markdown of the notes' status block (templates/notes-status.md.j2); `ledger` as
+    for `headline`."""
     nxt = state.view.next
     if nxt.phase and nxt.kind != "nothing":
         current = f"{nxt.label} (`{nxt.phase}`), {nxt.title} — {nxt.kind}"
@@ -74,7 +80,7 @@ def status_block(plan: Plan, plan_rel: str, runs: list[RunRecord], updated: str,
         updated=updated,
         current=current,
         verdicts=verdicts,
-        headline=headline(plan, plan_rel, runs, state),
+        headline=headline(plan, plan_rel, ledger, state),
     )
 
 
@@ -121,21 +127,15 @@ def _mentions(text: str, plan: Plan) -> list[str]:
     return found
 
 
-def mark_next_steps(steps: list[str], plan: Plan, runs: list[RunRecord], updated: str | None) -> list[NoteStep]:
+def mark_next_steps(steps: list[str], plan: Plan, later: Callable[[str], RunRecord | None]) -> list[NoteStep]:
     """Next steps with a note on those a later run may have done: a step naming a phase that ran
-    after the notes were last written by `runbook record`."""
-    since = parse_utc(updated)
-    later: dict[str, RunRecord] = {}
-    if since is not None:
-        for run in runs:
-            moment = parse_utc(run.finished or run.started)
-            if moment is not None and moment > since:
-                later[run.phase] = run
+    after the notes were last written by `runbook record` (`later(phase_id)`: the phase's latest
+    such run, or None)."""
     out = []
     for text in steps:
         stale = None
         for pid in _mentions(text, plan):
-            run = later.get(pid)
+            run = later(pid)
             if run is not None:
                 phase = plan.find_phase(pid)
                 stale = f"{phase.display_name if phase else pid} ran since these notes were written: {run.verdict} in run {run.run_id}"
@@ -144,7 +144,23 @@ def mark_next_steps(steps: list[str], plan: Plan, runs: list[RunRecord], updated
     return out
 
 
-def build_brief(ws, state: PlanState, runs: list[RunRecord], notes_text: str | None = None) -> Brief:
+def ran_since(ws, updated: str | None) -> Callable[[str], RunRecord | None]:
+    """For `mark_next_steps`: a phase's latest run of the workspace's plan that ended (or, unended,
+    started) after `updated`, from the ledger's index."""
+    since = parse_utc(updated)
+    found: dict[str, RunRecord | None] = {}
+
+    def later(phase_id: str) -> RunRecord | None:
+        if since is None:
+            return None
+        if phase_id not in found:
+            found[phase_id] = ws.ledger().last_since(ws.plan_rel, phase_id, int(since.timestamp()))
+        return found[phase_id]
+
+    return later
+
+
+def build_brief(ws, state: PlanState, notes_text: str | None = None) -> Brief:
     """Everything the brief says, uncut, for a `workspace.Workspace` and its PlanState."""
     plan = ws.plan
     heading_title, goal = plan_preamble(plan)
@@ -163,7 +179,7 @@ def build_brief(ws, state: PlanState, runs: list[RunRecord], notes_text: str | N
         last_run=view.last_run,
         milestones=[MilestoneText(heading=m.heading, text=m.text) for m in read_milestones(notes_text)],
         lessons=read_lessons(notes_text),
-        next_steps=mark_next_steps(read_next_steps(notes_text), plan, runs, updated),
+        next_steps=mark_next_steps(read_next_steps(notes_text), plan, ran_since(ws, updated)),
         notes_updated=updated,
         next=view.next,
     )

@@ -86,16 +86,16 @@ def cancel(ws, *, wait_s: float, say: Say, warn: Say) -> CancelResult:
 
 def _settle_dead(ws, say: Say, warn: Say) -> CancelResult:
     from runbook import runner
-    from runbook.ledger import load_runs
     from runbook.live import death_reason, orphans
     from runbook.lock import LockHeld, run_lock
     from runbook.slurm import SlurmError, cancel_job
 
-    if not orphans(ws.state, ws.plan_rel, {r.run_id for r in load_runs(ws.state)}):
+    if not orphans(ws.state, ws.plan_rel, ws.ledger().run_ids()):
         return CancelResult(cancelled=False, how="nothing to cancel: no run in progress")
     try:
         with run_lock(ws.state, git_dir=ws.git_dir, warn=warn) as lock:
-            dead = orphans(ws.state, ws.plan_rel, {r.run_id for r in load_runs(ws.state)}, clean=True)
+            ws.ledger_changed()  # under the run lock now: look at state/runs/ afresh
+            dead = orphans(ws.state, ws.plan_rel, ws.ledger().run_ids(), clean=True)
             if not dead:
                 return CancelResult(cancelled=False, how="nothing to cancel: no run in progress")
             opts = runner.RunOptions(commit=ws.git, say=say, warn=warn)

@@ -408,7 +408,8 @@ class NextResult(Model):
 class HistoryResult(Model):
     plan: str | None  # None: runs of every plan
     phase: str | None
-    runs: list[RunView]  # oldest first, or in the order --sort asked for
+    runs: list[RunView]  # oldest first, or in the order --sort asked for: the last --limit runs (since --since)
+    omitted: int = 0  # earlier runs of the plan / phase not listed (--limit, --since)
     running: LockHolder | None = None
     columns: list[str] = []  # the --metric columns asked for (each a metric, another phase's metric, or a var)
     sort: str | None = None  # the column the runs are sorted by (--sort), None: oldest first

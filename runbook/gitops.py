@@ -164,6 +164,27 @@ def is_dirty(root: str | os.PathLike[str], path: str) -> bool:
     return bool(out.strip())
 
 
+def dirty_paths(root: str | os.PathLike[str], path: str) -> set[str]:
+    """Paths under `path` (repo-relative) that differ from HEAD in the index or work tree, or are
+    untracked: one `git status` for a whole directory (`is_dirty` asks about one path)."""
+    repo = _repo(root)
+    out = repo.git.status("--porcelain=v1", "-z", "--untracked-files=all", "--", path)
+    found: set[str] = set()
+    entries = out.split("\0")
+    i = 0
+    while i < len(entries):
+        entry = entries[i]
+        i += 1
+        if len(entry) < 4:
+            continue
+        found.add(entry[3:])
+        if "R" in entry[:2] or "C" in entry[:2]:
+            if i < len(entries) and entries[i]:
+                found.add(entries[i])  # the rename's source
+            i += 1
+    return found
+
+
 def show_blob(root: str | os.PathLike[str], blob: str) -> str | None:
     """The text of a blob by id, None if the repository does not have it."""
     try:

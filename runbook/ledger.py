@@ -80,13 +80,33 @@ RECORD_MAX_BYTES = 64 * 1024 * 1024
 def load_run(path: str | os.PathLike[str]) -> RunRecord:
     """One run record; raises OSError, ValueError (not JSON, not UTF-8, not a regular file, too
     big, nested too deep) or pydantic's ValidationError."""
+    return parse_run(read_record_bytes(path))
+
+
+def read_record_bytes(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of a run record file (a regular file of at most RECORD_MAX_BYTES); OSError or ValueError."""
     from runbook.bounded import read_bounded
 
+    return read_bounded(path, RECORD_MAX_BYTES)
+
+
+def parse_run(data: bytes) -> RunRecord:
+    """A run record from its file's bytes; ValueError or ValidationError as `load_run`."""
     try:
-        data = json.loads(read_bounded(path, RECORD_MAX_BYTES).decode("utf-8"))
+        parsed = json.loads(data.decode("utf-8"))
     except RecursionError:
         raise ValueError("nested too deeply") from None
-    return RunRecord.model_validate(data)
+    return RunRecord.model_validate(parsed)
+
+
+def unreadable_text(path: str | os.PathLike[str], exc: BaseException) -> str:
+    """The problem line for a ledger file that is not a readable run record."""
+    return f"{path}: skipped, not a readable run record ({first_line(exc)})"
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _order(record: RunRecord) -> tuple[str, str]:
@@ -112,8 +132,7 @@ def load_runs(
             record = load_run(path)
         except (OSError, ValueError, ValidationError) as exc:  # ValueError: JSON, UTF-8, size
             if problems is not None:
-                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                problems.append(f"{path}: skipped, not a readable run record ({first})")
+                problems.append(unreadable_text(path, exc))
             continue
         if plan is not None and record.plan != plan:
             continue
@@ -125,15 +144,10 @@ def load_runs(
 
 
 def find_run(state_dir: str | os.PathLike[str], ref: str) -> RunRecord | None:
-    """A run by id, id prefix, or `last`."""
-    runs = load_runs(state_dir)
-    if ref == "last":
-        return runs[-1] if runs else None
-    exact = [r for r in runs if r.run_id == ref]
-    if exact:
-        return exact[0]
-    matches = [r for r in runs if r.run_id.startswith(ref)]
-    return matches[0] if len(matches) == 1 else None
+    """A run by id, id prefix, or `last` (through the ledger's index: only that run is read)."""
+    from runbook.ledger_index import LedgerIndex
+
+    return LedgerIndex.open(state_dir).find(ref)
 
 
 def tail_lines(

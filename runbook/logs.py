@@ -38,7 +38,7 @@ def _step_of_record(record) -> str | None:
 
 
 def locate(ws, run_ref: str | None, step: str | None) -> Located:
-    from runbook.ledger import find_run, load_runs, run_dir
+    from runbook.ledger import run_dir
     from runbook.live import is_alive, live_runs
 
     lives = live_runs(ws.state, ws.plan_rel)
@@ -48,10 +48,7 @@ def locate(ws, run_ref: str | None, step: str | None) -> Located:
         live = next((x for x in lives if x.run_id == run_ref or (run_ref != "last" and x.run_id.startswith(run_ref))),
                      None)
         if live is None:
-            record = find_run(ws.state, run_ref) if run_ref != "last" else None
-            if run_ref == "last":
-                mine = load_runs(ws.state, plan=ws.plan_rel)
-                record = mine[-1] if mine else None
+            record = ws.ledger().find(run_ref, ws.plan_rel if run_ref == "last" else None)
             if record is None:
                 raise RunbookError(f"no run {run_ref!r} in {ws.rel(ws.state)}/runs/", "unknown_run",
                                    hint="see `runbook history` for run ids")
@@ -59,11 +56,10 @@ def locate(ws, run_ref: str | None, step: str | None) -> Located:
         running = [x for x in lives if is_alive(x) is not False]
         live = running[-1] if running else (lives[-1] if lives else None)
         if live is None:
-            mine = load_runs(ws.state, plan=ws.plan_rel)
-            if not mine:
+            record = ws.ledger().last(ws.plan_rel)
+            if record is None:
                 raise RunbookError(f"no runs of {ws.plan_rel} yet: no log to show", "unknown_run",
                                    hint="start one with `runbook next`")
-            record = mine[-1]
     if live is not None:
         run_id, phase = live.run_id, live.phase
         ids = [p.step_id for p in live.planned]

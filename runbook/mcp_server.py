@@ -124,9 +124,14 @@ class HistoryArgs(ShowArgs):
                                                "or vars; unknown names come back in `warnings`.")
     sort: str | None = Field(None, description="Order the runs by this column, lowest first (`-NAME`: highest "
                                                "first); runs without a value last.")
+    limit: int = Field(50, ge=0, description="List the last N runs (then `sort` orders them; 0: every run); "
+                                             "`omitted` counts the earlier.")
+    since: str | None = Field(None, description="Only runs started at or after this date (2026-11-29), UTC time "
+                                                "(2026-11-29T14:30) or run id.")
 
     def cli_kwargs(self) -> dict[str, Any]:
-        return {**super().cli_kwargs(), "metrics": tuple(self.metrics), "sort": self.sort, "desc": False}
+        return {**super().cli_kwargs(), "metrics": tuple(self.metrics), "sort": self.sort, "desc": False,
+                "limit": self.limit, "since_text": self.since}
 
 
 class DiffArgs(Args):
@@ -511,13 +516,16 @@ def _read_run(uri: str, ref: str) -> types.ReadResourceResult:
     from runbook.contract import RunView
     from runbook.workspace import Workspace
 
-    runs = Workspace.at().runs(every_plan=True)
+    index = Workspace.at().ledger()
+    rows = index.rows()
     if ref == "latest":
-        found = max(runs, key=lambda r: (r.started or "", r.run_id)) if runs else None
+        chosen = [max(rows, key=lambda r: (r.started or "", r.run_id))] if rows else []
     else:
-        found = next((r for r in runs if r.run_id == ref), None)
+        chosen = [next(r for r in rows if r.run_id == ref)] if any(r.run_id == ref for r in rows) else []
+    loaded = index.load(chosen)
+    found = loaded[0] if loaded else None
     if found is None:
-        what = "no runs yet" if not runs else f"no run {ref!r}"
+        what = "no runs yet" if not rows else f"no run {ref!r}"
         raise MCPError(code=types.INVALID_PARAMS, message=f"{uri}: {what}", data={"uri": uri})
     return types.ReadResourceResult(contents=[types.TextResourceContents(
         uri=uri, mime_type="application/json", text=RunView.of(found).model_dump_json(indent=2))])

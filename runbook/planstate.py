@@ -334,7 +334,8 @@ def derive(
     reattach: dict[str, str] | None = None,
     root=None,
 ) -> PlanState:
-    """Each phase's state and the next action. `runs`: this plan's runs, oldest first.
+    """Each phase's state and the next action. `runs`: this plan's runs, oldest first (all of them,
+    or only each phase's latest as `Workspace.latest_runs` gives them: the outcome is the same).
     `unreadable`: ledger files that could not be read; `runbook next` refuses to choose a phase
     while there are any (one could hide a pass), so the next action is then `blocked`.
     `pending`: runs whose runbook died before recording them, as `runbook next` will record them
@@ -393,7 +394,7 @@ def pending_runs(ws, runs: list[RunRecord]) -> tuple[list[RunRecord], dict[str, 
 
     if not live_runs(ws.state, ws.plan_rel):  # the common case: no run has a live state
         return [], {}
-    ids = {r.run_id for r in ws.runs(every_plan=True)} | {r.run_id for r in runs}
+    ids = ws.ledger().run_ids() | {r.run_id for r in runs}
     pending: list[RunRecord] = []
     reattach: dict[str, str] = {}
     for live in orphans(ws.state, ws.plan_rel, ids):
@@ -410,12 +411,13 @@ def for_workspace(
 ) -> PlanState:
     """`derive` for a `workspace.Workspace`: its plan, its ledger, its lock (with the run's live
     state), runs a dead runbook left unrecorded, its git.
+    `runs`: as for `derive` (default: each phase's latest, from the ledger's index).
     `holding_lock`: the caller holds the run lock itself (`runbook next` between runs).
     Unreadable ledger files block the next action; they are added to `problems` (for warnings), or,
     when the caller passes `runs`, taken from the `problems` it collected while reading them."""
     if runs is None:
         unreadable: list[str] = []
-        runs = ws.runs(unreadable)
+        runs = ws.latest_runs(unreadable)
         if problems is not None:
             problems.extend(unreadable)
     else:  # the caller read the ledger and collected its problems

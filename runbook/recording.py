@@ -14,6 +14,7 @@ import datetime as _dt
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from runbook.contract import MilestoneView, RecordResult, iso_utc, phase_label
 from runbook.errors import RunbookError
@@ -22,7 +23,10 @@ from runbook.model import RunRecord
 from runbook.notes import Milestone, RecordOutcome
 from runbook.workspace import Workspace
 
-__all__ = ["find_run", "milestone_for", "write_record"]
+if TYPE_CHECKING:
+    from runbook.ledger_index import Row
+
+__all__ = ["find_row", "find_run", "milestone_for", "write_record"]
 
 
 def now_text() -> str:
@@ -30,22 +34,34 @@ def now_text() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def find_run(ws: Workspace, ref: str, runs: list[RunRecord] | None = None) -> RunRecord:
-    """A run of the workspace's plan (or of `runs`) by id, unique id prefix, `last`, or `last~N`
-    (the N-th run before the last); RunbookError(unknown_run)."""
-    runs = ws.runs() if runs is None else runs
+def find_run(ws: Workspace, ref: str, rows: list[Row] | None = None) -> RunRecord:
+    """A run of the workspace's plan (or one of `rows`, from its ledger's index) by id, unique id
+    prefix, `last`, or `last~N` (the N-th run before the last); RunbookError(unknown_run). Only
+    the run found is read from the ledger."""
+    row = find_row(ws, ref, rows)
+    found = ws.ledger().load([row])
+    if not found:  # it changed since the index was checked, a moment ago
+        raise RunbookError(f"{ref!r}: {ws.rel(ws.state)}/runs/{row.name} is no longer a readable run record",
+                           "unknown_run", hint="`runbook history` lists the runs")
+    return found[0]
+
+
+def find_row(ws: Workspace, ref: str, rows: list[Row] | None = None) -> Row:
+    """`find_run`'s run as the ledger's index lists it (nothing read)."""
+    if rows is None:
+        rows = ws.ledger().rows(ws.plan_rel if ws.plan_path is not None else None)
     whose = ws.plan_rel if ws.plan_path is not None else "this workspace"
     last = re.fullmatch(r"last(?:~(\d{1,6}))?", ref)
     if last:
         back = int(last.group(1) or 0)
-        if back >= len(runs):
-            have = f"only {len(runs)} run(s)" if runs else "no runs"
+        if back >= len(rows):
+            have = f"only {len(rows)} run(s)" if rows else "no runs"
             raise RunbookError(f"{ref!r}: {whose} has {have} in {ws.rel(ws.state)}/runs", "unknown_run",
                                hint="run a phase first (`runbook next`), or name a run from `runbook history`")
-        return runs[-1 - back]
-    matches = [r for r in runs if r.run_id == ref] or [r for r in runs if r.run_id.startswith(ref)]
+        return rows[-1 - back]
+    matches = [r for r in rows if r.run_id == ref] or [r for r in rows if r.run_id.startswith(ref)]
     if len(matches) != 1:
-        known = ", ".join(r.run_id for r in runs[-5:]) or "none"
+        known = ", ".join(r.run_id for r in rows[-5:]) or "none"
         what = "matches several runs" if matches else "is not a run"
         raise RunbookError(f"{ref!r} {what} of {whose} (latest: {known})", "unknown_run",
                            hint="`runbook history` lists them")
@@ -106,6 +122,7 @@ def write_record(
             raise RunbookError(f"{exc} (or pass --no-commit)", "git_state") from None
     try:
         with write_lock(ws.state):
+            ws.ledger_changed()  # a run may have been recorded since the caller looked
             created = not notes_path.exists()
             if created:
                 assert ws.plan_path is not None
@@ -125,9 +142,8 @@ def write_record(
                 raise RunbookError(f"{notes_rel} needs fixing before runbook can edit it", "notes_invalid",
                                    file=notes_rel, line=found[0][0], col=1, problems=listed)
             unreadable: list[str] = []
-            runs = ws.runs(unreadable)
-            state = for_workspace(ws, runs, unreadable)
-            status = status_block(ws.plan, ws.plan_rel, runs, milestone.when, state)
+            state = for_workspace(ws, problems=unreadable)
+            status = status_block(ws.plan, ws.plan_rel, ws.ledger(), milestone.when, state)
             new_text, outcome = apply_record(text, milestone, lessons, next_steps, status)
             try:
                 notes_path.parent.mkdir(parents=True, exist_ok=True)

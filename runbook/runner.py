@@ -63,7 +63,7 @@ def old_phase_source(ws: Workspace, run: RunRecord, phase: Phase) -> str | None:
 
 def select(ws: Workspace, plan: Plan, *, phase_ref: str | None, restart: bool) -> Selection:
     problems: list[str] = []
-    runs = ledger.load_runs(ws.state, plan=ws.plan_rel, problems=problems)
+    runs = ws.latest_runs(problems)  # each phase's latest run: all the selection depends on
     if problems:
         # what runs next is decided from the ledger: a record that cannot be read could be the
         # pass of a days-long phase, which would silently run again
@@ -420,7 +420,8 @@ def _refs(ws: Workspace, phase_id: str, expr):  # -> crossref.Refs
     phase = plan.find_phase(phase_id)
     if phase is None:
         return crossref.Refs()
-    return crossref.resolve(plan, phase, expr, ledger.load_runs(ws.state, plan=ws.plan_rel))
+    # each phase's latest counted run is all `resolve` reads
+    return crossref.resolve(plan, phase, expr, ws.ledger().latest_runs(ws.plan_rel, verdicts=crossref.COUNTED))
 
 
 def settle_orphans(ws: Workspace, lock: RunLock, opts: RunOptions) -> tuple[list[RunResult], list[RunResult]]:
@@ -432,7 +433,8 @@ def settle_orphans(ws: Workspace, lock: RunLock, opts: RunOptions) -> tuple[list
 
     continued: list[RunResult] = []
     recorded: list[RunResult] = []
-    ids = {r.run_id for r in ledger.load_runs(ws.state)}
+    ws.ledger_changed()  # under the run lock now: look at state/runs/ afresh
+    ids = ws.ledger().run_ids()
     for live in orphans(ws.state, ws.plan_rel, ids, clean=True):
         job = _reattachable(live)
         if job is not None:
@@ -491,13 +493,17 @@ def recover_unrecorded(ws: Workspace) -> list[str]:
 
     for tmp in ws.plan_path.parent.glob(f".{ws.plan_path.name}.*.tmp"):
         tmp.unlink(missing_ok=True)
-    if not gitops.is_dirty(ws.root, ws.rel(ledger.runs_dir(ws.state))):
+    dirty = gitops.dirty_paths(ws.root, ws.rel(ledger.runs_dir(ws.state)))
+    if not dirty:
         return []
-    orphans = [
-        r for r in ledger.load_runs(ws.state, plan=ws.plan_rel)
-        if ledger.run_path(ws.state, r.run_id).is_file() and "/" not in r.run_id
-        and gitops.is_dirty(ws.root, ws.rel(ledger.run_path(ws.state, r.run_id)))
-    ]
+    ws.ledger_changed()
+    index = ws.ledger()
+    rows = index.rows(ws.plan_rel)
+    orphans = index.load([
+        r for r in rows
+        if "/" not in r.run_id and ws.rel(ledger.run_path(ws.state, r.run_id)) in dirty
+        and ledger.run_path(ws.state, r.run_id).is_file()
+    ])
     text, problem = read_text(str(ws.plan_path))
     if problem is not None:
         return []
@@ -507,12 +513,12 @@ def recover_unrecorded(ws: Workspace) -> list[str]:
         phase = current.find_phase(record.phase) if current else None
         if phase is None or record.run_id in new_text[phase.span.start : phase.span.end]:
             continue
-        history = [
-            r for r in ledger.load_runs(ws.state, plan=ws.plan_rel, phase=record.phase)
-            if (r.started, r.run_id) <= (record.started, record.run_id)
-        ]
+        before = [r for r in rows if r.phase == record.phase and (r.started, r.run_id) <= (record.started, record.run_id)]
+        shown = before[-writeback.RESULTS_ROWS:]
+        history = index.load(shown)
         try:
-            new_text = writeback.apply_run(new_text, current, record.phase, record, history, file=ws.plan_rel)
+            new_text = writeback.apply_run(new_text, current, record.phase, record, history, file=ws.plan_rel,
+                                           earlier=len(before) - len(shown))
         except writeback.HandEdited:
             continue
     if new_text != text:
@@ -535,6 +541,7 @@ def record_run(
     series_file = _keep_series(ws, record, opts)
     with write_lock(ws.state):
         ledger_path = ledger.save_run(ws.state, record)
+        ws.ledger_changed()
         text, problem = read_text(str(ws.plan_path))
         if problem is None and started_from is not None and text != started_from:
             result.edited_during = _commit_edits_during(ws, record, opts)
@@ -548,9 +555,10 @@ def record_run(
                 f"{ws.rel(ledger_path)}"
             )
         else:
-            history = ledger.load_runs(ws.state, plan=ws.plan_rel, phase=record.phase)
+            history, earlier = ws.ledger().runs(ws.plan_rel, record.phase, limit=writeback.RESULTS_ROWS)
             try:
-                new_text = writeback.apply_run(text, current, record.phase, record, history, file=ws.plan_rel)
+                new_text = writeback.apply_run(text, current, record.phase, record, history, file=ws.plan_rel,
+                                               earlier=earlier)
             except writeback.HandEdited as exc:
                 result.plan_written = False
                 result.problems.append(f"{exc} The run is recorded in {ws.rel(ledger_path)}.")

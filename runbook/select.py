@@ -231,8 +231,9 @@ def select_phase(
     old_diff: Callable[[RunRecord, Phase], str | None] = lambda _run, _phase: None,
     stale: Callable[[Phase, RunRecord], str | None] | None = None,
 ) -> Selection:
-    """Pick the phase to run. `runs` are this plan's runs, oldest first. `stale` decides whether
-    a judged run still speaks for its phase (default: `stale_reason`)."""
+    """Pick the phase to run. `runs` are this plan's runs, oldest first; only each phase's latest
+    run and their order count, so each phase's latest alone gives the same Selection. `stale`
+    decides whether a judged run still speaks for its phase (default: `stale_reason`)."""
     if not plan.phases:
         return Selection(None, message="the plan has no phases (a phase is a `## Phase N: title` heading)", end="empty")
     is_stale = stale or (lambda phase, run: stale_reason(plan, phase, run))

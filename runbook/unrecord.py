@@ -23,18 +23,23 @@ from runbook.workspace import Workspace
 __all__ = ["forget_runs"]
 
 
-def _rewrite(ws: Workspace, text: str, forgotten: list[RunRecord], remaining: list[RunRecord]) -> str:
+def _rewrite(ws: Workspace, text: str, forgotten: list[RunRecord]) -> str:
     from runbook.parse import parse_plan
 
+    gone = {r.run_id for r in forgotten}
+    index = ws.ledger()
     for phase_id in dict.fromkeys(r.phase for r in forgotten):
         plan, _ = parse_plan(text, ws.plan_rel)
         phase = plan.find_phase(phase_id) if plan else None
         if plan is None or phase is None:
             continue
-        history = [r for r in remaining if r.phase == phase_id]
+        remaining = [r for r in index.rows(ws.plan_rel, phase_id) if r.run_id not in gone]
+        shown = remaining[-writeback.RESULTS_ROWS:]
+        history = index.load(shown)
         try:
             if history:
-                text = writeback.apply_run(text, plan, phase_id, history[-1], history, file=ws.plan_rel)
+                text = writeback.apply_run(text, plan, phase_id, history[-1], history, file=ws.plan_rel,
+                                           earlier=len(remaining) - len(shown))
             else:
                 text = writeback.clear_phase(text, plan, phase_id, file=ws.plan_rel)
         except writeback.HandEdited as exc:
@@ -63,9 +68,8 @@ def forget_runs(ws: Workspace, forgotten: list[RunRecord], subject: str, *, comm
             text, problem = read_text(str(ws.plan_path))
             if problem is not None:
                 raise RunbookError(str(problem), "io", file=ws.plan_rel)
-            gone = {r.run_id for r in forgotten}
-            remaining = [r for r in ws.runs() if r.run_id not in gone]
-            new_text = _rewrite(ws, text, forgotten, remaining)
+            ws.ledger_changed()  # under the locks now: look at state/runs/ afresh
+            new_text = _rewrite(ws, text, forgotten)
             if new_text != text:
                 atomic_write_text(ws.plan_path, new_text)
             paths = []
@@ -80,6 +84,7 @@ def forget_runs(ws: Workspace, forgotten: list[RunRecord], subject: str, *, comm
                 if logs.is_dir():
                     shutil.rmtree(logs, ignore_errors=True)
                 paths.append(ws.rel(path))
+            ws.ledger_changed()
             sha = None
             if commit and ws.git:
                 try:

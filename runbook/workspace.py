@@ -50,6 +50,7 @@ class Workspace:
     several: bool = False  # more than one plan discovered: printed commands must name the plan
     _plan: Plan | None = field(default=None, repr=False)
     _warnings: list[Problem] = field(default_factory=list, repr=False)
+    _ledger: object | None = field(default=None, repr=False)  # ledger_index.LedgerIndex, once asked for
 
     # ---- finding it -------------------------------------------------------------------------
 
@@ -215,12 +216,35 @@ class Workspace:
     def rel(self, path: Path) -> str:
         return _rel(path, self.root)
 
-    def runs(self, problems: list[str] | None = None, *, every_plan: bool = False) -> list[RunRecord]:
-        """This plan's runs from the ledger, oldest first (every plan's with `every_plan`)."""
-        from runbook.ledger import load_runs
+    def ledger(self):  # -> ledger_index.LedgerIndex
+        """The run ledger through its index (runbook/ledger_index.py), checked against state/runs/
+        on first use in this workspace; `ledger_changed()` after writing or removing run records."""
+        if self._ledger is None:
+            from runbook.ledger_index import LedgerIndex
 
+            self._ledger = LedgerIndex.open(self.state)
+        return self._ledger
+
+    def ledger_changed(self) -> None:
+        """Run records were written or removed: the next `ledger()` checks state/runs/ again."""
+        self._ledger = None
+
+    def runs(self, problems: list[str] | None = None, *, every_plan: bool = False) -> list[RunRecord]:
+        """This plan's runs from the ledger, oldest first (every plan's with `every_plan`). Reads
+        every record: readers that show less ask `ledger()` for less (`latest_runs`, a page)."""
+        ledger = self.ledger()
+        if problems is not None:
+            problems.extend(ledger.problems)
         plan = None if every_plan or self.plan_path is None else self.plan_rel
-        return load_runs(self.state, plan=plan, problems=problems)
+        return ledger.runs(plan, problems=problems)[0]
+
+    def latest_runs(self, problems: list[str] | None = None) -> list[RunRecord]:
+        """The latest run of each phase of this plan, oldest first: where the plan stands and what
+        runs next depend on these alone (runbook/select.py). Unreadable ledger files go to `problems`."""
+        ledger = self.ledger()
+        if problems is not None:
+            problems.extend(ledger.problems)
+        return ledger.latest_runs(self.plan_rel, problems)
 
     def lock_info(self):  # -> LockInfo | None
         """Who holds the run lock now (None: nobody, or the file is not a lock we can read)."""

@@ -11,7 +11,9 @@ Three things change, nothing else:
   runs, each metric named in `Pass:` (not other phases' `phase-0.x`) and in `Columns:`, took,
   verdict), placed at the end of the phase section (before its trailing blank lines) on first use.
   A `Columns:` name shows the run's metric of that name, else the other phase's metric its
-  criterion read, else the run's value of the var of that name.
+  criterion read, else the run's value of the var of that name. It lists the last RESULTS_ROWS
+  runs; a line above it counts the earlier ones (`runbook history` has them all), so a phase swept
+  ten thousand times keeps a plan a person can read and runbook can parse fast.
 
 `clear_phase` undoes all three for a phase left without runs (`runbook forget` / `reset`): the
 blocks go, with the blank line written before the results table, and every box is unticked.
@@ -35,6 +37,7 @@ from runbook.model import Phase, Plan, RunRecord
 
 STATUS = "status"
 RESULTS = "results"
+RESULTS_ROWS = 20  # runs listed in a phase's results table; the earlier ones are counted above it
 
 
 class HandEdited(Exception):
@@ -145,9 +148,13 @@ def _text(value: float | str | None, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def results_table(records: list[RunRecord], metric_names: list[str]) -> list[str]:
-    """The results table's lines, one row per run in the order given: a column for each var that
-    differs between them, then `metric_names`."""
+def results_table(records: list[RunRecord], metric_names: list[str], earlier: int = 0, phase_id: str = "") -> list[str]:
+    """The results table's lines: one row for each of the last RESULTS_ROWS of `records` (the
+    phase's runs, oldest first) with a column for each var that differs between those rows, then
+    `metric_names`; above the table a line counting the runs left out (`earlier` runs before
+    `records` and those cut from its start)."""
+    omitted = earlier + max(0, len(records) - RESULTS_ROWS)
+    records = records[-RESULTS_ROWS:]
     var_names = varying_vars(records, exclude=metric_names)
     header = ["run", "finished", "commit", *var_names, *metric_names, "took", "verdict"]
     rows = [
@@ -164,6 +171,10 @@ def results_table(records: list[RunRecord], metric_names: list[str]) -> list[str
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    if omitted:
+        command = f"runbook history {phase_id} --limit 0" if phase_id else "runbook history --limit 0"
+        lines[:0] = [f"The last {len(records)} runs; {omitted:,} earlier run{'s' * (omitted != 1)} in the ledger "
+                     f"(`{command}`).", ""]
     return lines
 
 
@@ -201,13 +212,15 @@ def apply_run(
     history: list[RunRecord],
     metric_names: list[str] | None = None,
     file: str = "",
+    earlier: int = 0,
 ) -> str:
     """The plan text with `record` written into phase `phase_id`.
 
-    `plan` must be the parse of `text`. `history` is every run of the phase to list in the results
-    table, oldest first (it should end with `record`). `metric_names`: the table's metric columns
-    (default: `table_columns`). Raises HandEdited (nothing changes) or KeyError when the phase is
-    not in the plan.
+    `plan` must be the parse of `text`. `history` is the phase's runs for the results table, oldest
+    first (it should end with `record`): every run, or the last RESULTS_ROWS of them and in
+    `earlier` how many came before. `metric_names`: the table's metric columns (default:
+    `table_columns`). Raises HandEdited (nothing changes) or KeyError when the phase is not in the
+    plan.
     """
     phase = plan.find_phase(phase_id)
     if phase is None:
@@ -239,7 +252,7 @@ def apply_run(
             edits.append((step.checkbox, step.checkbox + 1, " "))
 
     # results table
-    results = _block(RESULTS, results_table(history, metric_names), newline)
+    results = _block(RESULTS, results_table(history, metric_names, earlier, phase.id), newline)
     if RESULTS in phase.blocks:
         span = phase.blocks[RESULTS].span
         edits.append((span.start, span.end, results))

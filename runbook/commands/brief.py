@@ -31,11 +31,10 @@ def command(as_json: bool, max_chars: int | None, plan_opt: str | None) -> Outpu
     ws = open_plan(plan_opt)
     ws.check_notes_inside()
     problems: list[str] = []
-    runs = ws.runs(problems)
-    state = for_workspace(ws, runs, problems)
+    state = for_workspace(ws, problems=problems)
     notes_text = ws.read_notes(problems)
     warn(problems)
-    brief = build_brief(ws, state, runs, notes_text)
+    brief = build_brief(ws, state, notes_text)
     if as_json:
         fitted = fit_brief(brief, max_chars)[0] if max_chars else brief
         return Output(fitted)

@@ -35,14 +35,15 @@ def command(run_a: str | None, run_b: str | None, plan_opt: str | None, show_all
     from runbook.workspace import Workspace
 
     ws = Workspace.open(plan_opt) if plan_opt else Workspace.at()
-    problems: list[str] = []
-    runs = ws.runs(problems, every_plan=plan_opt is None)
+    index = ws.ledger()  # only the two runs compared are read
+    problems = list(index.problems)
+    rows = index.rows(ws.plan_rel if plan_opt else None)
     warn(problems)
-    if not runs:
+    if not rows:
         raise RunbookError(f"no runs in {ws.rel(ws.state)}/runs yet", "unknown_run",
                            hint="run a phase first (`runbook next`)")
-    b = find_run(ws, run_b or run_a or "last", runs)
-    a = find_run(ws, run_a, runs) if run_b else _before(b, runs)
+    b = find_run(ws, run_b or run_a or "last", rows)
+    a = find_run(ws, run_a, rows) if run_b else find_run(ws, _before(b, rows).run_id, rows)
     changed = None
     if ws.git and a.commit_before and b.commit_before and a.commit_before != b.commit_before:
         from runbook.gitops import changed_files
@@ -56,9 +57,9 @@ def command(run_a: str | None, run_b: str | None, plan_opt: str | None, show_all
     return Output(result, 0, render_diff(result, show_all))
 
 
-def _before(run, runs):  # -> RunRecord
+def _before(run, rows):  # -> ledger_index.Row
     """The run of `run`'s phase (and plan) just before it."""
-    earlier = [r for r in runs if (r.plan, r.phase) == (run.plan, run.phase) and (r.started, r.run_id) < (run.started, run.run_id)]
+    earlier = [r for r in rows if (r.plan, r.phase) == (run.plan, run.phase) and (r.started, r.run_id) < (run.started, run.run_id)]
     if not earlier:
         raise RunbookError(f"run {run.run_id} is the first run of {run.phase}: nothing before it to compare with",
                            "unknown_run", hint="name both runs: runbook diff RUN_A RUN_B")

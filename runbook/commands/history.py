@@ -9,6 +9,8 @@ from runbook.commands._options import json_option, warn
 from runbook.contract import HistoryResult, RunView
 from runbook.errors import RunbookError
 
+DEFAULT_LIMIT = 50  # runs listed without --limit: the last ones, the earlier counted
+
 
 @click.command("history")
 @click.argument("phase_ref", metavar="[PHASE]", required=False)
@@ -21,22 +23,29 @@ from runbook.errors import RunbookError
               help="Order the runs by this column (a --metric name, a var, or run/phase/verdict/finished/took), "
                    "lowest first; runs without a value last. `-NAME` or --desc: highest first.")
 @click.option("--desc", is_flag=True, help="With --sort: highest first.")
+@click.option("--limit", type=click.IntRange(min=0), default=DEFAULT_LIMIT, show_default=True,
+              help="List the last N runs (then --sort orders them); 0 lists every run.")
+@click.option("--since", "since_text", metavar="WHEN",
+              help="Only runs started at or after WHEN: a date (2026-11-29), a UTC time (2026-11-29T14:30) or a run id.")
 @json_option
 def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...], sort: str | None, desc: bool,
-            as_json: bool) -> Output:
+            limit: int, since_text: str | None, as_json: bool) -> Output:
     """List past runs: id, phase, verdict, when, how long, metrics, and why; and the run in progress.
 
     PHASE filters by label (`1`, `"Phase 1"`) or id (`phase-1`) of the plan (`--plan`, or the
     only plan). With PHASE, a column is added for each var whose value differs between its runs.
-    Below the table, a sparkline shows each --metric column across the runs (oldest first). Reads
-    only the ledger and the run lock, so it works while a phase runs. A run that wrote a series of
-    a --metric name ($RUNBOOK_SERIES, e.g. `eagle train`'s train_loss) shows its curve as a
-    sparkline next to the value.
+    Below the table, a sparkline shows each --metric column across the runs (oldest first). A run
+    that wrote a series of a --metric name ($RUNBOOK_SERIES, e.g. `eagle train`'s train_loss) shows
+    its curve as a sparkline next to the value. The last --limit runs (since --since) are listed,
+    after a line counting the earlier ones, and only they are read from the ledger; --sort orders
+    them (--limit 0 --sort NAME ranks every run). Reads only the ledger and the run lock, so it
+    works while a phase runs.
 
     \b
     Examples:
       runbook history
       runbook history 1 --metric accept_len --metric train_loss --sort accept_len --desc
+      runbook history --since 2026-11-29 --limit 0
       runbook history --json | jq '.result.runs[-1].verdict'
     """
     from runbook.commands.show import unknown_phase
@@ -63,11 +72,12 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
         if phase is None:
             raise unknown_phase(plan, phase_ref, ws.plan_display)
         phase_id = phase.id
-    problems: list[str] = []
-    runs = ws.runs(problems, every_plan=plan is None)
+    since = _since(since_text) if since_text is not None else None
+    index = ws.ledger()
+    problems = list(index.problems)
+    runs, omitted = index.runs(ws.plan_rel if plan is not None else None, phase_id, problems,
+                               limit=limit or None, since=since)
     warn(problems)
-    if phase_id:
-        runs = [r for r in runs if r.phase == phase_id]
     pending = _pending(ws, plan is not None, phase_id)
     lock = ws.lock_info()
     labels = plan if plan is not None else _only_plan()
@@ -92,8 +102,8 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
     waiting = {r.run_id for r in pending}
     views = [RunView.of(r, pending=r.run_id in waiting) for r in every]
     result = HistoryResult(plan=ws.plan_rel if plan is not None else None, phase=phase_id,
-                           runs=views, running=running, columns=list(metrics), sort=sort, descending=bool(sort and desc),
-                           warnings=warnings)
+                           runs=views, omitted=omitted, running=running, columns=list(metrics), sort=sort,
+                           descending=bool(sort and desc), warnings=warnings)
     if as_json:
         return Output(result)
     return Output(result, 0, _render(result, every, metrics, ws.rel(ws.state), waiting, phase_id is not None, chrono,
@@ -104,7 +114,7 @@ def _pending(ws, one_plan: bool, phase_id: str | None) -> list:
     """Runs whose runbook died before recording them (runbook/live.py), as `runbook next` will record them."""
     from runbook.live import death_reason, interrupted_record, orphans
 
-    ids = {r.run_id for r in ws.runs(every_plan=True)}
+    ids = ws.ledger().run_ids()
     found = orphans(ws.state, ws.plan_rel if one_plan else None, ids)
     records = [o.record or interrupted_record(o, ws.root, death_reason(o)) for o in found]
     return [r for r in records if phase_id is None or r.phase == phase_id]
@@ -122,6 +132,9 @@ def _render(result: HistoryResult, runs: list, metrics: tuple[str, ...], state_r
         return text if len(text) <= 40 else text[:39] + "…"
 
     lines: list[str] = []
+    if result.omitted:
+        lines.append(f"({result.omitted:,} earlier run{'s' * (result.omitted != 1)} not listed: --limit N shows the "
+                     "last N, --limit 0 all of them)")
     if not runs:
         lines.append("no runs yet" + (f" of {result.phase}" if result.phase else "") + f" (ledger: {state_rel}/runs/)")
     else:
@@ -188,6 +201,24 @@ def _sparklines(runs: list, metrics: tuple[str, ...]) -> list[str]:
         out.append(f"  {name.ljust(width)}  {sparkline(numbers)}  {format_value(seen[0])} … {format_value(seen[-1])} "
                    f"(min {format_value(min(seen))}, max {format_value(max(seen))}, {len(seen)} runs, oldest first)")
     return ["", *out] if out else []
+
+
+def _since(text: str) -> int:
+    """--since as UTC epoch seconds: a date, an ISO time (UTC unless it says otherwise) or a run id."""
+    import re
+
+    from runbook.contract import parse_utc
+
+    value = text.strip()
+    match = re.fullmatch(r"(\d{4})(\d{2})(\d{2})-(\d{2})(\d{2})(\d{2})(?:-[0-9a-fA-F]+)?", value)
+    if match:
+        y, mo, d, h, mi, sec = match.groups()
+        value = f"{y}-{mo}-{d}T{h}:{mi}:{sec}Z"
+    moment = parse_utc(value)
+    if moment is None:
+        raise click.BadParameter(f"{text!r} is not a date, a time or a run id (e.g. 2026-11-29, "
+                                 "2026-11-29T14:30, 20261129-143012-7f3a)", param_hint="--since")
+    return int(moment.timestamp())
 
 
 def _only_plan():  # -> Plan | None

@@ -19,7 +19,7 @@ from runbook.mdtext import detect_newline, ends_with_newline
 PLANS_DIR = "plans"
 STATE_DIR = "state"
 # work/ is where the starter plan's steps write (its `out` var): outputs, not records
-GITIGNORE_ENTRIES = ("state/lock", "state/write.lock", "state/runs/*/", "work/")
+GITIGNORE_ENTRIES = ("state/lock", "state/index/", "state/write.lock", "state/runs/*/", "work/")
 _PLAIN_YAML = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.,()/+-]*$")
 
 
@@ -68,8 +68,8 @@ def gitignore_addition(existing: str) -> str:
     newline = detect_newline(existing)
     lead = newline if existing and not ends_with_newline(existing) else ""
     lead += newline if existing.strip() else ""
-    return (lead + "# runbook: locks, per-run logs (the run records state/runs/*.json are committed) and the "
-            "steps' outputs" + newline + newline.join(missing) + newline)
+    return (lead + "# runbook: locks, the ledger's index, per-run logs (the run records state/runs/*.json are "
+            "committed) and the steps' outputs" + newline + newline.join(missing) + newline)
 
 
 def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:

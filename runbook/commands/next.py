@@ -254,24 +254,25 @@ class _Next:
         return opts
 
     def _has_orphans(self, ws) -> bool:
-        from runbook.ledger import load_runs
         from runbook.live import live_runs, orphans
 
         if not live_runs(ws.state, ws.plan_rel):
             return False
-        return bool(orphans(ws.state, ws.plan_rel, {r.run_id for r in load_runs(ws.state)}))
+        ws.ledger_changed()
+        return bool(orphans(ws.state, ws.plan_rel, ws.ledger().run_ids()))
 
     def start_detached(self, ws, lock, commit: bool) -> Output:
         """Show what will run, start the supervisor with the lock, return once its run started."""
         from runbook import detach, runner
         from runbook.contract import DetachedView
-        from runbook.ledger import load_runs, new_run_id
+        from runbook.ledger import new_run_id
         from runbook.live import orphans
         from runbook.planstate import for_workspace
         from runbook.writeback import HandEdited, check_blocks
 
         plan = ws.load_plan()
-        pending = orphans(ws.state, ws.plan_rel, {r.run_id for r in load_runs(ws.state)})
+        ws.ledger_changed()  # under the run lock now: look at state/runs/ afresh
+        pending = orphans(ws.state, ws.plan_rel, ws.ledger().run_ids())
         sel = runner.select(ws, plan, phase_ref=self.phase_ref, restart=self.restart)
         if sel.phase is None and not pending:
             return self.nothing(ws, sel, for_workspace(ws, holding_lock=True))

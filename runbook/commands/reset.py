@@ -36,7 +36,7 @@ def command(phase_ref: str, plan_opt: str | None, no_commit: bool, as_json: bool
     phase = ws.plan.find_phase(phase_ref)
     if phase is None:
         raise unknown_phase(ws.plan, phase_ref, ws.plan_display)
-    runs = [r for r in ws.runs() if r.phase == phase.id]
+    runs = ws.ledger().runs(ws.plan_rel, phase.id)[0]
     subject = f"runbook: reset {phase.id} (forgot {len(runs)} run{'s' * (len(runs) != 1)})"
     updated, sha = forget_runs(ws, runs, subject, commit=not no_commit,
                                warn=lambda msg: click.echo(f"warning: {msg}", err=True))
