@@ -182,12 +182,12 @@ def draw_plots(ws: Workspace, run: RunRecord | None, metrics: list[str]) -> list
 
     if not metrics:
         return []
-    runs = ws.runs()
+    index = ws.ledger()
     if run is None:
-        if not runs:
+        run = index.last(ws.plan_rel)
+        if run is None:
             raise RunbookError(f"--plot: no runs of {ws.plan_rel} yet to plot", "unknown_run",
                                hint="run a phase first, or leave --plot out")
-        run = runs[-1]
     notes_path = ws.notes_path
     assert notes_path is not None
     folder = notes_path.parent / "plots"
@@ -196,7 +196,8 @@ def draw_plots(ws: Workspace, run: RunRecord | None, metrics: list[str]) -> list
         if run.series and find(load(ws.state, run.run_id), metric) is not None:
             chart = plan_chart(metric, [run], ws.state)
         else:
-            upto = [r for r in runs if r.phase == run.phase and (r.started, r.run_id) <= (run.started, run.run_id)]
+            upto = index.load([r for r in index.rows(ws.plan_rel, run.phase)
+                               if (r.started, r.run_id) <= (run.started, run.run_id)])
             chart = plan_chart(metric, upto or [run], ws.state)
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", metric)
         png = folder / f"{run.run_id}-{slug}.png"

@@ -599,9 +599,11 @@ def _keep_series(ws: Workspace, record: RunRecord, opts: RunOptions):  # -> Path
         return path if path.is_file() else None
     last = None
     if any(step.skipped for step in record.steps):  # their series are in the run they were done in
-        earlier = [r for r in ledger.load_runs(ws.state, plan=record.plan, phase=record.phase)
+        index = ws.ledger()
+        earlier = [r for r in index.rows(record.plan, record.phase)
                    if (r.started, r.run_id) < (record.started, record.run_id)]
-        last = earlier[-1] if earlier else None
+        found_last = index.load(earlier[-1:])
+        last = found_last[0] if found_last else None
     found, problems = series.collect(ws.state, record.run_id, record.steps, last)
     for problem in problems:
         opts.warn(problem)

@@ -47,20 +47,26 @@ def command(phase_ref: str | None, metric: str, run_refs: tuple[str, ...], out: 
         plan = ws.load_plan()
     else:
         ws = Workspace.at()
-    problems: list[str] = []
-    runs = ws.runs(problems, every_plan=plan is None)
-    warn(problems)
+    index = ws.ledger()
+    problems = list(index.problems)
+    phase_id = None
     if phase_ref and plan is not None:
         phase = plan.find_phase(phase_ref)
         if phase is None:
             from runbook.commands.show import unknown_phase
 
             raise unknown_phase(plan, phase_ref, ws.plan_display)
-        runs = [r for r in runs if r.phase == phase.id]
-    if run_refs:
+        phase_id = phase.id
+    plan_rel = ws.plan_rel if plan is not None else None
+    if run_refs:  # only the runs named are read
+        warn(problems)
+        rows = index.rows(plan_rel, phase_id)
         refs = [ref for item in run_refs for ref in item.split(",") if ref.strip()]
-        chosen = [find_run(ws, ref.strip(), runs) for ref in refs]
+        chosen = [find_run(ws, ref.strip(), rows) for ref in refs]
         runs = sorted({r.run_id: r for r in chosen}.values(), key=lambda r: (r.started, r.run_id))
+    else:  # a chart across the runs: every one of them
+        runs = index.runs(plan_rel, phase_id, problems)[0]
+        warn(problems)
     if not runs:
         raise RunbookError("no runs to plot" + (f" of {phase_ref}" if phase_ref else ""), "unknown_run",
                            hint="run a phase first (`runbook next`), or name runs with --runs")
