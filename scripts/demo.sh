@@ -82,7 +82,7 @@ PY
     # --plot train_loss: the drafter's training curve (what `eagle train` appended to $RUNBOOK_SERIES
     # during the last run) as a chart in the milestone, committed with the notes
     echo "$path" | runbook record "Demo: the plan ran to its end" --plan "$PLAN" --run last --body - --plot train_loss \
-        --lesson "Probe before you train: \`eagle probe\` tells in minutes whether the old drafter carries over to the new target (fine-tune) or not (train from scratch)." \
+        --lesson "Probe before you train: \`eagle probe\` tells in minutes whether the old drafter carries over to the new target (fine-tune) or not (train from scratch), and its \`vocab_coverage\` whether its draft vocabulary does (keep it, or fine-tune with a new one)." \
         --next "Point the plan's vars at a real model (README: With a real model on a GPU server) and run \`runbook next --phase 0 --yes\`." \
         --next "Scale the data up (\`--limit\`, more prompts) until acceptance stops improving."
 fi

@@ -100,7 +100,8 @@ def test_demo_runs_the_plan_records_and_commits(tmp_path: Path) -> None:
     assert runs, "no run records in state/runs/"
 
     # Every phase on the taken path reached a verdict, and the path is the one the plan's
-    # transitions give: Phase S, the probe, then the fine-tune (or the fallback), then Phase 2.
+    # transitions give: Phase S, the probe, then the vocabulary question and one of the two
+    # fine-tunes (or the fallback from scratch), then Phase 2.
     expected: str | None = plan.phases[0].id
     for run in runs:
         assert run.phase == expected, [r.phase for r in runs]
@@ -109,7 +110,10 @@ def test_demo_runs_the_plan_records_and_commits(tmp_path: Path) -> None:
     assert expected is None, f"the plan did not run to its end: {expected} is next"
     path = [run.phase for run in runs]
     assert path[:2] == ["setup", "phase-0"] and path[-1] == "phase-2", path
-    assert path[2] in ("phase-1", "fallback"), path
+    assert path[2] in ("phase-0b", "fallback"), path
+    if path[2] == "phase-0b":
+        assert path[3] in ("phase-1", "phase-1b") and len(path) == 5, path
+    print(f"route: {' -> '.join(path)}")
 
     for run in runs:
         phase = plan.find_phase(run.phase)
@@ -132,6 +136,9 @@ def test_demo_runs_the_plan_records_and_commits(tmp_path: Path) -> None:
     # layer, training and decoding measured acceptance, and vLLM counted its own acceptance.
     by_phase = {run.phase: run.metrics for run in runs}
     assert any(name.startswith("cos_sim_l") for name in by_phase["phase-0"])
+    assert 0.0 < by_phase["phase-0"]["vocab_coverage"] <= 1.0  # the old vocabulary over the new target's outputs
+    if "phase-0b" in by_phase:
+        assert 0.0 < by_phase["phase-0b"]["vocab_coverage"] <= 1.0
     assert 1.0 <= by_phase["setup"]["accept_len"] <= 4.0 and by_phase["setup"]["greedy_match"] == 1
     assert 1.0 <= by_phase["phase-2"]["vllm_accept_len"] <= 4.0
     assert by_phase["phase-2"]["plain_tok_s"] > 0 and by_phase["phase-2"]["spec_tok_s"] > 0
