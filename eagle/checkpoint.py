@@ -603,19 +603,33 @@ def _atomic_write_bytes(path: Path, write: Any) -> None:
             tmp.unlink()
 
 
-def prepare_checkpoint(out: str | os.PathLike[str], config: dict[str, Any], tensors: dict[str, torch.Tensor], *,
-                       dtype: torch.dtype | None = None, keep_embedding: bool = False
-                       ) -> tuple[dict[str, Any], DraftConfig, dict[str, torch.Tensor]]:
-    """(config.json dict, DraftConfig, tensors) exactly as `write_checkpoint` would write them; raises
-    CheckpointError when they would not make a valid checkpoint. Nothing touches the disk."""
-    import torch
-
+def check_writable(out: str | os.PathLike[str], config: dict[str, Any], shapes: dict[str, tuple[int, ...]], *,
+                   keep_embedding: bool = False) -> tuple[dict[str, Any], DraftConfig]:
+    """(config.json dict, DraftConfig) as `write_checkpoint` would write them for tensors of these
+    `shapes`; CheckpointError when they would not make a valid checkpoint. No tensor is touched, so
+    `eagle train` runs it before the first step."""
     out = Path(out)
     config = normalize_config(config)
     if config.get("eagle_aux_hidden_state_layer_ids") is None:
         raise CheckpointError(f"refusing to write {out / CONFIG_FILE} without eagle_aux_hidden_state_layer_ids: "
                               "resolve them against the target first (pass --model TARGET)")
     cfg = DraftConfig.from_config_json(config, source=str(out / CONFIG_FILE))
+    kept = {k: v for k, v in shapes.items() if keep_embedding or k not in FROZEN_TENSORS}
+    problems = shape_problems(cfg, kept)
+    if problems:
+        raise CheckpointError(f"refusing to write a malformed checkpoint to {out}: " + "; ".join(problems))
+    return config, cfg
+
+
+def prepare_checkpoint(out: str | os.PathLike[str], config: dict[str, Any], tensors: dict[str, torch.Tensor], *,
+                       dtype: torch.dtype | None = None, keep_embedding: bool = False
+                       ) -> tuple[dict[str, Any], DraftConfig, dict[str, torch.Tensor]]:
+    """(config.json dict, DraftConfig, tensors) exactly as `write_checkpoint` writes them (checked by
+    `check_writable`). Nothing touches the disk."""
+    import torch
+
+    config, cfg = check_writable(out, config, {k: tuple(v.shape) for k, v in tensors.items()},
+                                 keep_embedding=keep_embedding)
     kept = {}
     for k, v in tensors.items():
         if k in FROZEN_TENSORS and not keep_embedding:
@@ -626,9 +640,6 @@ def prepare_checkpoint(out: str | os.PathLike[str], config: dict[str, Any], tens
         kept["d2t"] = kept["d2t"].to(torch.int64)
     if "t2d" in kept:
         kept["t2d"] = kept["t2d"].to(torch.bool)
-    problems = shape_problems(cfg, {k: tuple(v.shape) for k, v in kept.items()})
-    if problems:
-        raise CheckpointError(f"refusing to write a malformed checkpoint to {out}: " + "; ".join(problems))
     if dtype is not None:
         tl = config["transformer_layer_config"]
         tl["dtype"] = str(dtype).removeprefix("torch.")

@@ -265,10 +265,10 @@ def save(model: Eagle3DraftModel, out: str | os.PathLike[str], keep_float32: boo
                                        keep_embedding=keep_embedding)
 
 
-def check_savable(model: Eagle3DraftModel, out: str | os.PathLike[str], keep_float32: bool = False) -> None:
+def check_savable(model: Eagle3DraftModel, out: str | os.PathLike[str]) -> None:
     """Raise CheckpointError now if `save` would refuse this model later (run before training)."""
     config, tensors = export(model)
-    checkpoint.prepare_checkpoint(out, config, tensors, dtype=save_dtype(keep_float32))
+    checkpoint.check_writable(out, config, {k: tuple(v.shape) for k, v in tensors.items()})
 
 
 def describe(model: Eagle3DraftModel) -> checkpoint.DraftConfig:

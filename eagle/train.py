@@ -472,7 +472,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     # The checkpoint records the target it was trained for (the writer makes a local path absolute).
     model.config.speculators_config.verifier.name_or_path = str(model_dir)
     model.config.speculators_config.proposal_methods[0].speculative_tokens = args.ttt_steps
-    drafter.check_savable(model, out, args.keep_float32)  # a config the writer refuses fails now, not at save
+    drafter.check_savable(model, out)  # a config the writer refuses fails now, not at save
     model.to(device)
     use_doc_attention(model)
     compile_settings()

@@ -137,3 +137,21 @@ def test_toy_target_training_gives_a_useful_drafter(toy_target: Path, toy_data: 
            "losses": [round(r.train_loss, 3) for r in log.epochs]})
     assert m["est_accept_len"] > 1.8
     assert log.epochs[-1].train_loss < log.epochs[0].train_loss
+
+
+@pytest.mark.slow
+def test_flag_checks_happen_before_training(small: tuple[Path, Path], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A norm flag the writer would refuse (here: pretend no pinned vLLM serves norm_output) stops the
+    run before its first step, with nothing written, instead of after an epoch at save."""
+    from eagle import checkpoint
+    from eagle.train import train
+
+    target, data = small
+    monkeypatch.setitem(checkpoint.VLLM_SERVES, "norm_output", ())
+    with pytest.raises(checkpoint.CheckpointError, match="norm_output=True is served by none of the pinned vLLM"):
+        train(_args(target, data, tmp_path / "out", norm_output=True), echo=False)
+    assert not (tmp_path / "out").exists()
+    monkeypatch.undo()
+    log = train(_args(target, data, tmp_path / "ok", norm_output=True, epochs=1), echo=False)  # served: trains, saves
+    assert log.epochs and checkpoint.read_draft_config(tmp_path / "ok").norm_output
