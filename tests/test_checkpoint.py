@@ -180,3 +180,31 @@ def test_fit_problems_name_every_field(saved_drafter: tuple[Path, Path]) -> None
     problems = checkpoint.fit_problems(have, want)
     assert [p.split(":")[0] for p in problems] == ["hidden_size", "draft_vocab_size", "layer_ids"]
     assert "drafter has 32, target/data need 64" in problems[0]
+
+
+def test_reader_takes_sharded_safetensors_and_pytorch_bin(saved_drafter: tuple[Path, Path], tmp_path: Path) -> None:
+    """The same weights as model.safetensors, two shards + index, or pytorch_model.bin: the same tensors."""
+    from safetensors.torch import save_file
+
+    _, out = saved_drafter
+    want = checkpoint.read_drafter(out).tensors()
+    names = sorted(want)
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    (sharded / "config.json").write_text((out / "config.json").read_text())
+    halves = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for file, part in halves.items():
+        save_file({n: want[n] for n in part}, str(sharded / file))
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {n: file for file, part in halves.items() for n in part}}))
+    binary = tmp_path / "bin"
+    binary.mkdir()
+    (binary / "config.json").write_text((out / "config.json").read_text())
+    torch.save(dict(want), binary / "pytorch_model.bin")
+    for src in (sharded, binary):
+        got = checkpoint.read_drafter(src).tensors()
+        assert set(got) == set(want) and all(torch.equal(got[n], want[n]) for n in want), src
+    (sharded / sorted(halves)[-1]).unlink()  # a shard the index names is missing
+    with pytest.raises(EagleError, match="not found .named in model.safetensors.index.json"):
+        checkpoint.read_drafter(sharded)
