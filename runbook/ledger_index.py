@@ -54,7 +54,7 @@ INDEX_NAME = "runs.idx"
 RACY_NS = 2_000_000_000  # a file changed this close to its indexing is hashed again on every open
 RACY_PROMOTE = 16  # rewrite the index once this many racy files have become old enough to trust
 
-_FORMAT = 1
+_FORMAT = 2
 _MAGIC = b"RBLEDGR" + bytes([_FORMAT]) + struct.pack("<H", marshal.version)
 _SECTIONS = ("head", "rows", "metrics")
 _HEADER = struct.Struct("<" + "Q16s" * len(_SECTIONS))
@@ -91,10 +91,18 @@ def _order(row: tuple) -> tuple[str, str, str]:
 Sig = tuple[int, int, int, int, int]
 
 
-def _scan(folder: Path) -> dict[str, Sig | None]:
-    """Every `*.json` entry of `folder` -> its signature (None: it cannot be stat'ed)."""
+def _scan(folder: Path, dirs: list[str] | None = None) -> dict[str, Sig | None]:
+    """Every `*.json` entry of `folder` -> its signature (None: it cannot be stat'ed); the names of
+    its subdirectories (the runs' log folders) go to `dirs`."""
+    names = []
     try:
-        names = [n for n in os.listdir(folder) if n.endswith(".json")]
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.endswith(".json"):
+                    names.append(name)
+                elif dirs is not None and entry.is_dir():
+                    dirs.append(name)
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     except (FileNotFoundError, NotADirectoryError):
         return {}
@@ -162,42 +170,45 @@ def _top_metrics(record: RunRecord) -> dict:
 
 
 class _Stored:
-    """An index file as read: the head at once, the rows and metrics sections when asked for."""
+    """An index file as read: the head at once, the rows and metrics sections when asked for (read
+    from the same open file, so a newer index renamed into place meanwhile cannot mix in)."""
 
-    def __init__(self, data: bytes, head: dict) -> None:
-        self._data = data
-        self.head = head
+    def __init__(self, handle, fields: tuple) -> None:
+        self._handle = handle
+        self._fields = fields
+        self.head: dict = {}
         self._rows: list[tuple] | None = None
         self._metrics: dict | None = None
+
+    def __del__(self) -> None:
+        self._handle.close()
 
     @classmethod
     def read(cls, path: Path) -> _Stored | None:
         """The index at `path`, or None when there is none or it cannot be trusted."""
         try:
-            with open(path, "rb") as handle:
-                data = handle.read()
+            handle = open(path, "rb")  # noqa: SIM115 - kept open for the sections read later
         except OSError:
             return None
         try:
-            stored = cls(data, {})
+            prefix = handle.read(len(_MAGIC) + _HEADER.size)
+            if len(prefix) < len(_MAGIC) + _HEADER.size or not prefix.startswith(_MAGIC):
+                raise ValueError("not an index")
+            stored = cls(handle, _HEADER.unpack_from(prefix, len(_MAGIC)))
             head = stored._section(0)
             if not isinstance(head, dict) or head.get("format") != _FORMAT:
-                return None
+                raise ValueError("another format")
             stored.head = head
             return stored
         except Exception:  # noqa: BLE001 - a damaged index of any kind is rebuilt, never trusted
+            handle.close()
             return None
 
     def _section(self, index: int):
-        data = self._data
-        start = len(_MAGIC) + _HEADER.size
-        if len(data) < start or not data.startswith(_MAGIC):
-            raise ValueError("not an index")
-        fields = _HEADER.unpack_from(data, len(_MAGIC))
-        for i in range(index):
-            start += fields[2 * i]
+        fields = self._fields
+        start = len(_MAGIC) + _HEADER.size + sum(fields[2 * i] for i in range(index))
         length, digest = fields[2 * index], fields[2 * index + 1]
-        blob = data[start : start + length]
+        blob = os.pread(self._handle.fileno(), length, start)
         if len(blob) != length or _digest(blob) != digest:
             raise ValueError("checksum mismatch")
         return marshal.loads(blob)
@@ -239,6 +250,7 @@ class LedgerIndex:
         self._rows = rows
         self._volatile = volatile_errors
         self.saved = False  # whether this open wrote the index file
+        self.dirs: list[str] = []  # subdirectories of state/runs/ (run folders) when opened
 
     # ---- opening ---------------------------------------------------------------------------
 
@@ -248,14 +260,17 @@ class LedgerIndex:
         saved, unless `save` is False or the directory cannot be written)."""
         folder = runs_dir(state_dir)
         at = time.time_ns()
-        listing = _scan(folder)
+        dirs: list[str] = []
+        listing = _scan(folder, dirs)
         path = index_path(state_dir)
         stored = _Stored.read(path) if listing else None
+        view = None
         if stored is not None and stored.head["sigs"] == listing:
-            fresh = cls._check_fast(state_dir, folder, stored, at, save)
-            if fresh is not None:
-                return fresh
-        return cls._rebuild(state_dir, folder, listing, stored, at, save)
+            view = cls._check_fast(state_dir, folder, stored, at, save)
+        if view is None:
+            view = cls._rebuild(state_dir, folder, listing, stored, at, save)
+        view.dirs = dirs
+        return view
 
     @classmethod
     def _check_fast(cls, state_dir, folder: Path, stored: _Stored, at: int, save: bool) -> LedgerIndex | None:
@@ -338,8 +353,8 @@ class LedgerIndex:
         rows.sort(key=_order)
         errors.sort()
         head = {
-            "format": _FORMAT, "sigs": listing, "racy": racy, "volatile": volatile,
-            "errors": errors, "latest": _latest(rows), "latest_metrics": _latest_metrics(rows, metrics),
+            "format": _FORMAT, "sigs": listing, "racy": racy, "volatile": volatile, "errors": errors,
+            "ids": [row[2] for row in rows], "latest": _latest(rows), "latest_metrics": _latest_metrics(rows, metrics),
         }
         view = cls(state_dir, head, None, rows, volatile)
         if save and listing:
@@ -363,6 +378,7 @@ class LedgerIndex:
             except Exception:  # noqa: BLE001 - the rows section is damaged: rebuilt from the records
                 fresh = LedgerIndex._rebuild(self.state_dir, self.folder, _scan(self.folder), None, time.time_ns(),
                                              save=True)
+                fresh.dirs = self.dirs
                 self._head, self._rows, self._volatile = fresh._head, fresh._rows, fresh._volatile
                 self.saved = fresh.saved
         assert self._rows is not None
@@ -370,13 +386,23 @@ class LedgerIndex:
 
     def rows(self, plan: str | None = None, phase: str | None = None) -> list[Row]:
         """Readable records (of `plan`, of `phase`), oldest first."""
-        make = Row._make
-        return [make(r) for r in self._all_rows()
-                if (plan is None or r[3] == plan) and (phase is None or r[4] == phase)]
+        return [Row._make(r) for r in self._select(plan, phase)]
+
+    def _select(self, plan: str | None, phase: str | None) -> list[tuple]:
+        rows = self._all_rows()
+        if plan is None and phase is None:
+            return rows
+        return [r for r in rows if (plan is None or r[3] == plan) and (phase is None or r[4] == phase)]
 
     def run_ids(self) -> set[str]:
         """The run ids of every readable record."""
-        return {r[2] for r in self._all_rows()}
+        return set(self._head["ids"])
+
+    def unrecorded_dirs(self) -> list[str]:
+        """Run folders in state/runs/ without a readable record of their run: where a run in progress,
+        or one whose runbook died before recording it, keeps its live state (runbook/live.py)."""
+        ids = self.run_ids()
+        return [name for name in self.dirs if name not in ids]
 
     def latest_rows(self, plan: str) -> list[Row]:
         """The latest run of each phase `plan` has runs of (phases no longer in it too), oldest first."""
@@ -421,11 +447,11 @@ class LedgerIndex:
         """Records of `plan` / `phase`, oldest first: those that started at or after `since` (UTC
         epoch seconds), the last `limit` of them (None: all). Returns them and how many matching
         runs were left out."""
-        rows = self.rows(plan, phase)
-        kept = rows if since is None else [r for r in rows if r.start_s is not None and r.start_s >= since]
+        rows = self._select(plan, phase)
+        kept = rows if since is None else [r for r in rows if r[8] is not None and r[8] >= since]  # Row.start_s
         if limit is not None and limit < len(kept):
             kept = kept[len(kept) - limit :]
-        return self.load(kept, problems), len(rows) - len(kept)
+        return self.load([Row._make(r) for r in kept], problems), len(rows) - len(kept)
 
     def find(self, ref: str, plan: str | None = None) -> RunRecord | None:
         """A run (of `plan`) by id, unique id prefix, or `last`; None when none or several match."""

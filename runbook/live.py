@@ -28,6 +28,7 @@ import json
 import os
 import socket
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
@@ -168,13 +169,17 @@ def read_live(path: str | os.PathLike[str]) -> LiveRun | None:
         return None
 
 
-def live_runs(state_dir: str | os.PathLike[str], plan: str | None = None) -> list[LiveRun]:
-    """Every run with a live state file (of `plan` when given), oldest first."""
+def live_runs(state_dir: str | os.PathLike[str], plan: str | None = None,
+              among: Iterable[str] | None = None) -> list[LiveRun]:
+    """Every run with a live state file (of `plan` when given), oldest first. `among`: look only in
+    these run folders (the ledger's index names those without a record: `unrecorded_dirs`), instead
+    of in every one of them."""
     folder = runs_dir(state_dir)
     if not folder.is_dir():
         return []
     found = []
-    for path in folder.glob(f"*/{LIVE_NAME}"):
+    paths = folder.glob(f"*/{LIVE_NAME}") if among is None else (folder / name / LIVE_NAME for name in among)
+    for path in paths:
         live = read_live(path)
         if live is not None and (plan is None or live.plan == plan):
             found.append(live)
@@ -192,12 +197,12 @@ def is_alive(live: LiveRun) -> bool | None:
 
 
 def orphans(state_dir: str | os.PathLike[str], plan: str | None, recorded: set[str], *,
-            clean: bool = False) -> list[LiveRun]:
+            clean: bool = False, among: Iterable[str] | None = None) -> list[LiveRun]:
     """Runs whose process died on this host before they were recorded (`recorded`: run ids in the
     ledger). With `clean` (the run lock held), a live file of a run already in the ledger (its
-    runbook died between the ledger and removing it) is removed."""
+    runbook died between the ledger and removing it) is removed. `among`: as for `live_runs`."""
     out = []
-    for live in live_runs(state_dir, plan):
+    for live in live_runs(state_dir, plan, among):
         if live.run_id in recorded:
             if clean:
                 with contextlib.suppress(OSError):

@@ -390,14 +390,16 @@ def _pending_text(pending: list[RunRecord], reattach: dict[str, str]) -> str:
 def pending_runs(ws, runs: list[RunRecord]) -> tuple[list[RunRecord], dict[str, str]]:
     """Runs of the workspace's plan whose runbook died unrecorded, as they will be recorded, and the
     Slurm jobs `runbook next` will re-attach to (runbook/live.py). Reads only."""
-    from runbook.live import death_reason, interrupted_record, live_runs, orphans
-
-    if not live_runs(ws.state, ws.plan_rel):  # the common case: no run has a live state
+    ledger = ws.ledger()
+    among = ledger.unrecorded_dirs()  # a live state lives in the folder of a run without a record
+    if not among:  # the common case
         return [], {}
-    ids = ws.ledger().run_ids() | {r.run_id for r in runs}
+    from runbook.live import death_reason, interrupted_record, orphans
+
+    ids = ledger.run_ids() | {r.run_id for r in runs}
     pending: list[RunRecord] = []
     reattach: dict[str, str] = {}
-    for live in orphans(ws.state, ws.plan_rel, ids):
+    for live in orphans(ws.state, ws.plan_rel, ids, among=among):
         record = live.record or interrupted_record(live, ws.root, death_reason(live))
         pending.append(record)
         job = live.job_for(live.step) if live.executor == "slurm" and live.step and live.record is None else None

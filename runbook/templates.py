@@ -3,12 +3,18 @@
 The directory is installed as the package `runbook_templates` (see pyproject.toml). When that
 package cannot be found (a plain checkout on sys.path), the repository's `templates/` is used.
 Templates render with `\\n` newlines; callers convert to a document's own newline style.
+
+Compiled templates are kept between runs in `$XDG_CACHE_HOME/runbook/templates` (jinja2's bytecode
+cache, checked against each template's source), so `runbook brief` does not compile its
+templates on every call; a cache that cannot be read or written is simply not used.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.resources
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,10 +48,35 @@ def _load(name: str) -> str | None:
     return node.read_text(encoding="utf-8")
 
 
+class _Compiled(jinja2.FileSystemBytecodeCache):
+    """jinja2's bytecode cache that never fails a render: an unreadable or unwritable entry is skipped."""
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            super().load_bytecode(bucket)
+        except Exception:  # noqa: BLE001 - a damaged entry: compile the template again
+            bucket.reset()
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        with contextlib.suppress(OSError):
+            super().dump_bytecode(bucket)
+
+
+def _compiled_cache() -> _Compiled | None:
+    try:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        folder = Path(base) / "runbook" / "templates"
+        folder.mkdir(parents=True, exist_ok=True)
+    except (OSError, RuntimeError):  # no home, a read-only one
+        return None
+    return _Compiled(str(folder))
+
+
 @functools.lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FunctionLoader(_load),
+        bytecode_cache=_compiled_cache(),
         autoescape=False,
         keep_trailing_newline=True,
         trim_blocks=True,

@@ -248,6 +248,8 @@ class Workspace:
 
     def lock_info(self):  # -> LockInfo | None
         """Who holds the run lock now (None: nobody, or the file is not a lock we can read)."""
+        if not os.path.lexists(self.state / "lock"):  # lock.LOCK_NAME; the common case needs no import
+            return None
         from runbook.lock import LOCK_NAME, LockCorrupt, read_lock
 
         try:

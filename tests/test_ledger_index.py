@@ -155,14 +155,14 @@ def test_an_edit_the_clock_cannot_see_is_caught_while_racy(tmp_path: Path, monke
     path = run_path(state, record(1).run_id)
     path.write_text(path.read_text().replace('"verdict": "pass"', '"verdict": "fail"'))
     same_clock = stored.head["sigs"]
-    monkeypatch.setattr(ledger_index, "_scan", lambda folder: dict(same_clock))  # as if nothing had moved
+    monkeypatch.setattr(ledger_index, "_scan", lambda folder, dirs=None: dict(same_clock))  # as if nothing had moved
     assert [r.verdict for r in LedgerIndex.open(state).rows()] == ["fail"]
     # the control: the same invisible edit on a file the index trusts (old enough) goes unseen,
     # which is why recent files are hashed
     LedgerIndex.open(state)
     trusted = ledger_index._Stored.read(index_path(state))
     path.write_text(path.read_text().replace('"verdict": "fail"', '"verdict": "pass"'))
-    monkeypatch.setattr(ledger_index, "_scan", lambda folder: dict(trusted.head["sigs"]))
+    monkeypatch.setattr(ledger_index, "_scan", lambda folder, dirs=None: dict(trusted.head["sigs"]))
     monkeypatch.setattr(ledger_index, "RACY_NS", 0)
     raw = trusted.head | {"racy": {}}
     index_path(state).write_bytes(ledger_index._encode(raw, trusted.rows, trusted.metrics))
@@ -421,3 +421,23 @@ def test_the_results_table_after_many_runs_is_the_last_twenty(tmp_path: Path) ->
     table = text[text.index("<!-- runbook:results", text.index("## Phase 1")):]
     assert "The last 20 runs; 6 earlier runs in the ledger (`runbook history phase-1 --limit 0`)." in table
     assert table.count(f"| {record(0).run_id[:8]}") == 19  # 19 of the hand-made runs, then the new one
+
+
+def test_run_folders_without_a_record_are_where_live_runs_are_looked_for(tmp_path: Path) -> None:
+    """status looks for the live state of a run in progress only in run folders without a record,
+    not in 10,000 folders of finished runs (that a dead run's live state is found there and shown
+    as not yet recorded: tests/test_detach.py, tests/test_planstate.py)."""
+    from runbook.live import orphans
+
+    state = tmp_path / "state"
+    for n in range(3):
+        save_run(state, record(n))
+        (state / "runs" / record(n).run_id).mkdir()  # its logs
+    (state / "runs" / "20250101-120000-beef").mkdir()  # a run in progress: no record yet
+    (state / "runs" / f"{record(0).run_id}.series.jsonl").write_text("")  # a file, not a folder
+    index = LedgerIndex.open(state)
+    assert index.unrecorded_dirs() == ["20250101-120000-beef"]
+    live = state / "runs" / "20250101-120000-beef" / "live.json"
+    live.write_text(json.dumps({"run_id": "not a live state"}))
+    assert orphans(state, None, index.run_ids(), among=index.unrecorded_dirs()) == []  # unreadable: not ours
+    assert orphans(state, None, index.run_ids(), among=[]) == []

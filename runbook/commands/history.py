@@ -80,7 +80,7 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
     warn(problems)
     pending = _pending(ws, plan is not None, phase_id)
     lock = ws.lock_info()
-    labels = plan if plan is not None else _only_plan()
+    labels = (plan if plan is not None else _only_plan()) if lock is not None else None  # parsed only when needed
     holder = (holder_view(lock, labels, ws.rel(ws.state), live=ws.live_of(lock.run_id), root=ws.root)
               if lock is not None else None)
     running = holder if holder is not None and holder.alive is not False else None
@@ -112,10 +112,13 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
 
 def _pending(ws, one_plan: bool, phase_id: str | None) -> list:
     """Runs whose runbook died before recording them (runbook/live.py), as `runbook next` will record them."""
+    index = ws.ledger()
+    among = index.unrecorded_dirs()  # a live state lives in the folder of a run without a record
+    if not among:
+        return []
     from runbook.live import death_reason, interrupted_record, orphans
 
-    ids = ws.ledger().run_ids()
-    found = orphans(ws.state, ws.plan_rel if one_plan else None, ids)
+    found = orphans(ws.state, ws.plan_rel if one_plan else None, index.run_ids(), among=among)
     records = [o.record or interrupted_record(o, ws.root, death_reason(o)) for o in found]
     return [r for r in records if phase_id is None or r.phase == phase_id]
 
