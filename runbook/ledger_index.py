@@ -25,12 +25,16 @@ Never disagreeing with the records:
   index or the new one; two processes refreshing at once both write a complete index and the
   later rename wins (the next open checks it against the records like any other);
 - a file that is short, of another format, or whose checksum does not match is rebuilt from the
-  records, never trusted; a state directory that cannot be written is read without saving an
-  index (the summary lives in memory for that command).
+  records, never trusted: the checksums are keyed with a secret of the user's (`_key`), so an
+  index runbook did not write here (copied, committed, crafted) is never unmarshalled either;
+  a state directory that cannot be written is read without saving an index (the summary lives
+  in memory for that command).
 
-Cost: an unchanged ledger of 10,000 records costs one directory listing and 10,000 stats
-(about 30 ms of CPU on the 2-core benchmark machine) plus reading the index's head; each
-changed record costs one read and one validation (a cold build of 10,000: about 1.5 s of CPU).
+Cost (docs/benchmarks.md): an unchanged ledger of 10,000 records costs one listing of state/runs/
+and 10,000 stats plus reading the index's head, about 45 ms of CPU on the 2-core benchmark machine;
+each changed record costs one read and one validation (a cold build of 10,000: about 1.3 s).
+The run folders seen by the listing tell where a run without a record keeps its live state
+(`unrecorded_dirs`), so nobody looks into 10,000 finished runs' folders.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ INDEX_NAME = "runs.idx"
 RACY_NS = 2_000_000_000  # a file changed this close to its indexing is hashed again on every open
 RACY_PROMOTE = 16  # rewrite the index once this many racy files have become old enough to trust
 
-_FORMAT = 2
+_FORMAT = 3
 _MAGIC = b"RBLEDGR" + bytes([_FORMAT]) + struct.pack("<H", marshal.version)
 _SECTIONS = ("head", "rows", "metrics")
 _HEADER = struct.Struct("<" + "Q16s" * len(_SECTIONS))
@@ -80,6 +84,38 @@ def index_path(state_dir: str | os.PathLike[str]) -> Path:
 
 def _digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
+
+
+_KEY: bytes | None = None
+
+
+def _key() -> bytes:
+    """This user's secret for the index's checksums ($XDG_CACHE_HOME/runbook/index.key, made on
+    first use): an index file runbook did not write here (copied, committed by someone, crafted)
+    fails its checksum and is rebuilt from the records, never unmarshalled. Empty when no cache
+    directory can be written (the checksums still catch damage)."""
+    global _KEY
+    if _KEY is None:
+        _KEY = b""
+        try:
+            base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+            path = Path(base) / "runbook" / "index.key"
+            if not path.is_file():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(FileExistsError):
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                    with os.fdopen(fd, "wb") as handle:
+                        handle.write(os.urandom(32))
+            key = path.read_bytes()
+            _KEY = key if len(key) == 32 else b""
+        except (OSError, RuntimeError):  # no home, a read-only one
+            pass
+    return _KEY
+
+
+def _sealed(data: bytes) -> bytes:
+    """A section's checksum: keyed with `_key()`."""
+    return hashlib.blake2b(data, digest_size=16, key=_key()).digest()
 
 
 def _order(row: tuple) -> tuple[str, str, str]:
@@ -209,7 +245,7 @@ class _Stored:
         start = len(_MAGIC) + _HEADER.size + sum(fields[2 * i] for i in range(index))
         length, digest = fields[2 * index], fields[2 * index + 1]
         blob = os.pread(self._handle.fileno(), length, start)
-        if len(blob) != length or _digest(blob) != digest:
+        if len(blob) != length or _sealed(blob) != digest:
             raise ValueError("checksum mismatch")
         return marshal.loads(blob)
 
@@ -230,7 +266,7 @@ def _encode(head: dict, rows: list[tuple], metrics: dict) -> bytes:
     blobs = [marshal.dumps(head), marshal.dumps(rows), marshal.dumps(metrics)]
     header = []
     for blob in blobs:
-        header += [len(blob), _digest(blob)]
+        header += [len(blob), _sealed(blob)]
     return _MAGIC + _HEADER.pack(*header) + b"".join(blobs)
 
 

@@ -288,6 +288,21 @@ def test_a_damaged_index_is_rebuilt_never_trusted(tmp_path: Path, how: str) -> N
     assert not LedgerIndex.open(state).saved  # rewritten whole: trusted again
 
 
+def test_an_index_runbook_did_not_write_here_is_not_trusted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index file that lies (a verdict changed, checksums recomputed) but was sealed with another
+    key (someone else's cache, a file committed or crafted) is rebuilt, never unmarshalled."""
+    state = tmp_path / "state"
+    save_run(state, record(1, verdict="fail"))
+    LedgerIndex.open(state)
+    stored = ledger_index._Stored.read(index_path(state))
+    lying, metrics = [row[:7] + ("pass",) + row[8:] for row in stored.rows], stored.metrics
+    monkeypatch.setattr(ledger_index, "_KEY", b"k" * 32)  # another user's secret
+    index_path(state).write_bytes(ledger_index._encode(stored.head, lying, metrics))
+    monkeypatch.undo()
+    index = LedgerIndex.open(state)
+    assert index.saved and [r.verdict for r in index.rows()] == ["fail"]
+
+
 def test_an_unwritable_index_place_still_answers(tmp_path: Path) -> None:
     state = tmp_path / "state"
     save_run(state, record(1))
