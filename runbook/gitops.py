@@ -276,7 +276,20 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -
                 f"the commit {short(commit)} is made, but git's index could not be updated for "
                 f"{', '.join(present)}: {_detail(exc)}; run `git reset -q -- {' '.join(present)}`"
             ) from exc
+    if commit:
+        _gc_auto(repo)
     return commit
+
+
+def _gc_auto(repo) -> None:  # repo: git.Repo
+    """`git gc --auto`, as `git commit` runs after each commit (plumbing commits skip it).
+
+    Without it every run leaves a new `state/runs` tree object loose, and a long project's `.git`
+    grows by a third of a megabyte a run until some other git command packs it. Run in the
+    foreground (no detached gc left behind) and best-effort: the commit is already made.
+    """
+    with contextlib.suppress(Exception):
+        repo.git.execute(["git", "-c", "gc.autoDetach=false", "gc", "--auto", "--quiet"])
 
 
 def _remove_dead_temp_indexes(gdir: Path) -> None:

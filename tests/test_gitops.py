@@ -109,3 +109,34 @@ def test_missing_identity_is_named(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(gitops.GitStateError, match="git config user.name"):
         gitops.check_can_commit(tmp_path)
+
+
+def _loose_objects(repo: Path) -> int:
+    counts = dict(line.split(": ") for line in git(repo, "count-objects", "-v").splitlines())
+    return int(counts["count"])
+
+
+def test_a_commit_packs_loose_objects_as_git_commit_would(repo):
+    # thousands of reachable loose objects, committed without git's own automatic gc
+    files = repo / "files"
+    files.mkdir()
+    for i in range(3000):
+        (files / f"f{i}.txt").write_text(f"{i}\n")
+    git(repo, "-c", "gc.auto=0", "add", "files")
+    git(repo, "-c", "gc.auto=0", "commit", "-q", "-m", "many files")
+    assert _loose_objects(repo) > 2000
+    git(repo, "config", "gc.auto", "256")
+    (repo / "plan.md").write_text("plan\n")
+    sha = gitops.commit_paths(repo, ["plan.md"], "runbook: phase-0 pass")
+    assert sha == gitops.head_commit(repo)
+    assert _loose_objects(repo) < 256  # packed, in the foreground
+    assert git(repo, "fsck", "--no-progress") == ""
+    git(repo, "config", "gc.auto", "0")  # and with gc turned off by the user, nothing is packed
+    for i in range(3000, 4000):
+        (files / f"f{i}.txt").write_text(f"{i}\n")
+    git(repo, "-c", "gc.auto=0", "add", "files")
+    git(repo, "-c", "gc.auto=0", "commit", "-q", "-m", "more files")
+    before = _loose_objects(repo)
+    (repo / "plan.md").write_text("plan 2\n")
+    gitops.commit_paths(repo, ["plan.md"], "runbook: phase-0 pass again")
+    assert _loose_objects(repo) >= before
