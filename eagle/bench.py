@@ -12,18 +12,16 @@ the verify step costing more than one decode step and to per-cycle overheads.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import click
 from pydantic import BaseModel
 
-from eagle.common import EagleError, fail, pick_device, pick_dtype, print_kv, quiet_hf, warn
+from eagle.command import device_option, dtype_option, finish, json_option, refusals, trust_remote_code_option
+from eagle.common import pick_device, pick_dtype, quiet_hf, warn
 from eagle.evaluate import decoder_option, load_inputs
 from eagle.leviathan import acceptance_from_accept_len, expected_tokens, leviathan_speedup  # noqa: F401
-from eagle.metrics import write_metrics
-from eagle.target import trust_remote_code_option
 
 
 class BenchReport(BaseModel):
@@ -114,11 +112,11 @@ def run_bench(model_dir: Path, draft_dir: Path, prompts: list[list[int]], k: int
 @click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--limit", type=click.IntRange(1), default=None, help="Use only the first N prompts.")
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True, help="Timed passes over the prompts.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
-@click.option("--dtype", default="auto", show_default=True, help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16.")
+@device_option()
+@dtype_option()
 @decoder_option
 @trust_remote_code_option
-@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
+@json_option("Print the full report as JSON.")
 def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens: int, limit: int | None,
             repeats: int, device: str, dtype: str, decoder: str, trust_remote_code: bool, as_json: bool) -> None:
     """tok/s of plain greedy vs speculative decoding, cost ratio, Leviathan bound.
@@ -134,22 +132,17 @@ def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens
       eagle bench --model work/target --draft work/draft --prompts plans/data/prompts.jsonl -k 3
     """
     quiet_hf()
-    try:
+    with refusals(ValueError, FileNotFoundError):
         prompts = load_inputs(model, prompts_file, limit, draft, trust_remote_code)
         dev = pick_device(device)
         report = run_bench(model, draft, prompts, k, max_new_tokens, dev, pick_dtype(dtype, dev), repeats,
                            decoder, trust_remote_code)
-    except (EagleError, ValueError, FileNotFoundError) as exc:
-        fail(exc)
-    write_metrics(report.metrics())
     if not report.spec_matches_plain:
         warn("speculative output differs from plain greedy output (see `eagle evaluate`)")
-    if as_json:
-        click.echo(json.dumps(report.model_dump(), indent=1))
-        return
-    print_kv({"device": report.device, "decoder": report.decoder, "k": k, "prompts": report.prompts,
-              "plain_tok_s": report.plain_tok_s, "spec_tok_s": report.spec_tok_s, "speedup": report.speedup,
-              "accept_len": report.accept_len, "per_token_accept": report.per_token_accept,
-              "target_step_ms": report.target_step_ms, "verify_ms": report.verify_ms,
-              "verify_cost": report.verify_cost, "cost_ratio": report.cost_ratio,
-              "leviathan_bound": report.leviathan_bound, "bound_fraction": report.bound_fraction})
+    finish(report, as_json, metrics=report.metrics(), table={
+        "device": report.device, "decoder": report.decoder, "k": k, "prompts": report.prompts,
+        "plain_tok_s": report.plain_tok_s, "spec_tok_s": report.spec_tok_s, "speedup": report.speedup,
+        "accept_len": report.accept_len, "per_token_accept": report.per_token_accept,
+        "target_step_ms": report.target_step_ms, "verify_ms": report.verify_ms,
+        "verify_cost": report.verify_cost, "cost_ratio": report.cost_ratio,
+        "leviathan_bound": report.leviathan_bound, "bound_fraction": report.bound_fraction})

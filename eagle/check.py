@@ -25,7 +25,8 @@ from eagle.checkpoint import (
     optional_shapes,
     shape_problems,
 )
-from eagle.common import EagleError, fail
+from eagle.command import finish, json_option, refusals
+from eagle.common import EagleError
 
 
 class Problem(BaseModel):
@@ -285,7 +286,7 @@ def check_checkpoint(draft: str | Path, target: str | Path) -> CheckReport:
 @click.argument("draft", type=click.Path(exists=True, file_okay=False))
 @click.option("--model", "model", required=True, type=click.Path(exists=True, file_okay=False),
               help="The target model directory the drafter is for.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option("Print the report as JSON.")
 def command(draft: str, model: str, as_json: bool) -> None:
     """Check a drafter checkpoint against its target before serving it (no vLLM needed).
 
@@ -306,23 +307,24 @@ def command(draft: str, model: str, as_json: bool) -> None:
     Example:
       eagle check-checkpoint work/draft --model work/target
     """
-    try:
+    with refusals():
         report = check_checkpoint(draft, model)
-    except EagleError as exc:
-        fail(exc)
-    if as_json:
-        click.echo(json.dumps(report.model_dump(), indent=1))
-    elif report.ok:
-        s = report.summary
-        click.echo(f"ok: {draft} fits {model} (layers {s.get('layer_ids')} of {s.get('target_layers')}, "
-                   f"hidden {s.get('hidden_size')}, draft vocab {s.get('draft_vocab_size')} of {s.get('vocab_size')})")
-        for fact in report.facts:
-            click.echo(f"  {fact}")
-    else:
+
+    def show() -> None:
+        if report.ok:
+            s = report.summary
+            click.echo(f"ok: {draft} fits {model} (layers {s.get('layer_ids')} of {s.get('target_layers')}, "
+                       f"hidden {s.get('hidden_size')}, draft vocab {s.get('draft_vocab_size')} of "
+                       f"{s.get('vocab_size')})")
+            for fact in report.facts:
+                click.echo(f"  {fact}")
+            return
         click.echo(f"{len(report.problems)} problem(s) in {draft}:", err=True)
         for p in report.problems:
             click.echo(f"  {p}", err=True)
         for fact in report.facts:
             click.echo(f"  note: {fact}", err=True)
+
+    finish(report, as_json, show=show)
     if not report.ok:
         raise SystemExit(1 if report.readable else 2)

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from eagle.common import EagleError
+from eagle.fsutil import atomic_path, atomic_write_json
 
 if TYPE_CHECKING:
     import torch
@@ -590,19 +591,6 @@ def normalize_config(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _atomic_write_bytes(path: Path, write: Any) -> None:
-    """Write via `write(tmp_path)` to a temp file in the same dir, fsync, rename over `path`."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def check_writable(out: str | os.PathLike[str], config: dict[str, Any], shapes: dict[str, tuple[int, ...]], *,
                    keep_embedding: bool = False) -> tuple[dict[str, Any], DraftConfig]:
     """(config.json dict, DraftConfig) as `write_checkpoint` would write them for tensors of these
@@ -660,7 +648,7 @@ def write_checkpoint(out: str | os.PathLike[str], config: dict[str, Any], tensor
     out = Path(out)
     config, cfg, kept = prepare_checkpoint(out, config, tensors, dtype=dtype, keep_embedding=keep_embedding)
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write_bytes(out / WEIGHTS_FILE, lambda p: save_file(kept, str(p), metadata={"format": "pt"}))
-    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-    _atomic_write_bytes(out / CONFIG_FILE, lambda p: p.write_text(text))
+    with atomic_path(out / WEIGHTS_FILE) as tmp:
+        save_file(kept, str(tmp), metadata={"format": "pt"})
+    atomic_write_json(out / CONFIG_FILE, config, indent=2, sort_keys=True)
     return cfg

@@ -17,15 +17,15 @@ end-of-turn token included, when it has one).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
-from eagle.common import EagleError, fail, pick_device, pick_dtype, print_kv, quiet_hf, warn
+from eagle.command import device_option, dtype_option, finish, json_option, refusals
+from eagle.common import EagleError, fail, pick_device, pick_dtype, quiet_hf, warn
+from eagle.fsutil import atomic_dir, atomic_write_text
 from eagle.hidden_io import PREPARE_FILE, PrepareInfo
 from eagle.regenerate import RegenSettings, check_settings
 from eagle.regenerate import regenerate as regenerate_samples
@@ -237,24 +237,14 @@ def write_dataset(out: Path, rows: dict[str, list[Any]], info: PrepareInfo) -> s
         if not (out / PREPARE_FILE).is_file():
             raise EagleError(f"{out} exists, is not empty and was not made by `eagle prepare`; choose another --out")
         if _same_dataset(out, rows):
-            (out / PREPARE_FILE).write_text(info.model_dump_json(indent=1) + "\n")
+            atomic_write_text(out / PREPARE_FILE, info.model_dump_json(indent=1) + "\n")
             return "unchanged"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    ds = Dataset.from_dict(rows)
-    ds.set_format("torch")
-    ds.save_to_disk(str(tmp))
-    (tmp / PREPARE_FILE).write_text(info.model_dump_json(indent=1) + "\n")
-    status = "written"
-    if out.exists():
-        old = out.with_name(f".old-{out.name}-{os.getpid()}")
-        os.rename(out, old)
-        os.rename(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-        status = "replaced"
-    else:
-        os.rename(tmp, out)
+    status = "replaced" if out.exists() else "written"
+    with atomic_dir(out) as tmp:
+        ds = Dataset.from_dict(rows)
+        ds.set_format("torch")
+        ds.save_to_disk(str(tmp))
+        (tmp / PREPARE_FILE).write_text(info.model_dump_json(indent=1) + "\n")
     return status
 
 
@@ -394,13 +384,13 @@ def _bad_report(path: Path, bad: list[tuple[int, str]]) -> str:
 @click.option("--on-bad-record", type=click.Choice(["skip", "fail"]), default="skip", show_default=True,
               help="Bad records are always reported by line number; skip them or fail the run.")
 @click.option("--max-len", default=2048, show_default=True, help="Truncate samples to this many tokens.")
-@click.option("--device", default="auto", show_default=True, help="--backend hf: auto, cpu or cuda.")
-@click.option("--dtype", default="auto", show_default=True, help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16.")
+@device_option("--backend hf: auto, cpu or cuda.")
+@dtype_option()
 @click.option("--startup-timeout", default=600.0, show_default=True, help="--backend vllm: seconds to wait for the server.")
 @click.option("--vllm-url", default=None, metavar="URL",
               help="--backend vllm: a vLLM server already serving this target (e.g. http://host:8000) instead of "
                    "starting one; its own engine flags apply.")
-@click.option("--json", "as_json", is_flag=True, help="Print prepared.json instead of a table.")
+@json_option("Print prepared.json instead of a table.")
 def command(model: Path, data: Path, out: Path, limit: int | None, regenerate: bool, backend: str, max_new_tokens: int,
             temperature: float, top_p: float, top_k: int, n: int, seed: int, batch_size: int, vllm_concurrency: int,
             enable_thinking: bool | None, chat_template_kwargs: str | None, history_reasoning: str,
@@ -428,7 +418,7 @@ def command(model: Path, data: Path, out: Path, limit: int | None, regenerate: b
     quiet_hf()
     if limit is not None and limit < 1:
         fail("--limit must be at least 1")
-    try:
+    with refusals(interrupted="interrupted; nothing written"):
         kwargs = _template_kwargs(chat_template_kwargs, enable_thinking)
         flags = vllm_flags(vllm_args, trust_remote_code, eager)
         if (backend != "vllm" or not regenerate) and (vllm_args or eager is not None):
@@ -439,14 +429,7 @@ def command(model: Path, data: Path, out: Path, limit: int | None, regenerate: b
                        sampling=Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed),
                        template_kwargs=kwargs, history_reasoning=history_reasoning, reasoning_tags_spec=reasoning_tags,
                        startup_timeout=startup_timeout, vllm_url=vllm_url)
-    except KeyboardInterrupt:
-        fail("interrupted; nothing written", code=130)
-    except EagleError as e:
-        fail(e)
-    if as_json:
-        click.echo(info.model_dump_json(indent=1))
-        return
-    print_kv({
+    finish(info, as_json, table={
         "out": str(out),
         "records read": info.records,
         "skipped (bad)": info.skipped,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -219,8 +220,42 @@ def loader_workers(device: torch.device) -> int:
     return max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
-class HiddenStates:
+class DataSource(Protocol):
+    """What the training loop (eagle/train.py) reads: the samples, their lengths, shapes and batches.
+
+    Two sources declare it: `HiddenStates` below (the files of `eagle extract`) and
+    eagle/online.py's `OnlineStates` (the target run beside the drafter on each batch)."""
+
+    rows: list[int]  # dataset row of each sample (samples are numbered 0..len-1)
+    lengths: list[int]  # tokens of each sample
+    num_aux: int  # aux layers in the hidden states
+    hidden_size: int
+    prefetch: bool  # batches may be built ahead on worker threads
+    runs_target: bool  # each batch runs the target: take_target_seconds reports its time
+
+    def __len__(self) -> int: ...
+
+    def batch(self, indices: list[int], device: torch.device, dtype: torch.dtype = torch.float32,
+              layout: bool = False, layout_multiple: int = 1, pad_to: int | None = None) -> dict[str, torch.Tensor]:
+        """The shifted, packed batch of these samples on `device` (see `collate`)."""
+        ...
+
+    def tokens(self, indices: list[int]) -> int:
+        """Real tokens the batch of these samples trains on (padding not counted)."""
+        ...
+
+    def take_target_seconds(self) -> float:
+        """Seconds the target's forwards took since the last call (0.0 when no target runs)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class HiddenStates(DataSource):
     """The samples of one data directory, shifted and cached in memory while they fit."""
+
+    prefetch = True  # reading files: several threads build batches ahead
+    runs_target = False
 
     def __init__(self, data_dir: str | os.PathLike[str], budget: int, cache_bytes: int = 2 << 30) -> None:
         self.data_dir = Path(data_dir)
@@ -270,3 +305,9 @@ class HiddenStates:
 
     def tokens(self, indices: list[int]) -> int:
         return sum(min(max(self.lengths[i] - 1, 0), self.budget) for i in indices)
+
+    def take_target_seconds(self) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        self._cache.clear()

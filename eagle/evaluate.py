@@ -19,16 +19,14 @@ multimodal wrappers, custom code) through its own transformers forward with a KV
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import click
 from pydantic import BaseModel
 
-from eagle.common import EagleError, fail, pick_device, pick_dtype, print_kv, progress, quiet_hf
-from eagle.metrics import write_metrics
-from eagle.target import trust_remote_code_option
+from eagle.command import device_option, dtype_option, finish, json_option, refusals, trust_remote_code_option
+from eagle.common import EagleError, pick_device, pick_dtype, progress, quiet_hf, warn
 
 
 class PromptResult(BaseModel):
@@ -179,14 +177,14 @@ def decoder_option(fn: Any) -> Any:
 @click.option("-k", "k", type=click.IntRange(1, 16), default=3, show_default=True, help="Draft tokens per step.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--limit", type=click.IntRange(1), default=None, help="Use only the first N prompts.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
-@click.option("--dtype", default="auto", show_default=True, help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16.")
+@device_option()
+@dtype_option()
 @click.option("--check/--no-check", "check", default=None,
               help="Compare the output with transformers' generate token for token (generate_match) "
                    "[default: in float32 only].")
 @decoder_option
 @trust_remote_code_option
-@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
+@json_option("Print the full report as JSON.")
 def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens: int, limit: int | None,
             device: str, dtype: str, check: bool | None, decoder: str, trust_remote_code: bool, as_json: bool) -> None:
     """Greedy speculative decoding: acceptance length, per-position acceptance, exactness.
@@ -203,23 +201,21 @@ def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens
       eagle evaluate --model work/target --draft work/draft --prompts plans/data/prompts.jsonl -k 3
     """
     quiet_hf()
-    try:
+    with refusals(ValueError, FileNotFoundError):
         prompts = load_inputs(model, prompts_file, limit, draft, trust_remote_code)
         dev = pick_device(device)
         report = run_evaluate(model, draft, prompts, k, max_new_tokens, dev, pick_dtype(dtype, dev), check=check,
                               decoder=decoder, trust_remote_code=trust_remote_code)
-    except (EagleError, ValueError, FileNotFoundError) as exc:
-        fail(exc)
-    write_metrics(report.metrics())
-    if as_json:
-        click.echo(json.dumps(report.model_dump(), indent=1))
-        return
-    print_kv({"prompts": report.prompts, "k": k, "decoder": report.decoder, "dtype": report.dtype,
-              **{m: v for m, v in report.metrics().items() if m != "fast_decoder"}})
-    if report.greedy_match == 0:
-        bad = [i for i, r in enumerate(report.per_prompt) if not r.matches_greedy]
-        click.echo(f"warning: speculative output differs from plain greedy decoding on prompts {bad[:10]} "
-                   f"({report.decoder} decoder): a decoding bug", err=True)
-    if report.generate_match == 0:
-        bad = [i for i, r in enumerate(report.per_prompt) if not r.matches_reference]
-        click.echo(f"warning: output differs from transformers' generate on prompts {bad[:10]}", err=True)
+
+    def mismatches() -> None:
+        if report.greedy_match == 0:
+            bad = [i for i, r in enumerate(report.per_prompt) if not r.matches_greedy]
+            warn(f"speculative output differs from plain greedy decoding on prompts {bad[:10]} "
+                 f"({report.decoder} decoder): a decoding bug")
+        if report.generate_match == 0:
+            bad = [i for i, r in enumerate(report.per_prompt) if not r.matches_reference]
+            warn(f"output differs from transformers' generate on prompts {bad[:10]}")
+
+    finish(report, as_json, metrics=report.metrics(), show=mismatches,
+           table={"prompts": report.prompts, "k": k, "decoder": report.decoder, "dtype": report.dtype,
+                  **{m: v for m, v in report.metrics().items() if m != "fast_decoder"}})

@@ -14,19 +14,18 @@ each file atomically and validates it (shape, dtype, NaN/Inf, token ids).
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 from pydantic import BaseModel
 
-from eagle import hidden_io
-from eagle.common import EagleError, fail, human_bytes, print_kv, progress, quiet_hf, warn
-from eagle.metrics import write_metrics
+from eagle import distributed, hidden_io
+from eagle.command import device_option, dtype_option, finish, json_option, refusals
+from eagle.common import EagleError, human_bytes, progress, quiet_hf, warn
 from eagle.serve import vllm_flags, vllm_options
 from eagle.target import open_target
 
@@ -59,8 +58,9 @@ class ExtractResult(BaseModel):
 # ---------------------------------------------------------------- pure helpers
 
 
-def parse_shard(spec: str | None, env: dict[str, str]) -> tuple[int, int]:
-    """(K, N) from --shard K/N, else from torchrun's RANK/WORLD_SIZE in `env`, else (0, 1)."""
+def parse_shard(spec: str | None, env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """(K, N) from --shard K/N, else torchrun's rank and world size (eagle/distributed.py; `env`
+    instead of os.environ), else (0, 1)."""
     if spec:
         k, sep, n = spec.partition("/")
         try:
@@ -70,14 +70,8 @@ def parse_shard(spec: str | None, env: dict[str, str]) -> tuple[int, int]:
         if kn is None or not 0 <= kn[0] < kn[1]:
             raise EagleError(f"--shard {spec!r}: expected K/N with 0 <= K < N, e.g. 0/2 and 1/2 for two processes")
         return kn
-    return int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
-
-
-def shard_device(device: str, env: dict[str, str], cuda: bool) -> str:
-    """Under torchrun with GPUs, --device auto/cuda means cuda:LOCAL_RANK; anything else is kept."""
-    if cuda and "LOCAL_RANK" in env and int(env.get("WORLD_SIZE", "1")) > 1 and device in ("auto", "cuda"):
-        return f"cuda:{int(env['LOCAL_RANK'])}"
-    return device
+    topo = distributed.topology(env)
+    return topo.rank, topo.world
 
 
 def _rate(tokens: int, seconds: float) -> float:
@@ -296,26 +290,10 @@ def extract(model: Path, data: Path, out: Path | None = None, layer_ids: str | S
 
 
 def gather_results(res: ExtractResult) -> list[ExtractResult] | None:
-    """Under torchrun: every rank's result, in rank order (a gloo group made for this summary only,
-    after all extraction is done; no NCCL). None when not under torchrun or the group cannot form."""
-    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or "MASTER_ADDR" not in os.environ:
-        return None
-    from datetime import timedelta
-
-    import torch.distributed as td
-
-    try:
-        made = not td.is_initialized()
-        if made:  # shards may finish hours apart: wait long
-            td.init_process_group(backend="gloo", timeout=timedelta(hours=12))
-        got: list[Any] = [None] * td.get_world_size()
-        td.all_gather_object(got, res.model_dump())
-        if made:
-            td.destroy_process_group()
-    except (RuntimeError, ValueError) as e:
-        warn(f"could not gather the shards' results ({e}); each rank reports only its own")
-        return None
-    return [ExtractResult.model_validate(g) for g in got]
+    """Under torchrun: every rank's result, in rank order (eagle/distributed.py `gather_objects`, after
+    all extraction is done). None when not under torchrun or the group cannot form."""
+    got = distributed.gather_objects(res.model_dump())
+    return None if got is None else [ExtractResult.model_validate(g) for g in got]
 
 
 def summary_metrics(res: ExtractResult, ranks: Sequence[ExtractResult] | None) -> dict[str, float]:
@@ -353,12 +331,12 @@ def summary_metrics(res: ExtractResult, ranks: Sequence[ExtractResult] | None) -
               help="hf: transformers on CPU/GPU; vllm: vLLM's server (tensor parallel, any engine flag via --vllm-arg).")
 @click.option("--vllm-concurrency", default=8, show_default=True, type=click.IntRange(1),
               help="With --backend vllm: requests in flight (vLLM batches them).")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N] (hf backend).")
-@click.option("--dtype", default="auto", show_default=True, help="Compute dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16.")
+@device_option("auto, cpu or cuda[:N] (hf backend).")
+@dtype_option("Compute dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16.")
 @click.option("--keep-free", "keep_free_gb", default=1.0, show_default=True, help="GB that must stay free on disk after writing.")
 @click.option("--shard", default=None, metavar="K/N",
               help="Handle only samples with index % N == K (data parallel; under torchrun: RANK/WORLD_SIZE).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option()
 @vllm_options
 def command(model: Path, data: Path, out: Path | None, layer_ids: str | None, batch_tokens: int, backend: str,
             vllm_concurrency: int, device: str, dtype: str, keep_free_gb: float, shard: str | None,
@@ -390,27 +368,21 @@ def command(model: Path, data: Path, out: Path | None, layer_ids: str | None, ba
     import torch
 
     quiet_hf()
-    try:
-        kn = parse_shard(shard, dict(os.environ))
-        device = shard_device(device, dict(os.environ), torch.cuda.is_available())
+    with refusals():
+        kn = parse_shard(shard)
+        device = distributed.rank_device(device, distributed.topology(), torch.cuda.is_available())
         flags = vllm_flags(vllm_args, trust_remote_code, eager)
         if backend != "vllm" and (vllm_args or eager is not None or vllm_concurrency != 8):
             raise EagleError("--vllm-arg, --vllm-concurrency, --enforce-eager and --compile apply to --backend vllm only")
         res = extract(model, data, out, layer_ids=layer_ids, batch_tokens=batch_tokens, backend=backend,
                       device=device, dtype=dtype, keep_free_gb=keep_free_gb, shard=kn, vllm_flags=flags,
                       vllm_concurrency=vllm_concurrency)
-    except EagleError as e:
-        fail(e)
     ranks = gather_results(res) if shard is None else None
     if ranks is not None:
-        if int(os.environ.get("RANK", "0")) != 0:
+        if not distributed.is_main():
             return
         res = merge_results(ranks)
-    write_metrics(summary_metrics(res, ranks))
-    if as_json:
-        click.echo(res.model_dump_json(indent=1))
-        return
-    print_kv({
+    finish(res, as_json, metrics=summary_metrics(res, ranks), table={
         "out": res.out,
         "layer ids": ",".join(map(str, res.layer_ids)) + " + last (pre-norm)",
         "shard": res.shard,

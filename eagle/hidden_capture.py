@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from eagle.common import EagleError, concrete_device
+from eagle.fsutil import atomic_path
 
 
 # ---------------------------------------------------------------- planning (pure)
@@ -164,20 +165,11 @@ def write_safetensors(path: str | os.PathLike[str], tensors: dict[str, torch.Ten
         offset += n
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}-{threading.get_ident()}")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(len(blob).to_bytes(8, "little"))
-            fh.write(blob)
-            for t in tensors.values():
-                fh.write(_raw(t))
-            fh.flush()
-            if fsync:
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(path, fsync=fsync) as tmp, open(tmp, "wb") as fh:
+        fh.write(len(blob).to_bytes(8, "little"))
+        fh.write(blob)
+        for t in tensors.values():
+            fh.write(_raw(t))
     return 8 + len(blob) + offset
 
 

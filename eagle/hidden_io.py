@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from eagle.common import EagleError
+from eagle.fsutil import atomic_path, atomic_write_text
 
 if TYPE_CHECKING:
     import torch
@@ -99,7 +100,7 @@ def hs_path(data_dir: str | os.PathLike[str], i: int) -> Path:
 
 
 def write_data_meta(data_dir: str | os.PathLike[str], meta: DataMeta) -> None:
-    _atomic_text(Path(data_dir) / META_FILE, meta.model_dump_json(indent=1) + "\n")
+    atomic_write_text(Path(data_dir) / META_FILE, meta.model_dump_json(indent=1) + "\n")
 
 
 def read_data_meta(data_dir: str | os.PathLike[str]) -> DataMeta:
@@ -117,12 +118,6 @@ def read_prepare_info(data_dir: str | os.PathLike[str]) -> PrepareInfo | None:
     if not f.is_file():
         return None
     return PrepareInfo.model_validate_json(f.read_text())
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------- the prepared dataset
@@ -213,14 +208,11 @@ def write_sample(data_dir: str | os.PathLike[str], i: int, hidden_states: torch.
 
     out = hs_path(data_dir, i)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".tmp-hs_{i}-{os.getpid()}")
-    save_file({
-        "hidden_states": hidden_states.detach().to("cpu", torch.bfloat16).contiguous(),
-        "token_ids": token_ids.detach().to("cpu", torch.int64).contiguous(),
-    }, str(tmp))
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, out)
+    with atomic_path(out) as tmp:
+        save_file({
+            "hidden_states": hidden_states.detach().to("cpu", torch.bfloat16).contiguous(),
+            "token_ids": token_ids.detach().to("cpu", torch.int64).contiguous(),
+        }, str(tmp))
     return out
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 from pydantic import BaseModel
 
-from eagle.common import EagleError, fail, print_kv
+from eagle.command import finish, json_option, refusals
 
 
 class ImportResult(BaseModel):
@@ -66,7 +66,7 @@ def import_drafter(src: Path, out: Path, model: Path | None = None) -> ImportRes
 @click.option("--model", type=click.Path(path_type=Path), default=None,
               help="The target: fills in null layer ids (vLLM's default for it), checks the fit, and is "
                    "recorded as the verifier.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option()
 def command(src: Path, out: Path, model: Path | None, as_json: bool) -> None:
     """Write a drafter of any published EAGLE-3 layout in our (speculators / vLLM) format.
 
@@ -85,14 +85,14 @@ def command(src: Path, out: Path, model: Path | None, as_json: bool) -> None:
     Exit 0 written; 2 the source cannot be read, does not fit --model, or --out is not new
     (nothing is written).
     """
-    try:
+    with refusals():
         res = import_drafter(src, out, model)
-    except EagleError as exc:
-        fail(exc)
-    if as_json:
-        click.echo(res.model_dump_json(indent=1))
-        return
-    print_kv({
+
+    def notes() -> None:
+        for note in res.notes:
+            click.echo(f"note: {note}")
+
+    finish(res, as_json, show=notes, table={
         "written": res.out,
         "source layout": {"eagle": "EAGLE / SpecForge (midlayer.*)", "speculators": "speculators (eagle3)"}[res.layout],
         "layer ids": res.layer_ids,
@@ -101,5 +101,3 @@ def command(src: Path, out: Path, model: Path | None, as_json: bool) -> None:
         "weights": ", ".join(res.dtypes),
         "verifier": res.verifier,
     })
-    for note in res.notes:
-        click.echo(f"note: {note}")

@@ -10,8 +10,9 @@ import fcntl
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
+
+from eagle.fsutil import atomic_write_json
 
 
 def write_metrics(metrics: dict[str, float], path: str | os.PathLike[str] | None = None) -> Path | None:
@@ -37,10 +38,7 @@ def write_metrics(metrics: dict[str, float], path: str | os.PathLike[str] | None
         if target.exists() and target.stat().st_size > 0:
             current = json.loads(target.read_text())
         current.update(clean)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(json.dumps(current, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, target)
+        atomic_write_json(target, current, sort_keys=True)
     return target
 
 

@@ -2,8 +2,8 @@
 
 Offline training reads `eagle extract`'s files (eagle/dataset.py HiddenStates). Online training
 keeps the target beside the drafter and runs it on each training batch instead, so nothing touches
-the disk and a new dataset trains with no extraction step. `OnlineStates` has HiddenStates'
-interface (len, lengths, num_aux, hidden_size, batch, tokens), so the training loop is the same.
+the disk and a new dataset trains with no extraction step. `OnlineStates` and HiddenStates
+both declare eagle/dataset.py's `DataSource` Protocol, so the training loop is the same.
 
 Sameness with the offline path, by construction:
 - the forward is eagle/hidden_capture.py's HiddenCapture (the engine `eagle extract` uses): same
@@ -31,15 +31,17 @@ from typing import Any
 import torch
 
 from eagle.common import EagleError
+from eagle.dataset import DataSource
 
 # Widths of the target's forward are rounded up to this on CUDA, so torch.compile sees few shapes.
 CUDA_PAD_MULTIPLE = 64
 
 
-class OnlineStates:
+class OnlineStates(DataSource):
     """Every row of a prepared dataset, its hidden states computed by `target` when a batch is made."""
 
     prefetch = False  # the target runs on the caller's thread (compiled graphs, one CUDA stream)
+    runs_target = True
 
     def __init__(self, data_dir: str | os.PathLike[str], target: Any, layer_ids: list[int], budget: int,
                  compile: bool | None = None) -> None:

@@ -13,16 +13,14 @@ vocabulary, before fine-tuning it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 from pydantic import BaseModel
 
-from eagle.common import EagleError, fail, pick_device, pick_dtype, print_table, quiet_hf, split_layer_ids
+from eagle.command import device_option, dtype_option, finish, json_option, refusals, trust_remote_code_option
+from eagle.common import EagleError, pick_device, pick_dtype, print_table, quiet_hf, split_layer_ids
 from eagle.evaluate import decoder_option, load_inputs
-from eagle.metrics import write_metrics
-from eagle.target import trust_remote_code_option
 
 
 class LayerStats(BaseModel):
@@ -152,11 +150,11 @@ def run_probe(model_dir: Path, other_dir: Path, prompts: list[list[int]], layer_
 @click.option("-k", "k", type=click.IntRange(1, 16), default=3, show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(1), default=32, show_default=True)
 @click.option("--limit", type=click.IntRange(1), default=None, help="Use only the first N prompts.")
-@click.option("--device", default="auto", show_default=True)
-@click.option("--dtype", default="auto", show_default=True)
+@device_option()
+@dtype_option()
 @decoder_option
 @trust_remote_code_option
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option("Print the report as JSON.")
 def command(model: Path, other: Path, prompts_file: Path, draft: Path | None, layer_ids: str | None, k: int,
             max_new_tokens: int, limit: int | None, device: str, dtype: str, decoder: str, trust_remote_code: bool,
             as_json: bool) -> None:
@@ -180,23 +178,21 @@ def command(model: Path, other: Path, prompts_file: Path, draft: Path | None, la
     from eagle.target import open_target
 
     quiet_hf()
-    try:
+    with refusals(ValueError, FileNotFoundError):
         open_target(other, trust_remote_code, what="--other")
         prompts = load_inputs(model, prompts_file, limit, draft, trust_remote_code)
         dev = pick_device(device)
         report = run_probe(model, other, prompts, parse_layer_ids(layer_ids), draft, k, max_new_tokens, dev,
                            pick_dtype(dtype, dev), decoder, trust_remote_code)
-    except (EagleError, ValueError, FileNotFoundError) as exc:
-        fail(exc)
-    write_metrics(report.metrics())
-    if as_json:
-        click.echo(json.dumps(report.model_dump(), indent=1))
-        return
-    print_table([(f"l{s.layer}", s.cos_sim, s.rel_norm_diff) for s in report.layers],
-                headers=["layer", "cos_sim", "rel_norm_diff"])
-    click.echo(f"decoder: {report.decoder}")
-    if report.accept_len is not None:
-        click.echo(f"accept_len on --other: {report.accept_len:.3f}   on --model: {report.base_accept_len:.3f}")
-        click.echo(f"draft vocabulary covers {report.vocab_coverage:.1%} of --other's greedy tokens "
-                   f"({report.vocab_coverage_distinct:.1%} of the distinct ones), {report.base_vocab_coverage:.1%} "
-                   "of --model's")
+
+    def show() -> None:
+        print_table([(f"l{s.layer}", s.cos_sim, s.rel_norm_diff) for s in report.layers],
+                    headers=["layer", "cos_sim", "rel_norm_diff"])
+        click.echo(f"decoder: {report.decoder}")
+        if report.accept_len is not None:
+            click.echo(f"accept_len on --other: {report.accept_len:.3f}   on --model: {report.base_accept_len:.3f}")
+            click.echo(f"draft vocabulary covers {report.vocab_coverage:.1%} of --other's greedy tokens "
+                       f"({report.vocab_coverage_distinct:.1%} of the distinct ones), "
+                       f"{report.base_vocab_coverage:.1%} of --model's")
+
+    finish(report, as_json, metrics=report.metrics(), show=show)

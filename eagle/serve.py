@@ -42,6 +42,7 @@ from typing import Any
 import click
 from pydantic import BaseModel
 
+from eagle.command import trust_remote_code_option
 from eagle.common import EagleError, warn
 
 SERVED_NAME = "eagle-target"
@@ -119,8 +120,7 @@ def vllm_options(f: Callable[..., Any]) -> Callable[..., Any]:
     f = click.option("--enforce-eager/--compile", "eager", default=None,
                      help="vLLM without / with torch.compile and CUDA graphs [default: CUDA graphs on a CUDA "
                           "host, eager on a CPU host].")(f)
-    f = click.option("--trust-remote-code", is_flag=True,
-                     help="Let transformers and vLLM run the model repository's own code.")(f)
+    f = trust_remote_code_option(f)
     f = click.option("--vllm-arg", "vllm_args", multiple=True, metavar="KEY[=VALUE]",
                      help="Any vLLM engine flag, repeatable: tensor-parallel-size=8, gpu-memory-utilization=0.9, "
                           "quantization=fp8, enable-expert-parallel, max-model-len=8192 ...")(f)

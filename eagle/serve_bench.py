@@ -12,7 +12,6 @@ against an 82.5 tok/s baseline) because verification ran without CUDA graphs.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ import click
 from pydantic import BaseModel
 
 from eagle import serve
+from eagle.command import finish, json_option, refusals
 from eagle.common import EagleError, fail, print_table, warn
 from eagle.serve import RequestResult, ServerSpec, VllmFlags
 from eagle.serve_config import DeployCommands, deploy_commands
@@ -308,7 +308,7 @@ def _quote(arg: str) -> str:
 @click.option("--dtype", default=None, help="vLLM --dtype (default: float32 on CPU to match `eagle evaluate`, else auto).")
 @click.option("--ignore-eos", is_flag=True,
               help="Generate exactly --max-new-tokens even past EOS (default: stop at EOS, as evaluate does).")
-@click.option("--json", "as_json", is_flag=True, help="Print the whole report (both runs, outputs, deploy lines) as JSON.")
+@json_option("Print the whole report (both runs, outputs, deploy lines) as JSON.")
 def command(model: str, draft: str | None, prompts_file: str, k: int, max_new_tokens: int, limit: int | None,
             port: int, concurrency: int, no_draft: bool, no_baseline: bool, startup_timeout: float,
             vllm_args: tuple[str, ...], trust_remote_code: bool, eager: bool | None, dtype: str | None,
@@ -335,26 +335,16 @@ def command(model: str, draft: str | None, prompts_file: str, k: int, max_new_to
       eagle serve-bench --model /models/big --draft /ckpt/draft --prompts chats.jsonl --concurrency 8 \\
           --trust-remote-code --vllm-arg tensor-parallel-size=8 --vllm-arg enable-expert-parallel
     """
-    from eagle.metrics import write_metrics
-
     if not no_draft and not draft:
         fail("give --draft DIR (the drafter to serve), or --no-draft for the baseline", code=2)
     if no_draft and no_baseline:
         fail("--no-draft and --no-baseline together leave nothing to run", code=2)
-    try:
+    with refusals(interrupted="interrupted; the vLLM server was stopped"):
         flags = serve.vllm_flags(vllm_args, trust_remote_code, eager)
         prompts = load_prompts(model, prompts_file, limit, flags.trusts_remote_code)
         report = serve_bench(model, prompts, draft=None if no_draft else draft, k=k, max_new_tokens=max_new_tokens,
                              flags=flags, concurrency=concurrency, port=port, startup_timeout=startup_timeout,
                              dtype=dtype, ignore_eos=ignore_eos, baseline=not no_baseline, echo=not as_json)
-    except KeyboardInterrupt:
-        fail("interrupted; the vLLM server was stopped", code=130)
-    except EagleError as e:
-        fail(e)
-    write_metrics(report.metrics)
     for w in report.warnings:
         warn(w)
-    if as_json:
-        click.echo(json.dumps(report.model_dump()))
-    else:
-        print_report(report)
+    finish(report, as_json, metrics=report.metrics, show=lambda: print_report(report))

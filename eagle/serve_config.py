@@ -22,6 +22,7 @@ import click
 from pydantic import BaseModel, ValidationError
 
 from eagle import serve
+from eagle.command import finish, json_option, refusals
 from eagle.common import EagleError, fail
 from eagle.serve import Flag, ServerSpec
 
@@ -146,7 +147,7 @@ def render(dc: DeployCommands) -> str:
 @click.option("--dtype", default=None, help="vLLM --dtype [default: the model's, as a GPU server would use].")
 @click.option("--from-bench", "bench_json", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="A `eagle serve-bench --json` report: print the lines it measured.")
-@click.option("--json", "as_json", is_flag=True, help="Print {vllm, sglang, sglang_unmapped, notes} as JSON.")
+@json_option("Print {vllm, sglang, sglang_unmapped, notes} as JSON.")
 def command(model: str | None, draft: str | None, k: int, vllm_args: tuple[str, ...], trust_remote_code: bool,
             eager: bool | None, dtype: str | None, bench_json: Path | None, as_json: bool) -> None:
     """Print the vLLM and SGLang command lines that serve the drafter as it was benchmarked.
@@ -159,14 +160,12 @@ def command(model: str | None, draft: str | None, k: int, vllm_args: tuple[str, 
     eagle serve-config --model /models/big --draft /ckpt/draft -k 3 --trust-remote-code --vllm-arg tensor-parallel-size=8
     eagle serve-bench ... --json > bench.json && eagle serve-config --from-bench bench.json
     """
-    try:
+    if bench_json is None and (not model or not draft):
+        fail("give --model and --draft, or --from-bench REPORT.json", code=2)
+    with refusals():
         if bench_json is not None:
             dc = from_bench(bench_json)
         else:
-            if not model or not draft:
-                fail("give --model and --draft, or --from-bench REPORT.json", code=2)
             flags = serve.vllm_flags(vllm_args, trust_remote_code, eager)
             dc = deploy_commands(serve.server_spec(model, flags, cuda=True, dtype=dtype, draft=draft, k=k))
-    except EagleError as exc:
-        fail(exc)
-    click.echo(dc.model_dump_json(indent=1) if as_json else render(dc))
+    finish(dc, as_json, show=lambda: click.echo(render(dc)))

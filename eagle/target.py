@@ -494,12 +494,3 @@ def open_target(path: str | os.PathLike[str], trust_remote_code: bool = False, w
                   num_layers=int(text["num_hidden_layers"]), hidden_size=int(text["hidden_size"]),
                   vocab_size=int(text["vocab_size"]), dtype=str(dtype) if dtype else None,
                   custom_code=bool(raw.get("auto_map")), trust_remote_code=trust_remote_code, text=text, raw=raw)
-
-
-def trust_remote_code_option(fn: Any) -> Any:
-    """The `--trust-remote-code` flag every command that loads the target takes."""
-    import click
-
-    return click.option("--trust-remote-code", is_flag=True,
-                        help="Allow a target whose config/model/tokenizer is custom code (auto_map) to run its "
-                             "Python files (transformers' trust_remote_code). Only for code you trust.")(fn)

@@ -33,7 +33,9 @@ from typing import Any
 import click
 from pydantic import BaseModel
 
-from eagle.common import EagleError, fail, print_kv, quiet_hf
+from eagle.command import finish, json_option, refusals
+from eagle.common import EagleError, fail, quiet_hf
+from eagle.fsutil import atomic_dir
 
 SPECIALS = ["<pad>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 ROLES = ("system", "user", "assistant")
@@ -514,8 +516,6 @@ def cached_target(cfg: ToyConfig | None = None, successor: bool = False, root: P
     dir and renames it into place, and a finished dir (with toy_meta.json) is never rebuilt.
     """
     import fcntl
-    import os
-    import shutil
 
     cfg = cfg or ToyConfig()
     root = root or cache_root()
@@ -531,15 +531,11 @@ def cached_target(cfg: ToyConfig | None = None, successor: bool = False, root: P
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / META_FILE).is_file():
             return final
-        tmp = root / f".tmp-{name}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        if base is not None:
-            build_successor(base, tmp, steps=None, shift=cfg.shift, echo=echo)
-        else:
-            build_toy_target(tmp, cfg, echo=echo, text_from=text)
-        if final.exists():  # a broken leftover without toy_meta.json
-            shutil.rmtree(final)
-        os.rename(tmp, final)
+        with atomic_dir(final) as tmp:  # replaces a broken leftover without toy_meta.json
+            if base is not None:
+                build_successor(base, tmp, steps=None, shift=cfg.shift, echo=echo)
+            else:
+                build_toy_target(tmp, cfg, echo=echo, text_from=text)
     return final
 
 
@@ -564,7 +560,7 @@ def cached_target(cfg: ToyConfig | None = None, successor: bool = False, root: P
 @click.option("--shift", type=float, default=None, help="Successor: fraction of words whose successors change [0.25].")
 @click.option("--seed", type=int, default=None, help="Seed of the language and the training [0].")
 @click.option("--force", is_flag=True, help="Overwrite a non-empty --out.")
-@click.option("--json", "as_json", is_flag=True, help="Print toy_meta.json instead of a table.")
+@json_option("Print toy_meta.json instead of a table.")
 def command(out: Path, base: Path | None, arch: str, num_layers: int, hidden: int, intermediate: int, heads: int,
             kv_heads: int, vocab: int, active: int, steps: int | None, shift: float | None,
             seed: int | None, force: bool, as_json: bool) -> None:
@@ -586,7 +582,7 @@ def command(out: Path, base: Path | None, arch: str, num_layers: int, hidden: in
         fail(f"--base {base}: not a toy target directory (no config.json)")
     if out.exists() and any(out.iterdir()) and not force:
         fail(f"{out} exists and is not empty; pass --force to overwrite or choose another --out")
-    try:
+    with refusals():
         if base is not None:
             meta = build_successor(base, out, steps=steps, shift=shift, seed=seed)
         else:
@@ -597,13 +593,8 @@ def command(out: Path, base: Path | None, arch: str, num_layers: int, hidden: in
             if shift is not None:
                 cfg.shift = shift
             meta = build_toy_target(out, cfg)
-    except EagleError as e:
-        fail(e)
-    if as_json:
-        click.echo(json.dumps(meta.model_dump(), indent=1))
-        return
     c = meta.config
-    print_kv({
+    finish(meta, as_json, table={
         "out": str(out),
         "kind": "successor of " + str(base) if base else "new target",
         "arch": c.arch,

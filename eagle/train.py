@@ -14,27 +14,24 @@ OUT/
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
 import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from pydantic import BaseModel
 
-from eagle.common import EagleError, fail, pick_device, print_table, progress, split_layer_ids, warn
-from eagle.target import (
-    DraftShape,
-    Target,
-    merge_shape,
-    open_target,
-    read_draft_shape,
-    trust_remote_code_option,
-)
+from eagle import distributed
+from eagle.command import device_option, finish, json_option, refusals, trust_remote_code_option
+from eagle.common import EagleError, fail, print_table, progress, split_layer_ids, warn
+from eagle.fsutil import atomic_dir, atomic_write_text, fsync_file
+from eagle.target import DraftShape, Target, merge_shape, open_target, read_draft_shape
+
+if TYPE_CHECKING:
+    from eagle.dataset import DataSource
 
 STATE_FILE = "state.pt"
 LOG_FILE = "train_log.json"
@@ -233,60 +230,6 @@ def use_doc_attention(model: Any) -> None:
     drafter.set_attn_impl(model, doc_attention.register())
 
 
-# ---------------------------------------------------------------- distributed
-class Dist(BaseModel):
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def init_dist(device_name: str) -> tuple[Dist, Any]:
-    """This process's rank and device. Under torchrun, rank R trains on cuda:R over NCCL; when there
-    are more processes than GPUs they share them (cuda:R mod count) over gloo, which NCCL refuses
-    (one rank per GPU) but which runs DDP correctly, if slowly (a test of DDP on one GPU)."""
-    import torch
-    import torch.distributed as td
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    dist = Dist(rank=int(os.environ.get("RANK", "0")), world=world, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
-    device = pick_device(device_name)
-    backend = "gloo"
-    if device.type == "cuda":
-        count, local = torch.cuda.device_count(), int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-        device = torch.device("cuda", dist.local_rank % count if world > 1 else (device.index or 0))
-        torch.cuda.set_device(device)
-        backend = "nccl" if local <= count else "gloo"
-        if local > count and dist.main:
-            warn(f"{local} processes on {count} GPU(s): they share GPUs over gloo (slow; NCCL needs one GPU each)")
-    if world > 1 and not td.is_initialized():
-        td.init_process_group(backend=backend)
-    if device.type == "cpu" and world > 1:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    return dist, device
-
-
-def all_sum(values: list[float], dist: Dist, device: Any) -> list[float]:
-    if dist.world == 1:
-        return values
-    import torch
-    import torch.distributed as td
-
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    td.all_reduce(t)
-    return t.tolist()
-
-
-def barrier(dist: Dist) -> None:
-    if dist.world > 1:
-        import torch.distributed as td
-
-        td.barrier()
-
-
 # ---------------------------------------------------------------- states
 def epoch_dirs(out: Path) -> list[tuple[int, Path]]:
     root = out / "checkpoints"
@@ -307,21 +250,14 @@ def save_epoch_state(out: Path, epoch: int, payload: dict[str, Any]) -> Path:
     import torch
 
     final = out / "checkpoints" / f"epoch-{epoch}"
-    tmp = out / "checkpoints" / f".epoch-{epoch}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    torch.save(payload, tmp / STATE_FILE)
-    with open(tmp / STATE_FILE, "rb") as fh:
-        os.fsync(fh.fileno())
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    with atomic_dir(final) as tmp:
+        torch.save(payload, tmp / STATE_FILE)
+        fsync_file(tmp / STATE_FILE)
     return final
 
 
 def write_log(out: Path, log: TrainLog) -> None:
-    tmp = out / f".{LOG_FILE}.tmp"
-    tmp.write_text(log.model_dump_json(indent=1) + "\n")
-    os.replace(tmp, out / LOG_FILE)
+    atomic_write_text(out / LOG_FILE, log.model_dump_json(indent=1) + "\n")
 
 
 def _check_resume_args(saved: TrainArgs, now: TrainArgs, where: Path) -> None:
@@ -333,7 +269,7 @@ def _check_resume_args(saved: TrainArgs, now: TrainArgs, where: Path) -> None:
 
 
 # ---------------------------------------------------------------- the run
-def _online_states(args: TrainArgs, target: Target, device: Any) -> tuple[Any, list[int]]:
+def _online_states(args: TrainArgs, target: Target, device: Any) -> tuple[DataSource, list[int]]:
     """--online: the target loaded beside the drafter and the prepared rows it runs on."""
     from eagle import online
 
@@ -423,7 +359,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     from eagle.step_log import StepLog
 
     _check_args(args)
-    dist, device = init_dist(args.device)
+    dist, device = distributed.init(args.device)
     args = args.model_copy(update={"world_size": dist.world})
     out, data_dir, model_dir = Path(args.out), Path(args.data), Path(args.model)
     say = (lambda msg: click.echo(msg, err=True)) if (echo and dist.main) else (lambda msg: None)
@@ -443,7 +379,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
         raise EagleError("--layer-ids goes with --online; offline hidden states carry their layers in "
                          f"{data_dir}/eagle_data.json (choose them in `eagle extract --layer-ids`)")
     else:
-        data = dataset.HiddenStates(data_dir, args.batch_tokens)
+        data: DataSource = dataset.HiddenStates(data_dir, args.batch_tokens)
         layer_ids = dataset.read_layer_ids(data_dir)
         d2t, t2d = dataset.read_vocab(data_dir)
         target.layer_ids(layer_ids, where=f"layer ids of {data_dir}/eagle_data.json")
@@ -524,7 +460,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     elif found and dist.main:
         warn(f"{out}/checkpoints holds states of an earlier run; starting again (use --resume to continue it)")
         shutil.rmtree(out / "checkpoints")
-    barrier(dist)
+    distributed.barrier(dist)
 
     ddp_model: Any = model
     if dist.world > 1:
@@ -571,7 +507,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
             bar = progress(total=len(batches), desc=f"epoch {epoch}/{args.epochs}", unit="batch",
                            disable=None if dist.main else True)
             stream = (dataset.prefetched(make, batches, dataset.loader_workers(device))
-                      if getattr(data, "prefetch", True) else map(make, batches))
+                      if data.prefetch else map(make, batches))
             wait, w0 = 0.0, time.perf_counter()
             group, in_group = None, 0
             opt.zero_grad(set_to_none=True)
@@ -594,8 +530,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
                     group, in_group = None, 0
                     if (args.val_every and opt_step % args.val_every == 0) or (args.save_every and opt_step % args.save_every == 0):
                         v0 = time.perf_counter()
-                        if hasattr(data, "take_target_seconds"):
-                            target_s += data.take_target_seconds()
+                        target_s += data.take_target_seconds()
                         if args.val_every and opt_step % args.val_every == 0:
                             val_loss, val_acc = validate(opt_step)
                             acc = " ".join(f"{a:.3f}" for a in val_acc)
@@ -604,9 +539,8 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
                             model.train()
                         if args.save_every and opt_step % args.save_every == 0 and dist.main:
                             drafter.save(model, out / "checkpoints" / f"step-{opt_step}", keep_float32=args.keep_float32)
-                        if hasattr(data, "take_target_seconds"):
-                            data.take_target_seconds()  # validation's forwards are not training time
-                        barrier(dist)
+                        data.take_target_seconds()  # validation's forwards are not training time
+                        distributed.barrier(dist)
                         side_s += time.perf_counter() - v0
                 rate = tokens * dist.world / max(time.perf_counter() - t0 - side_s, 1e-9)
                 bar.update(1)
@@ -617,18 +551,16 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             seconds = time.perf_counter() - t0 - side_s
-            if hasattr(data, "take_target_seconds"):
-                target_s += data.take_target_seconds()
-            n_batches, loss_total, tok_total = all_sum([len(batches), float(loss_sum), tokens], dist, device)
+            target_s += data.take_target_seconds()
+            n_batches, loss_total, tok_total = distributed.all_sum([len(batches), float(loss_sum), tokens], dist, device)
             val_loss, val_acc = validate(opt_step)
-            if hasattr(data, "take_target_seconds"):
-                data.take_target_seconds()  # validation's forwards are not training time
+            data.take_target_seconds()  # validation's forwards are not training time
             record = EpochRecord(
                 epoch=epoch, train_loss=loss_total / max(n_batches, 1), val_loss=val_loss, val_acc=val_acc,
                 est_accept_len=est_accept_len(val_acc) if val_acc else None,
                 train_tok_s=tok_total / max(seconds, 1e-9), step_ms=1000 * seconds / max(len(batches), 1),
                 steps=int(n_batches), seconds=seconds, data_wait_s=wait,
-                target_s=target_s if hasattr(data, "take_target_seconds") else None)
+                target_s=target_s if data.runs_target else None)
             log.epochs.append(record)
             tb.scalars({"speed/train_tok_s": record.train_tok_s}, opt_step)
             score = record.val_loss if record.val_loss is not None else record.train_loss
@@ -652,9 +584,10 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
                     f"{record.step_ms:.0f} ms/batch  (data wait {record.data_wait_s / max(seconds, 1e-9):.0%}"
                     + (f", target {record.target_s / max(seconds, 1e-9):.0%}" if record.target_s is not None else "")
                     + f"){'  *best' if best else ''}")
-            barrier(dist)
+            distributed.barrier(dist)
     finally:
         tb.close()
+        data.close()
     return log
 
 
@@ -662,7 +595,7 @@ def _score(r: EpochRecord) -> float:
     return r.val_loss if r.val_loss is not None else r.train_loss
 
 
-def evaluate(model: Any, data: Any, val_idx: list[int], args: TrainArgs, dist: Dist, device: Any,
+def evaluate(model: Any, data: DataSource, val_idx: list[int], args: TrainArgs, dist: distributed.Topology, device: Any,
              losses: Any, autocast: Any, make: Any = None) -> tuple[float | None, list[float]]:
     """(mean val loss per batch, per-step conditional accuracies), summed over all processes.
     `make(indices) -> batch` builds batches as training does (same shapes: no recompiles)."""
@@ -686,7 +619,7 @@ def evaluate(model: Any, data: Any, val_idx: list[int], args: TrainArgs, dist: D
                 sums[2 + s] += float(metrics[f"full_acc_{s}_sum"])
                 sums[2 + k + s] += float(metrics[f"full_acc_{s}_total"])
     model.train()
-    sums = all_sum(sums, dist, device)
+    sums = distributed.all_sum(sums, dist, device)
     if sums[0] == 0:
         return None, []
     return sums[1] / sums[0], step_accuracies(sums[2:2 + k], sums[2 + k:])
@@ -786,9 +719,9 @@ def summary_metrics(log: TrainLog) -> dict[str, float]:
               help="The drafter layer's head size (heads x head dim may differ from the hidden size) "
                    "[default: the target's, else hidden // heads].")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@device_option("auto, cpu, cuda or cuda:N.")
 @trust_remote_code_option
-@click.option("--json", "as_json", is_flag=True, help="Print the summary metrics as JSON.")
+@json_option("Print the summary metrics as JSON.")
 def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, ttt_steps: int, loss_decay: float,
             batch_tokens: int, grad_accum: int, val_fraction: float, val_every: int, save_every: int,
             tensorboard: bool, resume: bool, init_from: Path | None, norm_before_residual: bool | None,
@@ -814,9 +747,7 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
     not divide, a target without a text model, a layer id out of range, an --init-from drafter that
     cannot be read or does not fit); the message names the file and the fix, and nothing is written.
     """
-    from eagle.metrics import write_metrics
-
-    try:
+    with refusals():
         shape = read_draft_shape(draft_config) if draft_config is not None else DraftShape()
         shape = merge_shape(shape, DraftShape(intermediate_size=draft_intermediate_size, num_attention_heads=draft_heads,
                                               num_key_value_heads=draft_kv_heads, head_dim=draft_head_dim))
@@ -830,19 +761,17 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
                          trust_remote_code=trust_remote_code, norm_before_residual=norm_before_residual,
                          norm_before_fc=norm_before_fc, norm_output=norm_output, keep_float32=keep_float32)
         log = train(args)
-    except EagleError as exc:
-        fail(exc)
-    if int(os.environ.get("RANK", "0")) != 0:
+    if not distributed.is_main():
         return
     metrics = summary_metrics(log)
     diverged = sorted(name for name, value in metrics.items() if not math.isfinite(value))
     if diverged:
         fail(f"training diverged: {', '.join(diverged)} not finite (see {Path(args.out) / 'train_log.json'}); "
              f"lower --lr (now {log.args.lr:g}) or check the hidden states with `eagle extract` (it validates them)")
-    write_metrics(metrics)
-    if as_json:
-        click.echo(json.dumps(metrics, indent=1, sort_keys=True))
-    else:
+
+    def show() -> None:
         print_table([(k, v) for k, v in metrics.items()], headers=["metric", "value"])
         click.echo(f"drafter (best epoch {log.best_epoch}) written to {out}")
+
+    finish(metrics, as_json, metrics=metrics, show=show)
     sys.stdout.flush()

@@ -18,8 +18,6 @@ whether to keep it or choose a new one (`eagle train --init-from` accepts either
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -28,8 +26,9 @@ import click
 from pydantic import BaseModel
 
 from eagle import hidden_io
-from eagle.common import EagleError, fail, print_kv, quiet_hf
-from eagle.metrics import write_metrics
+from eagle.command import finish, json_option, refusals
+from eagle.common import EagleError, quiet_hf
+from eagle.fsutil import atomic_path, atomic_write_json
 
 VOCAB_FILE = "vocab.safetensors"
 VOCAB_JSON = "vocab.json"
@@ -196,18 +195,12 @@ def build_vocab(data: Path, draft_vocab: int | None = None, model: Path | None =
     meta = {"draft_vocab": str(draft_vocab), "vocab_size": str(vocab_size)}
     if from_draft is not None:
         meta["from_draft"] = str(from_draft)
-    tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
-    try:
+    with atomic_path(out) as tmp:
         save_file({"d2t": d2t, "t2d": t2d, "counts": counts}, str(tmp), metadata=meta)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
     res = VocabResult(draft_vocab=draft_vocab, vocab_size=vocab_size, loss_tokens=total,
                       distinct_tokens=int((counts > 0).sum()), coverage=covered / total if total else 0.0,
                       path=str(out), from_draft=None if from_draft is None else str(from_draft))
-    tmp_json = data / f".tmp-{VOCAB_JSON}-{os.getpid()}"
-    tmp_json.write_text(json.dumps(res.model_dump(), indent=1) + "\n")
-    os.replace(tmp_json, data / VOCAB_JSON)
+    atomic_write_json(data / VOCAB_JSON, res.model_dump())
     return res
 
 
@@ -233,7 +226,7 @@ def read_vocab(data: Path) -> tuple[Any, Any]:
               help="Keep this drafter checkpoint's vocabulary (its d2t/t2d), to fine-tune it on DATA.")
 @click.option("--model", type=click.Path(path_type=Path), default=None,
               help="Target dir, for its vocab size [default: from DATA/eagle_data.json].")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option()
 def command(data: Path, draft_vocab: int | None, from_draft: Path | None, model: Path | None, as_json: bool) -> None:
     """Choose the draft vocabulary: the DV most frequent assistant tokens, or an existing drafter's.
 
@@ -251,15 +244,9 @@ def command(data: Path, draft_vocab: int | None, from_draft: Path | None, model:
     Exit 2 when the drafter cannot be read or was built for another vocabulary.
     """
     quiet_hf()
-    try:
+    with refusals():
         res = build_vocab(data, draft_vocab, model, from_draft)
-    except EagleError as e:
-        fail(e)
-    write_metrics({"vocab_coverage": res.coverage})
-    if as_json:
-        click.echo(res.model_dump_json(indent=1))
-        return
-    print_kv({
+    finish(res, as_json, metrics={"vocab_coverage": res.coverage}, table={
         "written": res.path,
         "vocabulary": f"kept from {res.from_draft}" if res.from_draft else "top tokens of this data",
         "draft vocab / target vocab": f"{res.draft_vocab} / {res.vocab_size}",

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import _train_data as td
 import pytest
 
-from eagle import extract, hidden_io
+from eagle import distributed, extract, hidden_io
 from eagle.common import EagleError
-
-_spec = importlib.util.spec_from_file_location("_train_data", Path(__file__).with_name("_train_data.py"))
-td = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(td)
 
 N_SAMPLES = 9  # odd: the two shards differ in size
 
@@ -40,12 +36,13 @@ def test_parse_shard_refuses(spec):
 
 
 def test_shard_device():
-    torchrun = {"LOCAL_RANK": "1", "WORLD_SIZE": "2"}
-    assert extract.shard_device("auto", torchrun, cuda=True) == "cuda:1"
-    assert extract.shard_device("cuda", torchrun, cuda=True) == "cuda:1"
-    assert extract.shard_device("cuda:0", torchrun, cuda=True) == "cuda:0"  # explicit index kept
-    assert extract.shard_device("auto", torchrun, cuda=False) == "auto"  # cpu
-    assert extract.shard_device("auto", {}, cuda=True) == "auto"  # not under torchrun
+    torchrun = distributed.topology({"LOCAL_RANK": "1", "WORLD_SIZE": "2"})
+    alone = distributed.topology({})
+    assert distributed.rank_device("auto", torchrun, cuda=True) == "cuda:1"
+    assert distributed.rank_device("cuda", torchrun, cuda=True) == "cuda:1"
+    assert distributed.rank_device("cuda:0", torchrun, cuda=True) == "cuda:0"  # explicit index kept
+    assert distributed.rank_device("auto", torchrun, cuda=False) == "auto"  # cpu
+    assert distributed.rank_device("auto", alone, cuda=True) == "auto"  # not under torchrun
 
 
 def _result(shard: str, new_tokens: int, seconds: float, capture: float) -> extract.ExtractResult:

@@ -1,0 +1,94 @@
+"""The edges every `eagle` command shares: the options most of them take, the way their errors end,
+and the way they end.
+
+A command's body is
+
+    with refusals():                      # an EagleError -> `error: ...` on stderr, its exit code
+        result = do_the_work(...)
+    finish(result, as_json, metrics=result.metrics(), table={...})
+
+`finish` merges the summary metrics into $RUNBOOK_METRICS (that is how `runbook next` judges a
+phase), then prints the result as JSON (`--json`: a pydantic model or a dict, indented) or the
+human view: a two-column table, or what `show()` prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import click
+from pydantic import BaseModel
+
+from eagle.common import DTYPES, EagleError, fail, print_kv
+from eagle.metrics import write_metrics
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# ---------------------------------------------------------------- options
+
+
+def json_option(help: str = "Print the result as JSON.") -> Callable[[F], F]:
+    """`--json` (parameter `as_json`)."""
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+def trust_remote_code_option(fn: F) -> F:
+    """`--trust-remote-code`: every command that loads the target, through transformers or vLLM."""
+    return click.option("--trust-remote-code", is_flag=True,
+                        help="Allow a target whose config/model/tokenizer is custom code (auto_map) to run its "
+                             "Python files (transformers' and vLLM's trust_remote_code). Only for code you "
+                             "trust.")(fn)
+
+
+def device_option(help: str = "auto, cpu or cuda[:N].") -> Callable[[F], F]:
+    """`--device` (default auto: cuda when there is one, else cpu; common.pick_device)."""
+    return click.option("--device", default="auto", show_default=True, help=help)
+
+
+def dtype_option(help: str = "auto (bf16 on GPU, fp32 on CPU), " + ", ".join(DTYPES[1:]) + ".") -> Callable[[F], F]:
+    """`--dtype` (default auto; common.pick_dtype)."""
+    return click.option("--dtype", default="auto", show_default=True, help=help)
+
+
+# ---------------------------------------------------------------- errors and the ending
+
+
+@contextlib.contextmanager
+def refusals(*also: type[BaseException], interrupted: str | None = None) -> Iterator[None]:
+    """Turn an EagleError (and the exception types in `also`) raised in the block into
+    `error: message` on stderr and the error's exit code: no traceback reaches the user.
+    With `interrupted`, Ctrl-C ends as `error: <interrupted>` and exit 130 (say what was left)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if interrupted is None:
+            raise
+        fail(interrupted, code=130)
+    except (EagleError, *also) as exc:
+        fail(exc)
+
+
+def to_json(result: BaseModel | dict[str, Any]) -> str:
+    """A result as the JSON `--json` prints: a model's fields in order, a dict's keys sorted."""
+    if isinstance(result, BaseModel):
+        return result.model_dump_json(indent=1)
+    return json.dumps(result, indent=1, sort_keys=True)
+
+
+def finish(result: BaseModel | dict[str, Any], as_json: bool, *, metrics: dict[str, float] | None = None,
+           table: dict[str, Any] | None = None, show: Callable[[], None] | None = None) -> None:
+    """The ending every eagle command shares: `metrics` merged into $RUNBOOK_METRICS (when given),
+    then `result` as JSON (`as_json`), else the human view: `table` as name/value rows and/or `show()`."""
+    if metrics is not None:
+        write_metrics(metrics)
+    if as_json:
+        click.echo(to_json(result))
+        return
+    if table is not None:
+        print_kv(table)
+    if show is not None:
+        show()
