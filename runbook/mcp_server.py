@@ -6,8 +6,8 @@ and answers with that verb's `--json` envelope (runbook/contract.py): its JSON S
 output schema, `ok: false` is an MCP tool error carrying the same code, exit code and
 `file:line:col` message the command line prints. Nothing here decides anything about a plan.
 
-- brief, status, show, validate, history, record, forget, reset and `next` without `run` (a dry
-  run) call the verb's click callback in this process, with `--json` semantics, one at a time;
+- brief, status, show, validate, history, diff, record, forget, reset, logs, cancel and `next`
+  without `run` (a dry run) call the verb's click callback in this process, with `--json` semantics, one at a time;
   what the verb says on stderr (warnings, the dry run's preview) comes back as a second text block.
 - `next` with `run: true` runs `runbook next --yes --json` as a child process in its own session,
   its output going to unlinked temporary files: the run lock, the signals, the judging, the
@@ -39,7 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 from mcp.server import Server
+from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -59,6 +60,7 @@ from runbook.errors import RunbookError
 __all__ = ["TOOLS", "build_server", "serve"]
 
 logger = logging.getLogger("runbook.mcp")
+Context = ServerRequestContext[Any]  # what the SDK hands each handler
 
 INSTRUCTIONS = """\
 runbook keeps a Markdown game plan (phases with exact commands and Pass: criteria), runs its
@@ -294,7 +296,7 @@ BY_NAME = {tool.name: tool for tool in TOOLS}
 class Outcome:
     """A verb's answer: exactly the JSON document `runbook VERB --json` prints, and what it said."""
 
-    envelope: dict
+    envelope: dict[str, Any]
     error_text: str | None = None  # for a refusal: what the command line prints on stderr
     said: str = ""  # the verb's stderr: warnings, a dry run's preview, a run's output (its tail)
 
@@ -348,10 +350,10 @@ class Children:
     """The `runbook next` processes this server started, to interrupt and wait for on the way out."""
 
     def __init__(self) -> None:
-        self.procs: set[subprocess.Popen] = set()
+        self.procs: set[subprocess.Popen[bytes]] = set()
         self.signalled: dict[int, float] = {}  # pid -> when we sent it SIGTERM
 
-    async def stop(self, proc: subprocess.Popen, wait_s: float = STOP_WAIT_S) -> None:
+    async def stop(self, proc: subprocess.Popen[bytes], wait_s: float = STOP_WAIT_S) -> None:
         """SIGTERM our child and wait until it has recorded its run as interrupted.
 
         One SIGTERM, as a closed terminal gives `runbook next` one SIGHUP: it stops the step's
@@ -437,7 +439,7 @@ def _child_outcome(name: str, code: int, stdout: bytes, said: str) -> Outcome:
     return Outcome(envelope, None if ok else _error_text(envelope.get("error") or {}), said)
 
 
-def _error_text(info: dict) -> str:
+def _error_text(info: dict[str, Any]) -> str:
     """What the command line prints on stderr for the refusal in a child's envelope."""
     from runbook.contract import ErrorInfo
     from runbook.errors import EXIT_CODES
@@ -478,7 +480,7 @@ def _documents() -> list[tuple[str, str, Path, str]]:
 
 
 @contextlib.contextmanager
-def _as_mcp_error(uri: str | None = None):
+def _as_mcp_error(uri: str | None = None) -> Iterator[None]:
     """A workspace that cannot be read (broken runbook.toml, unreadable file) as an MCP error."""
     from runbook.project import ConfigError
 
@@ -549,10 +551,10 @@ class RunbookServer:
                 async with self.verb_lock:
                     pass
 
-    async def list_tools(self, ctx, params) -> types.ListToolsResult:
+    async def list_tools(self, ctx: Context, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         return types.ListToolsResult(tools=[tool.listing() for tool in TOOLS])
 
-    async def call_tool(self, ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> types.CallToolResult:
         tool = BY_NAME.get(params.name)
         if tool is None:
             error = RunbookError(f"no tool {params.name!r}; tools: {', '.join(BY_NAME)}", "usage")
@@ -581,15 +583,17 @@ class RunbookServer:
                 outcome = await anyio.to_thread.run_sync(call_verb, tool.name, args.cli_kwargs())
         return outcome.tool_result()
 
-    async def list_resources(self, ctx, params) -> types.ListResourcesResult:
+    async def list_resources(self, ctx: Context, params: types.PaginatedRequestParams | None
+                             ) -> types.ListResourcesResult:
         return types.ListResourcesResult(resources=await anyio.to_thread.run_sync(list_resources))
 
-    async def list_resource_templates(self, ctx, params) -> types.ListResourceTemplatesResult:
+    async def list_resource_templates(self, ctx: Context, params: types.PaginatedRequestParams | None
+                                      ) -> types.ListResourceTemplatesResult:
         return types.ListResourceTemplatesResult(resource_templates=[types.ResourceTemplate(
             uri_template=RUN_URI + "{run_id}", name="run", mime_type="application/json",
             description="A run by id (as `history` lists them), as the RunView of docs/json.md.")])
 
-    async def read_resource(self, ctx, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+    async def read_resource(self, ctx: Context, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         return await anyio.to_thread.run_sync(read_resource, str(params.uri))
 
 
