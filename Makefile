@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test test-fast test-gpu lint demo bench clean
+.PHONY: setup test test-fast test-gpu lint typecheck demo bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -10,6 +10,7 @@ setup:
 # The whole suite, slow end-to-end tests included (CI runs exactly this).
 test: setup
 	$(PY) -m ruff check runbook eagle tests bench
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 # Unit tests only, for a quick loop while editing.
@@ -23,11 +24,15 @@ test-gpu:
 lint: setup
 	$(PY) -m ruff check runbook eagle tests bench
 
+# mypy as configured in pyproject.toml: runbook/ strict, eagle/ at mypy's default level.
+typecheck: setup
+	$(PY) -m mypy
+
 demo: setup
 	@bash scripts/demo.sh
 
 bench: setup
-	$(PY) bench/parse_bench.py
+	$(PY) -m bench.parse_bench
 
 clean:
-	rm -rf $(VENV) demo .pytest_cache
+	rm -rf $(VENV) demo .pytest_cache .mypy_cache

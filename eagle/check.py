@@ -177,9 +177,9 @@ def vllm_facts(ck: checkpoint.Checkpoint, target_layers: int | None) -> list[str
     else:
         facts.append(f"layout speculators (eagle3): {versions('layout:speculators')} load it as "
                      "Eagle3LlamaForCausalLM")
-    raw_ids = checkpoint.read_config_json(ck.source)
-    raw_ids = (raw_ids.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids",
-                                                      raw_ids.get("eagle_aux_hidden_state_layer_ids"))
+    raw = checkpoint.read_config_json(ck.source)
+    raw_ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids",
+                                                  raw.get("eagle_aux_hidden_state_layer_ids"))
     if raw_ids is None:
         filled = f" = {cfg.layer_ids} for this {target_layers}-layer target" if cfg.layer_ids else ""
         facts.append(f"layer ids: not in the checkpoint; {versions('layout:speculators')} use [2, N//2, N-3]{filled}")

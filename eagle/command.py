@@ -62,13 +62,14 @@ def refusals(*also: type[BaseException], interrupted: str | None = None) -> Iter
     """Turn an EagleError (and the exception types in `also`) raised in the block into
     `error: message` on stderr and the error's exit code: no traceback reaches the user.
     With `interrupted`, Ctrl-C ends as `error: <interrupted>` and exit 130 (say what was left)."""
+    caught: tuple[type[BaseException], ...] = (EagleError, *also)
     try:
         yield
     except KeyboardInterrupt:
         if interrupted is None:
             raise
         fail(interrupted, code=130)
-    except (EagleError, *also) as exc:
+    except caught as exc:
         fail(exc)
 
 

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -127,7 +127,8 @@ class TargetModel(nn.Module):
 class Proposer(Protocol):
     """What the decoder needs from a drafter (eagle.draft_infer.Drafter implements it)."""
 
-    hidden_size: int
+    @property
+    def hidden_size(self) -> int: ...
 
     def new_cache(self, max_len: int) -> KVCache: ...
 
@@ -179,7 +180,7 @@ class Decoder:
             fuse_projections(proposer)
         self.target, self.proposer, self.device = target, proposer, device
         self.max_len = max_len
-        self.layer_ids = (check_layer_ids(layer_ids, target.num_layers, "the drafter's layer ids")
+        self.layer_ids = (check_layer_ids(layer_ids or (), target.num_layers, "the drafter's layer ids")
                           if proposer is not None else [])
         if proposer is not None and not self.layer_ids:
             raise ValueError("speculative decoding needs the drafter's aux layer ids")
@@ -188,7 +189,7 @@ class Decoder:
         self.sync_every = max(1, sync_every)  # steps/cycles in flight ahead of the host's end check
         self.last_timing: dict[str, float] = {}
         self._t_start = 0.0
-        long = {"dtype": torch.long, "device": device}
+        long: dict[str, Any] = {"dtype": torch.long, "device": device}
         self.cache = target.new_cache(max_len)
         self.dcache = proposer.new_cache(max_len) if proposer is not None else None
         self.seq = torch.zeros(max_len + 1, **long)
@@ -202,6 +203,11 @@ class Decoder:
         self.feat = torch.zeros(1, hidden, device=device, dtype=target.lm_head.weight.dtype)
         self._steps: dict[str, Callable[[], None]] = {}
 
+    def _drafting(self) -> tuple[Proposer, KVCache]:
+        """The drafter and its cache: the stages below run only when decoding speculatively."""
+        assert self.proposer is not None
+        return self.proposer, cast("KVCache", self.dcache)  # what proposer.new_cache gave
+
     # -- device-side stages (graph-capturable: no host syncs, fixed shapes) -------------------
     @torch.inference_mode()
     def _plain_step(self) -> None:
@@ -213,9 +219,10 @@ class Decoder:
     @torch.inference_mode()
     def _draft(self, k: int) -> torch.Tensor:
         """d1..dk as target ids [k]; d2..dk come from k-1 drafter steps at slots n..n+k-2."""
+        proposer, dcache = self._drafting()
         drafts, feat = [self.d1], self.feat
         for j in range(1, k):
-            tok, feat = self.proposer.propose_step(drafts[-1], feat, self.n + (j - 1), self.dcache)
+            tok, feat = proposer.propose_step(drafts[-1], feat, self.n + (j - 1), dcache)
             drafts.append(tok)
         return torch.cat(drafts)
 
@@ -233,7 +240,8 @@ class Decoder:
         greedy, aux, pos = self._verify(drafts)
         m = torch.cumprod((drafts == greedy[:k]).long(), 0).sum().view(1)
         self.seq.index_copy_(0, pos + 1, greedy)
-        ids, feats = self.proposer.propose_rows(aux, greedy, pos, self.dcache)
+        proposer, dcache = self._drafting()
+        ids, feats = proposer.propose_rows(aux, greedy, pos, dcache)
         self.d1.copy_(ids.index_select(0, m))
         self.feat.copy_(feats.index_select(0, m))
         self.hist_m.index_copy_(0, self.counter, m)
@@ -264,7 +272,8 @@ class Decoder:
         self.n.fill_(p)
         self.counter.zero_()
         if speculative:
-            ids_, feats = self.proposer.propose_rows(aux, self.seq[1:p + 1], self.arange[:p], self.dcache)
+            proposer, dcache = self._drafting()
+            ids_, feats = proposer.propose_rows(aux, self.seq[1:p + 1], self.arange[:p], dcache)
             self.d1.copy_(ids_[-1:])
             self.feat.copy_(feats[-1:])
 
@@ -393,13 +402,15 @@ class Decoder:
 
     @torch.inference_mode()
     def _timed_draft_step(self) -> None:
-        self.proposer.propose_step(self.d1, self.feat, self.n, self.dcache)
+        proposer, dcache = self._drafting()
+        proposer.propose_step(self.d1, self.feat, self.n, dcache)
 
     @torch.inference_mode()
     def _timed_catchup(self, k: int) -> None:
         pos = self.n + self.arange[: k + 1]
         aux = self.feat.new_zeros(k + 1, self.target.config.hidden_size * len(self.layer_ids))
-        self.proposer.propose_rows(aux, self.seq.index_select(0, pos), pos, self.dcache)
+        proposer, dcache = self._drafting()
+        proposer.propose_rows(aux, self.seq.index_select(0, pos), pos, dcache)
 
 
 def required_len(prompt_len: int, max_new_tokens: int, k: int = 0, sync_every: int = 4) -> int:

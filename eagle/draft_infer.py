@@ -45,6 +45,8 @@ from eagle.llama_ops import (
 )
 
 if TYPE_CHECKING:
+    from transformers import LlamaConfig
+
     from eagle.checkpoint import Checkpoint
 
 
@@ -55,7 +57,7 @@ class DraftCheckpointError(CheckpointError, ValueError):
 
 @dataclass
 class DraftSpec:
-    layer_config: object  # transformers LlamaConfig of the drafter's decoder layers
+    layer_config: LlamaConfig  # of the drafter's decoder layers
     draft_vocab_size: int
     target_hidden_size: int
     layer_ids: list[int] | None
@@ -146,6 +148,8 @@ class _FirstLayer(nn.Module):
 class Drafter(nn.Module):
     """The EAGLE-3 draft model; also the decoder's proposer (see `propose_rows`, `propose_step`)."""
 
+    d2t: torch.Tensor  # a buffer
+
     def __init__(self, spec: DraftSpec, device=None, dtype=None) -> None:
         super().__init__()
         cfg = spec.layer_config
@@ -157,8 +161,8 @@ class Drafter(nn.Module):
                                       for _ in range(spec.num_aux)) if spec.fc_norm else None)
         self.fc = nn.Linear(aux_dim, h, bias=False, device=device, dtype=dtype)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h, device=device, dtype=dtype)
-        self.layers = nn.ModuleList([_FirstLayer(cfg, spec.norm_before_residual, device, dtype)] +
-                                    [DecoderLayer(cfg, device, dtype) for _ in range(1, cfg.num_hidden_layers)])
+        self.layers = nn.ModuleList([_FirstLayer(cfg, spec.norm_before_residual, device, dtype),
+                                     *(DecoderLayer(cfg, device, dtype) for _ in range(1, cfg.num_hidden_layers))])
         self.norm = RMSNorm(h, eps, device, dtype)
         self.lm_head = nn.Linear(h, spec.draft_vocab_size, bias=False, device=device, dtype=dtype)
         self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long, device=device))
@@ -172,7 +176,8 @@ class Drafter(nn.Module):
     def new_cache(self, max_len: int) -> KVCache:
         cfg = self.spec.layer_config
         w = self.fc.weight
-        return KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim_of(cfg), max_len, w.device, w.dtype)
+        kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads  # (the config fills it in so)
+        return KVCache(cfg.num_hidden_layers, kv_heads, head_dim_of(cfg), max_len, w.device, w.dtype)
 
     # -- the forward -------------------------------------------------------------------------
     def combine(self, aux: torch.Tensor) -> torch.Tensor:

@@ -101,6 +101,7 @@ def load_target_rows(model: Eagle3DraftModel, target: Target) -> None:
         model.embed_tokens.weight.copy_(w["embed_tokens.weight"])
         rows = w["lm_head.weight"]
         if model.use_draft_vocab:
+            assert model.t2d is not None  # set with the draft vocabulary
             rows = rows[model.t2d.to(device=rows.device, dtype=torch.bool)]
         model.lm_head.weight.copy_(rows)
         model.verifier_lm_head.weight.copy_(rows)
@@ -161,6 +162,7 @@ def load_drafter(
     target = open_target(verifier)
     ck = ck.for_target(target.num_layers)
     config = Eagle3SpeculatorConfig.from_dict(ck.config)
+    assert isinstance(config, Eagle3SpeculatorConfig)  # from_dict is typed as returning the base config
     config.speculators_config.verifier.name_or_path = verifier
     config.transformer_layer_config._attn_implementation = attn_impl
     for name in ("dtype", "torch_dtype"):
@@ -194,9 +196,10 @@ def init_from(
     layer, the final norm, input/fc norms) of `ck` as float32 masters, whatever their stored dtype;
     its layer shape and norm flags; the embedding and the lm_head rows of the draft vocabulary
     `d2t`/`t2d` (old or new) from the target, as a fresh drafter has them."""
+    flags: dict[str, Any] = ck.cfg.flags()
     model = build_drafter(target_dir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=ttt_steps,
                           layer_config=checkpoint_layer_config(ck), attn_impl=attn_impl,
-                          trust_remote_code=trust_remote_code, **ck.cfg.flags())
+                          trust_remote_code=trust_remote_code, **flags)
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     stored = ck.tensors(sorted(params))
     missing = sorted(set(params) - set(stored))

@@ -302,7 +302,7 @@ def summary_metrics(res: ExtractResult, ranks: Sequence[ExtractResult] | None) -
     extract_shard{K}_tokens/_bytes/_tok_s/_capture_tok_s. The rates only when something was extracted."""
     if res.shard != "0/1" and ranks is None:
         k = res.shard.split("/")[0]
-        named = {f"extract_shard{k}_tokens": res.tokens, f"extract_shard{k}_bytes": res.total_bytes}
+        named: dict[str, float] = {f"extract_shard{k}_tokens": res.tokens, f"extract_shard{k}_bytes": res.total_bytes}
         if res.new_tokens:
             named[f"extract_shard{k}_tok_s"] = res.tok_s
             named[f"extract_shard{k}_capture_tok_s"] = res.capture_tok_s
@@ -311,10 +311,10 @@ def summary_metrics(res: ExtractResult, ranks: Sequence[ExtractResult] | None) -
     if res.new_tokens:
         metrics["extract_tok_s"] = res.tok_s
         metrics["extract_capture_tok_s"] = res.capture_tok_s
-    for k, r in enumerate(ranks or []):
-        metrics[f"extract_rank{k}_tokens"] = r.new_tokens
-        metrics[f"extract_rank{k}_tok_s"] = r.tok_s
-        metrics[f"extract_rank{k}_capture_tok_s"] = r.capture_tok_s
+    for rank, r in enumerate(ranks or []):
+        metrics[f"extract_rank{rank}_tokens"] = r.new_tokens
+        metrics[f"extract_rank{rank}_tok_s"] = r.tok_s
+        metrics[f"extract_rank{rank}_capture_tok_s"] = r.capture_tok_s
     return metrics
 
 

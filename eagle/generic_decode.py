@@ -161,6 +161,7 @@ class GenericDecoder:
         t0 = time.perf_counter()
         # 1. prefill: the target's greedy token after the prompt, and the drafter's first proposal
         logits, aux = self.forward(prompt_ids, cache, self.layer_ids)
+        assert aux is not None  # the drafter's layers were asked for
         seq = list(prompt_ids) + [int(logits[-1].argmax())]
         with torch.inference_mode():
             ids, feats = self.proposer.propose_rows(aux, torch.tensor(seq[1:p + 1], **long),
@@ -181,6 +182,7 @@ class GenericDecoder:
                 draft_ids = torch.cat(drafts).tolist()
             # 3. verify all k drafts in one forward
             logits, aux = self.forward([seq[n]] + draft_ids, cache, self.layer_ids)
+            assert aux is not None
             greedy = logits.argmax(-1).tolist()
             m = 0
             while m < k and draft_ids[m] == greedy[m]:
@@ -220,12 +222,14 @@ class GenericDecoder:
             self._crop(cache, p)
 
         out = {"target_step": _time(step, iters, self.device), "verify": _time(verify, iters, self.device)}
-        if self.proposer is not None:
+        proposer = self.proposer
+        if proposer is not None:
+            assert aux is not None  # the drafter's layers were asked for
             dev = self._drafter_device
             long = {"dtype": torch.long, "device": dev}
-            dcache = self.proposer.new_cache(self.max_len)
+            dcache = proposer.new_cache(self.max_len)
             with torch.inference_mode():
-                ids, feats = self.proposer.propose_rows(aux, torch.tensor(list(prompt_ids[1:]) + [tok], **long),
+                ids, feats = proposer.propose_rows(aux, torch.tensor(list(prompt_ids[1:]) + [tok], **long),
                                                         torch.arange(p, **long), dcache)
             slot = torch.tensor([p], **long)
             rows = p + torch.arange(k + 1, **long)
@@ -234,11 +238,11 @@ class GenericDecoder:
 
             @torch.inference_mode()
             def draft_step() -> None:
-                self.proposer.propose_step(ids[-1:], feats[-1:], slot, dcache)
+                proposer.propose_step(ids[-1:], feats[-1:], slot, dcache)
 
             @torch.inference_mode()
             def catchup() -> None:
-                self.proposer.propose_rows(row_aux, row_tokens, rows, dcache)
+                proposer.propose_rows(row_aux, row_tokens, rows, dcache)
 
             out["draft_step"] = _time(draft_step, iters, self.device)
             out["catchup"] = _time(catchup, iters, self.device)

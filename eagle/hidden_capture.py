@@ -150,7 +150,7 @@ def _raw(t: torch.Tensor) -> memoryview:
     t = t.contiguous()
     if t.dtype in (torch.bfloat16, torch.float16):
         t = t.view(torch.int16)
-    return memoryview(t.numpy()).cast("B")
+    return t.numpy().data.cast("B")
 
 
 def write_safetensors(path: str | os.PathLike[str], tensors: dict[str, torch.Tensor], fsync: bool = True) -> int:
@@ -302,6 +302,7 @@ class CapturePipeline:
                 stats.main_wait_s += time.perf_counter() - w0
                 host = self._slot(slot, hs.numel())[: hs.numel()].view(hs.shape)
                 bad = torch.empty(bad_dev.shape, dtype=torch.bool, pin_memory=True)
+                assert copy_stream is not None  # made when self.cuda
                 ready = torch.cuda.Event()
                 ready.record(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(copy_stream):

@@ -54,6 +54,8 @@ def rope_inv_freq(config) -> tuple[torch.Tensor, float]:
 
 
 class Rope(nn.Module):
+    inv_freq: torch.Tensor  # a buffer
+
     """Rope tables for the rows' positions: (cos [T, D], signed sin [T, D]).
 
     The sign of rotate_half is folded into the sin table (its first half negated), so that
@@ -164,7 +166,7 @@ class Attention(nn.Module):
         t, hq, hkv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = self._qkv(x).view(t, hq + 2 * hkv, d)
         qk = qkv[:, : hq + hkv]
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:  # both or neither
             qk = torch.cat([self.q_norm(qk[:, :hq]), self.k_norm(qk[:, hq:])], dim=1)
         qk = apply_rope(qk, cos, sin)
         k_cache.index_copy_(1, slots, qk[:, hq:].transpose(0, 1))

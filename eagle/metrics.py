@@ -83,7 +83,7 @@ class SeriesWriter:
             return None  # the curve is a nicety: never fail a training run over it
 
     def write(self, step: int, values: dict[str, float]) -> None:
-        line = {"step": int(step)}
+        line: dict[str, float | None] = {"step": int(step)}
         for name, value in values.items():
             number = float(value)
             line[name] = number if math.isfinite(number) else None

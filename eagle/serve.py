@@ -675,15 +675,15 @@ def extract_vllm(model_dir: str | os.PathLike[str], samples: Sequence[Sequence[i
     the last layer before the final norm; dtype as served (bf16 on GPU, float32 on CPU by default).
     The server runs while the generator is consumed and is stopped when it finishes or is closed.
     """
-    samples = [list(map(int, s)) for s in samples]
-    if not samples:
+    rows = [list(map(int, s)) for s in samples]
+    if not rows:
         return
     storage_root = Path(tempfile.mkdtemp(prefix="eagle-vllm-hidden-"))
     try:
-        spec = extraction_spec(model_dir, samples, layer_ids, storage_root, flags or VllmFlags(), host_has_cuda(),
+        spec = extraction_spec(model_dir, rows, layer_ids, storage_root, flags or VllmFlags(), host_has_cuda(),
                                concurrency, dtype)
         with running_server(spec, startup_timeout, echo, prefix="eagle-vllm-extract-") as server:
-            yield from hidden_states_from(server, samples, len(layer_ids), concurrency)
+            yield from hidden_states_from(server, rows, len(layer_ids), concurrency)
     finally:
         shutil.rmtree(storage_root, ignore_errors=True)
 
@@ -728,6 +728,7 @@ def _cpu_connector_class() -> type:
                 return
             blocks = torch.tensor(pending.block_ids, dtype=torch.long)
             slots = (torch.arange(self._block_size).reshape(1, -1) + blocks.reshape(-1, 1) * self._block_size).flatten()
+            assert self._kv_cache is not None  # registered before any request
             hs = extract_from_kv_cache(self._kv_cache, slots, pending.token_ids.shape[0]).clone()
             os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
             lock_fd = self._lock_fds.pop(pending.req_id, None)
@@ -736,7 +737,7 @@ def _cpu_connector_class() -> type:
             finally:
                 if lock_fd is not None:
                     os.close(lock_fd)
-            self._req_copy_events[pending.req_id] = _Done()
+            self._req_copy_events[pending.req_id] = _Done()  # type: ignore[assignment]  # vLLM only calls .query() on these
 
     return CpuHiddenStatesConnector
 

@@ -166,6 +166,7 @@ def command(model: str | None, draft: str | None, k: int, vllm_args: tuple[str, 
         if bench_json is not None:
             dc = from_bench(bench_json)
         else:
+            assert model is not None and draft is not None  # checked above
             flags = serve.vllm_flags(vllm_args, trust_remote_code, eager)
             dc = deploy_commands(serve.server_spec(model, flags, cuda=True, dtype=dtype, draft=draft, k=k))
     finish(dc, as_json, show=lambda: click.echo(render(dc)))

@@ -255,7 +255,7 @@ class Target(BaseModel):
             raise EagleError(f"cannot load the target model at {self.path}: {exc}; are its weight files "
                              "complete?") from None
         if not spread:
-            model = model.to(dev)
+            model = model.to(dev)  # type: ignore[arg-type]  # transformers' decorated .to() has a wrong signature
         return model.eval()
 
     # -- weights without loading the model -----------------------------------------------

@@ -367,6 +367,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     target = open_target(model_dir, args.trust_remote_code)
     target.draft_layer_config(args.draft_shape)  # a bad shape fails here, before any work
     args = resolve_args(args, target.hidden_size, device)
+    data: DataSource
     if args.online:  # cheap checks first (layer ids, dataset, vocabulary), then the target's load
         from eagle.hidden_io import open_prepared
 
@@ -379,7 +380,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
         raise EagleError("--layer-ids goes with --online; offline hidden states carry their layers in "
                          f"{data_dir}/eagle_data.json (choose them in `eagle extract --layer-ids`)")
     else:
-        data: DataSource = dataset.HiddenStates(data_dir, args.batch_tokens)
+        data = dataset.HiddenStates(data_dir, args.batch_tokens)
         layer_ids = dataset.read_layer_ids(data_dir)
         d2t, t2d = dataset.read_vocab(data_dir)
         target.layer_ids(layer_ids, where=f"layer ids of {data_dir}/eagle_data.json")
@@ -402,14 +403,14 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
         say(f"fine-tuning {args.init_from} ({ck.layout} layout); {_vocab_change(ck, d2t)}; embedding and "
             f"lm_head rows from {model_dir}")
     else:
-        flags = {flag: bool(getattr(args, flag)) for flag in TRAIN_NORM_FLAGS}
+        flags: dict[str, Any] = {flag: bool(getattr(args, flag)) for flag in TRAIN_NORM_FLAGS}
         model = drafter.build_drafter(model_dir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=args.ttt_steps,
                                       shape=args.draft_shape, trust_remote_code=args.trust_remote_code, **flags)
     # The checkpoint records the target it was trained for (the writer makes a local path absolute).
     model.config.speculators_config.verifier.name_or_path = str(model_dir)
-    model.config.speculators_config.proposal_methods[0].speculative_tokens = args.ttt_steps
+    model.config.speculators_config.proposal_methods[0].speculative_tokens = args.ttt_steps  # type: ignore[attr-defined]  # speculators types the list as the base config; ours is greedy
     drafter.check_savable(model, out)  # a config the writer refuses fails now, not at save
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]  # transformers' decorated .to() has a wrong signature
     use_doc_attention(model)
     compile_settings()
 
@@ -424,6 +425,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
                          "lower --batch-tokens or use fewer processes")
     steps_per_epoch = -(-batches_per_epoch // accum)  # optimizer steps
     params = [p for p in model.parameters() if p.requires_grad]
+    assert args.lr is not None  # resolved before training (default_lr)
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     total = steps_per_epoch * args.epochs
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, int(total * args.warmup_fraction)))
@@ -480,8 +482,11 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     hdt = torch.bfloat16 if device.type == "cuda" else torch.float32
     pad_to = args.batch_tokens if args.shape_buckets else None
 
+    layout_multiple = args.layout_multiple
+    assert layout_multiple is not None  # resolved before training, with the shape buckets
+
     def make(idx: list[int]) -> dict[str, Any]:
-        return data.batch(idx, device, hdt, layout=True, layout_multiple=args.layout_multiple, pad_to=pad_to)
+        return data.batch(idx, device, hdt, layout=True, layout_multiple=layout_multiple, pad_to=pad_to)
 
     k, decay = args.ttt_steps, args.loss_decay
     tb = StepLog(out / "tensorboard" if (args.tensorboard and dist.main) else None, k, decay, series=dist.main)
@@ -523,7 +528,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
                 loss_sum += loss  # a device tensor: no host sync per step
                 tokens += data.tokens(batches[step])  # real tokens, padding not counted
                 if last:
-                    lr_now = sched.get_last_lr()[0]
+                    lr_now = float(sched.get_last_lr()[0])
                     optimizer_step(opt, sched, params)
                     opt_step += 1
                     tb.step(opt_step, group, in_group, lr_now)

@@ -183,7 +183,7 @@ def build_vocab(data: Path, draft_vocab: int | None = None, model: Path | None =
     if from_draft is not None:
         d2t, t2d = draft_maps(from_draft, vocab_size)
     counts = count_tokens(zip(ds["input_ids"], ds["loss_mask"], strict=True), vocab_size)
-    if from_draft is None:
+    if draft_vocab is not None:  # (then from_draft is None)
         d2t, t2d = build_maps(choose_top(counts, draft_vocab), vocab_size)
     problems = check_maps(d2t, t2d)
     if problems:  # cannot happen for maps we built or checked; guards future edits

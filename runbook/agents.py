@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from runbook.mdtext import detect_newline, ends_with_newline
 
@@ -23,7 +24,7 @@ def runbook_argv() -> list[str]:
     return [sys.executable, "-c", "from runbook.cli import main; main()"]
 
 
-def client_config(root: str | Path | None = None, command: list[str] | None = None) -> dict:
+def client_config(root: str | Path | None = None, command: list[str] | None = None) -> dict[str, Any]:
     """The `mcpServers` entry (Claude Code's .mcp.json, Claude Desktop, Cursor, ...) that starts
     `runbook mcp` for the workspace at `root` (None: the directory the host starts it in)."""
     argv = command or ["runbook"]

@@ -46,6 +46,14 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bo
         _fsync_dir(target.parent)
 
 
+def remove_stale_temps(path: str | os.PathLike[str]) -> None:
+    """Remove the temp files a killed `atomic_write_bytes` of `path` left beside it. Call only
+    where nobody else can be writing `path` (under runbook's write lock)."""
+    target = Path(path)
+    for tmp in target.parent.glob(f".{target.name}.*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
 def _umask() -> int:
     """The process umask, read without changing it where /proc tells it (thread-safe)."""
     try:

@@ -13,15 +13,20 @@ leaves no dangling reference.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from runbook.contract import Brief, MilestoneText, NoteStep, iso_utc, parse_utc, top_metrics
 from runbook.formatting import format_took, format_value
 from runbook.mdtext import to_lf
-from runbook.model import Plan, RunRecord
+from runbook.model import Expr, Metrics, Plan, RunRecord
 from runbook.notes import read_framing, read_lessons, read_milestones, read_next_steps, read_status
 from runbook.planstate import PlanState
 from runbook.templates import render
+
+if TYPE_CHECKING:
+    from runbook.ledger_index import LedgerIndex
+    from runbook.workspace import Workspace
 
 __all__ = ["DEFAULT_MAX_CHARS", "build_brief", "fit_brief", "headline", "ran_since", "render_brief", "status_block",
            "top_metrics"]
@@ -31,18 +36,18 @@ DEFAULT_MAX_CHARS = 6000
 _WHEN = re.compile(r"(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(?::\d{2})?(?:\s*UTC|Z)?)")
 
 
-def judge_leaves(expr, metrics: dict) -> list[tuple[str, str]]:
+def judge_leaves(expr: Expr, metrics: Metrics) -> list[tuple[str, str]]:
     """Each comparison of `expr` against `metrics`: (pass | fail | inconclusive, its text)."""
     from runbook.criteria import FAILED_MARK, evaluate
 
     out = []
     for c in evaluate(expr, metrics).comparisons:
-        word = {True: "pass", False: "fail"}.get(c.held, "inconclusive")  # type: ignore[arg-type]
+        word = "inconclusive" if c.held is None else "pass" if c.held else "fail"
         out.append((word, (FAILED_MARK if c.held is False else "") + c.text))
     return out
 
 
-def headline(plan: Plan, plan_rel: str, ledger, state: PlanState) -> list[str]:
+def headline(plan: Plan, plan_rel: str, ledger: LedgerIndex, state: PlanState) -> list[str]:
     """Headline metrics against the goal: the next (or last) phase's criterion, against each
     metric's value in the latest run of the plan that wrote it, and the other phases' metrics it
     names; `ledger`: the workspace's `ledger_index.LedgerIndex` (nothing else is read)."""
@@ -65,7 +70,7 @@ def headline(plan: Plan, plan_rel: str, ledger, state: PlanState) -> list[str]:
     return [f"Goal of {phase.display_name} (`{goal}`): " + " · ".join(t for _v, t in leaves)]
 
 
-def status_block(plan: Plan, plan_rel: str, ledger, updated: str, state: PlanState) -> str:
+def status_block(plan: Plan, plan_rel: str, ledger: LedgerIndex, updated: str, state: PlanState) -> str:
     """The inner Markdown of the notes' status block (templates/notes-status.md.j2); `ledger` as
     for `headline`."""
     nxt = state.view.next
@@ -144,7 +149,7 @@ def mark_next_steps(steps: list[str], plan: Plan, later: Callable[[str], RunReco
     return out
 
 
-def ran_since(ws, updated: str | None) -> Callable[[str], RunRecord | None]:
+def ran_since(ws: Workspace, updated: str | None) -> Callable[[str], RunRecord | None]:
     """For `mark_next_steps`: a phase's latest run of the workspace's plan that ended (or, unended,
     started) after `updated`, from the ledger's index."""
     since = parse_utc(updated)
@@ -160,7 +165,7 @@ def ran_since(ws, updated: str | None) -> Callable[[str], RunRecord | None]:
     return later
 
 
-def build_brief(ws, state: PlanState, notes_text: str | None = None) -> Brief:
+def build_brief(ws: Workspace, state: PlanState, notes_text: str | None = None) -> Brief:
     """Everything the brief says, uncut, for a `workspace.Workspace` and its PlanState."""
     plan = ws.plan
     heading_title, goal = plan_preamble(plan)
@@ -185,7 +190,7 @@ def build_brief(ws, state: PlanState, notes_text: str | None = None) -> Brief:
     )
 
 
-def _metrics_text(metrics: dict, sep: str) -> str:
+def _metrics_text(metrics: Mapping[str, object], sep: str) -> str:
     return sep.join(f"{name} {format_value(value) if isinstance(value, (int, float)) else value}"
                     for name, value in metrics.items())
 

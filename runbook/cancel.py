@@ -21,9 +21,13 @@ import signal
 import socket
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from runbook.contract import CancelResult, RunView
 from runbook.errors import RunbookError
+
+if TYPE_CHECKING:
+    from runbook.workspace import Workspace
 
 __all__ = ["CANCEL_MARK", "cancel"]
 
@@ -40,7 +44,7 @@ def _is_runbook(pid: int) -> bool:
         return False
 
 
-def cancel(ws, *, wait_s: float, say: Say, warn: Say) -> CancelResult:
+def cancel(ws: Workspace, *, wait_s: float, say: Say, warn: Say) -> CancelResult:
     from runbook.ledger import find_run
     from runbook.lock import read_lock
     from runbook.procs import pid_alive
@@ -84,7 +88,7 @@ def cancel(ws, *, wait_s: float, say: Say, warn: Say) -> CancelResult:
     return _settle_dead(ws, say, warn)
 
 
-def _settle_dead(ws, say: Say, warn: Say) -> CancelResult:
+def _settle_dead(ws: Workspace, say: Say, warn: Say) -> CancelResult:
     from runbook import runner
     from runbook.live import death_reason, orphans
     from runbook.lock import LockHeld, run_lock

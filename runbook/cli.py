@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -75,8 +76,8 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in COMMANDS or not _available(name):
             return None
-        module = importlib.import_module(COMMANDS[name][0])
-        return module.command
+        command: click.Command = importlib.import_module(COMMANDS[name][0]).command
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
@@ -84,7 +85,8 @@ class LazyGroup(click.Group):
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
         code = run(self, argv, prog_name or "runbook", complete_var, **extra)
         if standalone_mode:
@@ -172,7 +174,7 @@ def _emit(out: Output, name: str, as_json: bool) -> None:
         click.echo(out.text, nl=not ends_with_newline(out.text))
 
 
-def _refuse(exc, name: str, as_json: bool) -> int:
+def _refuse(exc: RunbookError, name: str, as_json: bool) -> int:
     """A RunbookError as output: text on stderr, or the error envelope on stdout under --json."""
     if as_json:
         from runbook.contract import envelope_json

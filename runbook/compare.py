@@ -76,7 +76,7 @@ def unknown(names: list[str] | tuple[str, ...], runs: list[RunRecord]) -> list[s
 def sort_runs(runs: list[RunRecord], name: str, descending: bool = False) -> list[RunRecord]:
     """Runs ordered by column `name` (numbers numerically, text as text); runs without a value
     last, in their own order."""
-    def key(item: tuple[int, RunRecord]) -> tuple:
+    def key(item: tuple[int, RunRecord]) -> tuple[int, float, str, int]:
         v = value(item[1], name)
         if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)):
             return (0, -v if descending else v, "", item[0])
@@ -177,11 +177,11 @@ def diff(a: RunRecord, b: RunRecord, changed_files: list[str] | None = None) -> 
             lines = list(difflib.unified_diff((ca or "").splitlines(), (cb or "").splitlines(), lineterm="", n=1))
             commands.append(CommandChange(step=step, a=ca, b=cb, diff=lines[2:]))
 
-    ca, cb = RunView.of(a).comparisons, RunView.of(b).comparisons
+    judged_a, judged_b = RunView.of(a).comparisons, RunView.of(b).comparisons
     comparisons = []
-    for i in range(max(len(ca), len(cb))):
-        x = ca[i] if i < len(ca) else None
-        y = cb[i] if i < len(cb) else None
+    for i in range(max(len(judged_a), len(judged_b))):
+        x = judged_a[i] if i < len(judged_a) else None
+        y = judged_b[i] if i < len(judged_b) else None
         comparisons.append(ComparisonChange(
             a=x.text if x else None, b=y.text if y else None,
             a_held=x.held if x else None, b_held=y.held if y else None,

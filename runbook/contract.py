@@ -25,15 +25,17 @@ import math
 import re
 import signal as _signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from runbook.criteria import Comparison
 from runbook.model import Problem, RunRecord, SeriesInfo, StepResult, Verdict, criterion_display
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
+V = TypeVar("V")
 
 PhaseState = Literal["not_run", "running", "passed", "failed", "inconclusive", "stale", "resumable"]
 NextKind = Literal["run", "resume", "retry", "nothing", "blocked", "running"]
@@ -163,7 +165,7 @@ class StepView(Model):
         )
 
 
-def top_metrics(metrics: dict) -> dict:
+def top_metrics(metrics: Mapping[str, V]) -> dict[str, V]:
     """Merged metrics without the per-step "<step-id>.<name>" copies."""
     return {k: v for k, v in metrics.items() if not re.match(r"^step-[^.]+\.", k)}
 
@@ -236,7 +238,7 @@ def failures(record: RunRecord, comparisons: list[Comparison]) -> list[str]:
             if c.held is not None:
                 continue
             if c.operands or any(_phase_ref_like(n) for n in (c.metric, c.threshold_metric)):
-                unknown = [n for n, v in c.operands.items() if v is None] or [c.metric or c.threshold_metric]
+                unknown = [n for n, v in c.operands.items() if v is None] or [str(c.metric or c.threshold_metric)]
                 out.append(f"{c.text}: no value for {', '.join(str(n) for n in unknown)}")
             else:
                 out.append(f"{c.text}: no step wrote {c.metric or c.threshold_metric}")
@@ -257,7 +259,7 @@ def failures(record: RunRecord, comparisons: list[Comparison]) -> list[str]:
 
 def _phase_ref_like(name: str | None) -> bool:
     """`phase-0.acc`-like: a dotted name that is not a step's own copy (`step-2.loss`)."""
-    return bool(name) and "." in name and not re.match(r"^step-[^.]+\.", name)  # type: ignore[arg-type]
+    return name is not None and "." in name and not re.match(r"^step-[^.]+\.", name)
 
 
 class StepLine(Model):
@@ -577,7 +579,7 @@ class InitResult(Model):
     plan: str
     notes: str | None
     git_init: bool  # `git init` was run
-    mcp_config: dict = {}  # the `mcpServers` entry an agent host needs to start `runbook mcp` here
+    mcp_config: dict[str, Any] = {}  # the `mcpServers` entry an agent host needs to start `runbook mcp` here
 
 
 class ForgetResult(Model):
@@ -640,7 +642,7 @@ class Envelope(Model, Generic[T]):
 
 def envelope_json(command: str, exit_code: int, result: BaseModel | None = None, error: ErrorInfo | None = None) -> str:
     """The one JSON document a `--json` command prints."""
-    data: dict = {"schema_version": SCHEMA_VERSION, "command": command, "ok": error is None, "exit_code": exit_code}
+    data: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "command": command, "ok": error is None, "exit_code": exit_code}
     if error is None:
         data["result"] = _finite(result.model_dump(mode="json")) if result is not None else None
     else:
@@ -659,11 +661,12 @@ def _finite(value: object) -> object:
     return value
 
 
-def output_schema(command: str) -> dict:
+def output_schema(command: str) -> dict[str, Any]:
     """The JSON Schema of `runbook COMMAND --json`'s output (its envelope)."""
     if command not in RESULTS:
         raise KeyError(f"no command {command!r}; commands: {', '.join(RESULTS)}")
-    model = Envelope[RESULTS[command]]  # type: ignore[valid-type]
+    model = Envelope.__class_getitem__(RESULTS[command])  # Envelope[...] of a model chosen at run time
+    assert isinstance(model, type)
     schema = model.model_json_schema()
     schema["title"] = f"runbook {command} --json"
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"

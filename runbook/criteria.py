@@ -40,12 +40,26 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel
 
 from runbook.formatting import format_value
-from runbook.model import Arith, BoolOp, Compare, CompareOp, Expr, MetricRef, Neg, Not, Number, Operand, Text
+from runbook.model import (
+    Arith,
+    ArithOp,
+    BoolOp,
+    Compare,
+    CompareOp,
+    Expr,
+    MetricRef,
+    Neg,
+    Not,
+    Number,
+    Operand,
+    Text,
+)
 
 __all__ = [
     "FAILED_MARK",
@@ -167,11 +181,10 @@ def _tokenize(text: str, base_col: int) -> list[_Tok]:
 
 # ---- parser --------------------------------------------------------------------------------
 
-_CONDITIONS = ("compare", "and", "or", "not")
-
-
-def _is_condition(node: Expr | Operand) -> bool:
-    return node.kind in _CONDITIONS
+_CONDITIONS = (Compare, BoolOp, Not)  # the nodes of Expr; the others are values (Operand)
+# a token's text as the tree's operator (the tokenizer's `op` and `arith` groups match only these)
+_COMPARE_OPS: dict[str, CompareOp] = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==", "!=": "!="}
+_ARITH_OPS: dict[str, ArithOp] = {"+": "+", "-": "-", "*": "*", "/": "/"}
 
 
 class _Parser:
@@ -218,11 +231,11 @@ class _Parser:
 
     def condition(self, node: Expr | Operand, nxt: _Tok) -> Expr:
         """`node` where a condition is needed: a value alone is an error at the token after it."""
-        if _is_condition(node):
-            return node  # type: ignore[return-value]
+        if isinstance(node, _CONDITIONS):
+            return node
         what = "the end" if nxt.kind == "end" else repr(nxt.text)
         raise CriterionError(
-            f"expected a comparison (< <= > >= == !=) after {_operand_text(node)!r}, found {what}", nxt.col  # type: ignore[arg-type]
+            f"expected a comparison (< <= > >= == !=) after {_operand_text(node)!r}, found {what}", nxt.col
         )
 
     def parse_or(self) -> Expr | Operand:
@@ -260,26 +273,26 @@ class _Parser:
         left = self.parse_sum()
         if self.peek().kind != "op":
             nxt = self.peek()
-            if not _is_condition(left) and nxt.kind != "rpar":
+            if not isinstance(left, _CONDITIONS) and nxt.kind != "rpar":
                 self.condition(left, nxt)  # raises: a value alone
             return left
-        self.value(left, start)
+        side = self.value(left, start)
         compares: list[Compare] = []
         while self.peek().kind == "op":
-            op = self.take().text
+            op = _COMPARE_OPS[self.take().text]
             at = self.peek()
             right = self.value(self.parse_sum(), at)
-            compares.append(Compare.model_construct(kind="compare", left=left, op=op, right=right))
-            left = right
+            compares.append(Compare.model_construct(kind="compare", left=side, op=op, right=right))
+            side = right
         return compares[0] if len(compares) == 1 else BoolOp.model_construct(kind="and", items=list(compares))
 
     def value(self, node: Expr | Operand, at: _Tok) -> Operand:
         """`node` where a value is needed (a side of a comparison, an arithmetic operand)."""
-        if _is_condition(node):
+        if isinstance(node, _CONDITIONS):
             raise CriterionError(
                 "a condition cannot be compared or computed with; compare values: `(a + b) / 2 >= 1`", at.col
             )
-        return node  # type: ignore[return-value]
+        return node
 
     def parse_sum(self) -> Expr | Operand:
         return self.parse_level(("+", "-"), self.parse_term)
@@ -287,15 +300,15 @@ class _Parser:
     def parse_term(self) -> Expr | Operand:
         return self.parse_level(("*", "/"), self.parse_unary)
 
-    def parse_level(self, ops: tuple[str, str], operand) -> Expr | Operand:
+    def parse_level(self, ops: tuple[str, str], operand: Callable[[], Expr | Operand]) -> Expr | Operand:
         start = self.peek()
         first = operand()
         if not (self.peek().kind == "arith" and self.peek().text in ops):
             return first
         items = [self.number(first, start)]
-        signs: list[str] = []
+        signs: list[ArithOp] = []
         while self.peek().kind == "arith" and self.peek().text in ops:
-            signs.append(self.take().text)
+            signs.append(_ARITH_OPS[self.take().text])
             at = self.peek()
             items.append(self.number(operand(), at))
         return Arith.model_construct(kind="arith", items=items, ops=signs)
@@ -326,7 +339,7 @@ class _Parser:
             inner = self.parse_or()
             close = self.peek()
             if close.kind != "rpar":
-                if not _is_condition(inner):
+                if not isinstance(inner, _CONDITIONS):
                     self.condition(inner, close)  # raises: "expected a comparison after ..."
                 raise CriterionError("missing ')': a '(' is never closed", close.col)
             self.take()
@@ -559,19 +572,19 @@ def _judge(expr: Expr, values: dict[str, float | str], outer: int) -> tuple[Tri,
         return "fail", FAILED_MARK + text
     if isinstance(expr, Not):
         verdict, text = _judge(expr.item, values, prec)
-        flipped: Tri = {"pass": "fail", "fail": "pass"}.get(verdict, "inconclusive")  # type: ignore[assignment]
+        flipped: Tri = "fail" if verdict == "pass" else "pass" if verdict == "fail" else "inconclusive"
         return flipped, _paren(f"not {text}", prec, outer)
     parts = [_judge(item, values, prec + 1 if item.kind == expr.kind else prec) for item in expr.items]
     verdicts = {v for v, _ in parts}
     decisive: Tri = "fail" if expr.kind == "and" else "pass"
     if decisive in verdicts:
-        verdict: Tri = decisive
+        overall: Tri = decisive
     elif "inconclusive" in verdicts:
-        verdict = "inconclusive"
+        overall = "inconclusive"
     else:
-        verdict = "pass" if expr.kind == "and" else "fail"
+        overall = "pass" if expr.kind == "and" else "fail"
     text = f" {expr.kind} ".join(t for _, t in parts)
-    return verdict, _paren(text, prec, outer)
+    return overall, _paren(text, prec, outer)
 
 
 def _paren(text: str, prec: int, outer: int) -> str:
@@ -588,9 +601,9 @@ def _side(node: Operand, values: dict[str, float | str]) -> tuple[float | str | 
     if isinstance(node, (Number, Text)):
         return node.value, _operand_text(node)
     if node.name in values:
-        value = values[node.name]
-        shown = f'"{format_value(value)}"' if isinstance(value, str) else format_value(value)
-        return value, f"{node.name} {shown}"
+        metric = values[node.name]
+        shown = f'"{format_value(metric)}"' if isinstance(metric, str) else format_value(metric)
+        return metric, f"{node.name} {shown}"
     return None, f"{node.name} (missing)"
 
 
@@ -619,8 +632,8 @@ def _compute(node: Operand, values: dict[str, float | str]) -> tuple[float | Non
     if isinstance(node, Neg):
         value, text, problem = _compute(node.item, values)
         return (None if value is None else -value), "-" + _wrapped(node.item, text, None, 0), problem
-    value, text = _side(node, values)
-    if isinstance(value, str):
+    side, text = _side(node, values)
+    if isinstance(side, str):
         return math.nan, text, f"{node.name if isinstance(node, MetricRef) else text} is not a number"
-    return value, text, None
+    return side, text, None
 

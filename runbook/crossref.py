@@ -77,9 +77,9 @@ def resolve(plan: Plan, phase: Phase, expr: Expr | None, runs: list[RunRecord]) 
         return refs
     index = phase_index(plan)
     latest: dict[str, RunRecord] = {}
-    for run in runs:
-        if run.verdict in COUNTED:
-            latest[run.phase] = run
+    for record in runs:
+        if record.verdict in COUNTED:
+            latest[record.phase] = record
     for name in metric_names(expr):
         found = split(name, index)
         if found is None or found[0].id == phase.id:

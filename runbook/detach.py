@@ -23,6 +23,7 @@ its Slurm job.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import select
@@ -31,10 +32,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pydantic import BaseModel
 
 from runbook.errors import RunbookError
+
+if TYPE_CHECKING:
+    from runbook.live import LiveRun
+    from runbook.lock import RunLock
+    from runbook.workspace import Workspace
 
 __all__ = ["Started", "SupervisorSpec", "main", "start"]
 
@@ -67,7 +74,7 @@ class Started:
     reattached: bool = False
 
 
-def start(ws, lock, *, plan_opt: str | None, phase_ref: str | None, restart: bool, until_stop: bool,
+def start(ws: Workspace, lock: RunLock, *, plan_opt: str | None, phase_ref: str | None, restart: bool, until_stop: bool,
           no_commit: bool, run_id: str, sets: list[str] | None = None) -> Started:
     """Start the supervisor, hand it the run lock, and wait until its run has started."""
     from runbook import procs
@@ -114,8 +121,8 @@ def start(ws, lock, *, plan_opt: str | None, phase_ref: str | None, restart: boo
                    supervisor_log=ws.rel(log_path), reattached=bool(started.get("reattached")))
 
 
-def _handshake(fd: int, proc: subprocess.Popen) -> list[dict]:
-    events: list[dict] = []
+def _handshake(fd: int, proc: subprocess.Popen[bytes]) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
     buffer = b""
     deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -137,7 +144,7 @@ def _handshake(fd: int, proc: subprocess.Popen) -> list[dict]:
     return events
 
 
-def _exit_code(proc: subprocess.Popen) -> int | None:
+def _exit_code(proc: subprocess.Popen[bytes]) -> int | None:
     try:
         return proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
@@ -157,7 +164,7 @@ class _Pipe:
     """The handshake pipe to the caller; closed once the run has started (the caller then exits)."""
 
     def __init__(self, fd: int) -> None:
-        self.handle = os.fdopen(fd, "w", encoding="utf-8")
+        self.handle: TextIO | None = os.fdopen(fd, "w", encoding="utf-8")
 
     def send(self, event: str, **fields: object) -> None:
         if self.handle is None:
@@ -180,9 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     spec = SupervisorSpec.model_validate_json(args[0])
     pipe = _Pipe(spec.fd)
-    with contextlib.suppress(AttributeError, ValueError):
-        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-        sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):  # else replaced by something else: leave it as it is
+            with contextlib.suppress(ValueError):
+                stream.reconfigure(line_buffering=True)
     print(f"supervisor pid {os.getpid()} (started by pid {spec.caller_pid}) for run {spec.run_id}", flush=True)
     code = 2
     try:
@@ -220,7 +228,7 @@ def _supervise(spec: SupervisorSpec, pipe: _Pipe) -> int:
         runner = _Next(spec.plan_opt, spec.phase_ref, spec.restart, spec.until_stop, True, spec.no_commit, False,
                        spec.sets)
 
-        def started(live) -> None:
+        def started(live: LiveRun) -> None:
             pipe.send("started", run_id=live.run_id, phase=live.phase, reattached=bool(live.jobs))
             pipe.close()
 

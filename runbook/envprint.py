@@ -24,6 +24,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from runbook.model import EnvFingerprint
 from runbook.redact import redact_credentials
@@ -73,7 +74,7 @@ def selected_env(environ: Mapping[str, str]) -> dict[str, str]:
     return dict(sorted(kept.items()))
 
 
-def probe_torch(timeout_s: float = PROBE_TIMEOUT_S) -> dict:
+def probe_torch(timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
     """torch / CUDA / GPU names from a subprocess; {} when torch is missing, broken or slow."""
     env = {k: v for k, v in os.environ.items() if not is_secret_name(k)}
     try:
@@ -113,14 +114,15 @@ def _cache_key() -> str | None:
     return "|".join(parts)
 
 
-def probe_torch_cached(timeout_s: float = PROBE_TIMEOUT_S) -> dict:
+def probe_torch_cached(timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
     """`probe_torch`, remembered while the host, interpreter and torch install stay the same."""
     key = _cache_key()
     path = _cache_file()
     try:
         cached = json.loads(path.read_text(encoding="utf-8"))
-        if key is not None and isinstance(cached, dict) and key in cached:
-            return cached[key]
+        if key is not None and isinstance(cached, dict) and isinstance(cached.get(key), dict):
+            found: dict[str, Any] = cached[key]
+            return found
     except (OSError, json.JSONDecodeError):
         cached = {}
     found = probe_torch(timeout_s)

@@ -42,12 +42,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any, BinaryIO
 
 from runbook import procs
 from runbook.bounded import NotReadable, read_bounded
 from runbook.ledger import iso, run_dir, tail_lines, utc_now
-from runbook.model import Metrics, StepResult
+from runbook.model import Expr, Metrics, StepResult
 from runbook.redact import redact_credentials
 
 KILL_GRACE_S = 5.0
@@ -85,7 +86,7 @@ class Interrupts:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.count = 0
-        self._old: dict[int, object] = {}
+        self._old: dict[int, Callable[[int, FrameType | None], Any] | int] = {}
 
     def _handle(self, signum: int, _frame: object) -> None:
         self.count += 1
@@ -98,18 +99,29 @@ class Interrupts:
 
     def __enter__(self) -> Interrupts:
         for sig in _SIGNALS:
-            self._old[sig] = signal.signal(sig, self._handle)
+            old = signal.signal(sig, self._handle)
+            self._old[sig] = signal.SIG_DFL if old is None else old  # None: a handler not set from Python
         return self
 
     def __exit__(self, *exc: object) -> None:
         for sig, old in self._old.items():
-            signal.signal(sig, old)  # type: ignore[arg-type]
+            signal.signal(sig, old)
 
 
 METRICS_MAX_BYTES = 1 << 20  # a metrics file is a small JSON object
 METRICS_MAX_COUNT = 1000
 METRIC_STRING_MAX = 1000
 _DIGITS_MAX = 300  # an integer longer than this is not a measurement
+
+
+def stop_cause(interrupts: Interrupts | None, deadline: float | None, now: float) -> str | None:
+    """Why a running step must stop now: "interrupted" (a signal came), "timeout" (the phase's
+    deadline passed), or None (it runs on). The one rule for every executor (local, Slurm)."""
+    if interrupts is not None and interrupts.signum is not None:
+        return "interrupted"
+    if deadline is not None and now >= deadline:
+        return "timeout"
+    return None
 
 
 class _NotANumber(ValueError):
@@ -167,7 +179,7 @@ def _json_type(value: Any) -> str:
     )
 
 
-def _flatten(prefix: str, data: dict, out: Metrics, where: str, depth: int) -> None:
+def _flatten(prefix: str, data: dict[str, Any], out: Metrics, where: str, depth: int) -> None:
     if depth > 16:
         raise MetricsError(f"{where}: objects nested more than 16 deep at {prefix!r}")
     for key, value in data.items():
@@ -295,10 +307,7 @@ def _run_one(
             while True:
                 now = time.monotonic()
                 if cause is None:
-                    if interrupts is not None and interrupts.signum is not None:
-                        cause = "interrupted"
-                    elif deadline is not None and now >= deadline:
-                        cause = "timeout"
+                    cause = stop_cause(interrupts, deadline, now)
                     if cause is not None:
                         killed_at = now
                         stop(signal.SIGTERM)
@@ -471,7 +480,7 @@ def merge_metrics(results: list[StepResult]) -> Metrics:
 
 
 def judge(
-    criterion_expr: object | None, metrics: Metrics, results: list[StepResult] | None = None,
+    criterion_expr: Expr | None, metrics: Metrics, results: list[StepResult] | None = None,
     ref_missing: dict[str, str] | None = None,
 ) -> tuple[str, str]:
     """Verdict and one-line reason for a phase whose steps all exited 0.

@@ -17,6 +17,10 @@ import contextlib
 import hashlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import git
 
 _IN_PROGRESS = (
     ("MERGE_HEAD", "a merge", "git merge --continue / git merge --abort"),
@@ -50,7 +54,7 @@ def git_dir(root: str | os.PathLike[str]) -> Path | None:
     return None
 
 
-def _repo(root: str | os.PathLike[str]):  # -> git.Repo
+def _repo(root: str | os.PathLike[str]) -> git.Repo:
     import git  # imported only when runbook talks to git
 
     try:
@@ -59,7 +63,7 @@ def _repo(root: str | os.PathLike[str]):  # -> git.Repo
         raise GitStateError(f"{root} is not a git repository") from exc
 
 
-def _git_error():
+def _git_error() -> type[git.GitCommandError]:
     import git
 
     return git.GitCommandError
@@ -69,9 +73,10 @@ def head_commit(root: str | os.PathLike[str]) -> str | None:
     """The commit HEAD points at; None in a repository with no commits yet."""
     repo = _repo(root)
     try:
-        return repo.git.rev_parse("--verify", "-q", "HEAD")
+        head: str = repo.git.rev_parse("--verify", "-q", "HEAD")
     except _git_error():
         return None
+    return head
 
 
 def in_progress(root: str | os.PathLike[str]) -> str | None:
@@ -103,7 +108,7 @@ def check_can_commit(root: str | os.PathLike[str], paths: list[str] | None = Non
         ) from exc
 
 
-def _refuse_ignored(repo, paths: list[str]) -> None:  # repo: git.Repo
+def _refuse_ignored(repo: git.Repo, paths: list[str]) -> None:
     """GitStateError naming the paths git ignores (untracked and matched by an ignore rule)."""
     if not paths:
         return
@@ -148,7 +153,7 @@ def changed_tracked(root: str | os.PathLike[str], limit: int = 100) -> list[str]
     return paths
 
 
-def _sign_args(repo) -> list[str]:  # repo: git.Repo
+def _sign_args(repo: git.Repo) -> list[str]:
     """`-S` when the user asked git to sign commits (commit.gpgsign), else nothing."""
     try:
         value = repo.git.config("--bool", "--get", "commit.gpgsign")
@@ -189,9 +194,10 @@ def show_blob(root: str | os.PathLike[str], blob: str) -> str | None:
     """The text of a blob by id, None if the repository does not have it."""
     try:
         repo = _repo(root)
-        return repo.git.cat_file("-p", blob, strip_newline_in_stdout=False)
+        text: str = repo.git.cat_file("-p", blob, strip_newline_in_stdout=False)
     except (GitStateError, _git_error()):
         return None
+    return text
 
 
 def changed_files(root: str | os.PathLike[str], commit: str, other: str | None = None) -> list[str] | None:
@@ -281,7 +287,7 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -
     return commit
 
 
-def _gc_auto(repo) -> None:  # repo: git.Repo
+def _gc_auto(repo: git.Repo) -> None:
     """`git gc --auto`, as `git commit` runs after each commit (plumbing commits skip it).
 
     Without it every run leaves a new `state/runs` tree object loose, and a long project's `.git`

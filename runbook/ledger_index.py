@@ -45,8 +45,9 @@ import marshal
 import os
 import struct
 import time
+from datetime import datetime
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 from runbook.ledger import parse_run, read_record_bytes, runs_dir, unreadable_text
 from runbook.model import RunRecord
@@ -76,6 +77,12 @@ class Row(NamedTuple):
     moment: int | None  # `finished or started` as UTC epoch seconds (`contract.parse_utc`); None: no time
     verdict: str
     start_s: int | None  # `started` as UTC epoch seconds; None: not a time
+
+
+# the stored forms (marshal-able): a Row as a plain tuple, the head, the metrics of each file
+RawRow = tuple[Any, ...]
+Head = dict[str, Any]
+FileMetrics = dict[str, Any]
 
 
 def index_path(state_dir: str | os.PathLike[str]) -> Path:
@@ -118,7 +125,7 @@ def _sealed(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16, key=_key()).digest()
 
 
-def _order(row: tuple) -> tuple[str, str, str]:
+def _order(row: RawRow) -> tuple[str, str, str]:
     return (row[5], row[2], row[0])  # (started, run_id, file name): ledger.load_runs's order
 
 
@@ -161,8 +168,8 @@ def _scan(folder: Path, dirs: list[str] | None = None) -> dict[str, Sig | None]:
 
 
 class _Read(NamedTuple):
-    row: tuple | None  # a Row as a plain tuple, when the record is readable
-    metrics: dict | None  # its merged metrics without the per-step copies
+    row: RawRow | None  # a Row as a plain tuple, when the record is readable
+    metrics: FileMetrics | None  # its merged metrics without the per-step copies
     error: str | None  # why not (the first line of the exception)
     volatile: bool  # an OSError: tried again on every open, never cached
     digest: bytes
@@ -185,18 +192,18 @@ def _read_one(folder: Path, name: str) -> _Read:
     return _Read(_summary(name, digest, record), _top_metrics(record), None, False, digest)
 
 
-def _summary(name: str, digest: bytes, record: RunRecord) -> tuple:
+def _summary(name: str, digest: bytes, record: RunRecord) -> RawRow:
     from runbook.contract import parse_utc
 
     return (name, digest, record.run_id, record.plan, record.phase, record.started,
             _epoch(parse_utc(record.finished or record.started)), record.verdict, _epoch(parse_utc(record.started)))
 
 
-def _epoch(moment) -> int | None:
+def _epoch(moment: datetime | None) -> int | None:
     return int(moment.timestamp()) if moment is not None else None
 
 
-def _top_metrics(record: RunRecord) -> dict:
+def _top_metrics(record: RunRecord) -> FileMetrics:
     from runbook.contract import top_metrics
 
     return top_metrics(record.metrics)
@@ -209,12 +216,12 @@ class _Stored:
     """An index file as read: the head at once, the rows and metrics sections when asked for (read
     from the same open file, so a newer index renamed into place meanwhile cannot mix in)."""
 
-    def __init__(self, handle, fields: tuple) -> None:
+    def __init__(self, handle: BinaryIO, fields: tuple[Any, ...]) -> None:
         self._handle = handle
         self._fields = fields
-        self.head: dict = {}
-        self._rows: list[tuple] | None = None
-        self._metrics: dict | None = None
+        self.head: Head = {}
+        self._rows: list[RawRow] | None = None
+        self._metrics: dict[str, FileMetrics] | None = None
 
     def __del__(self) -> None:
         self._handle.close()
@@ -240,7 +247,7 @@ class _Stored:
             handle.close()
             return None
 
-    def _section(self, index: int):
+    def _section(self, index: int) -> Any:
         fields = self._fields
         start = len(_MAGIC) + _HEADER.size + sum(fields[2 * i] for i in range(index))
         length, digest = fields[2 * index], fields[2 * index + 1]
@@ -250,19 +257,19 @@ class _Stored:
         return marshal.loads(blob)
 
     @property
-    def rows(self) -> list[tuple]:
+    def rows(self) -> list[RawRow]:
         if self._rows is None:
             self._rows = self._section(1)
         return self._rows
 
     @property
-    def metrics(self) -> dict:
+    def metrics(self) -> dict[str, FileMetrics]:
         if self._metrics is None:
             self._metrics = self._section(2)
         return self._metrics
 
 
-def _encode(head: dict, rows: list[tuple], metrics: dict) -> bytes:
+def _encode(head: Head, rows: list[RawRow], metrics: dict[str, FileMetrics]) -> bytes:
     blobs = [marshal.dumps(head), marshal.dumps(rows), marshal.dumps(metrics)]
     header = []
     for blob in blobs:
@@ -277,8 +284,8 @@ class LedgerIndex:
     """The ledger of a state directory, fresh as of `open`: problems, each phase's latest runs,
     rows to page through, metric values, and whole `RunRecord`s loaded for the rows asked for."""
 
-    def __init__(self, state_dir: str | os.PathLike[str], head: dict, stored: _Stored | None,
-                 rows: list[tuple] | None, volatile_errors: dict[str, str]) -> None:
+    def __init__(self, state_dir: str | os.PathLike[str], head: Head, stored: _Stored | None,
+                 rows: list[RawRow] | None, volatile_errors: dict[str, str]) -> None:
         self.state_dir = Path(state_dir)
         self.folder = runs_dir(state_dir)
         self._head = head
@@ -309,7 +316,7 @@ class LedgerIndex:
         return view
 
     @classmethod
-    def _check_fast(cls, state_dir, folder: Path, stored: _Stored, at: int, save: bool) -> LedgerIndex | None:
+    def _check_fast(cls, state_dir: str | os.PathLike[str], folder: Path, stored: _Stored, at: int, save: bool) -> LedgerIndex | None:
         """The stored index when no file changed: racy files hashed again, files that could not be
         read tried again. None: something changed after all."""
         head = stored.head
@@ -343,13 +350,13 @@ class LedgerIndex:
         return view
 
     @classmethod
-    def _rebuild(cls, state_dir, folder: Path, listing: dict[str, Sig | None], stored: _Stored | None,
+    def _rebuild(cls, state_dir: str | os.PathLike[str], folder: Path, listing: dict[str, Sig | None], stored: _Stored | None,
                  at: int, save: bool) -> LedgerIndex:
         """Read what changed since `stored` (everything without one) and derive the rest."""
-        old_sigs: dict = {}
-        old_rows: dict[str, tuple] = {}
-        old_metrics: dict = {}
-        old_errors: dict[str, tuple] = {}
+        old_sigs: dict[str, Sig | None] = {}
+        old_rows: dict[str, RawRow] = {}
+        old_metrics: dict[str, FileMetrics] = {}
+        old_errors: dict[str, RawRow] = {}
         if stored is not None:
             try:
                 old_sigs = stored.head["sigs"]
@@ -359,9 +366,9 @@ class LedgerIndex:
             except Exception:  # noqa: BLE001 - a damaged section: read every record again
                 old_sigs, old_rows, old_metrics, old_errors = {}, {}, {}, {}
         racy_names = set(stored.head["racy"]) if stored is not None and old_sigs else set()
-        rows: list[tuple] = []
-        metrics: dict[str, dict] = {}
-        errors: list[tuple] = []  # (name, message, digest)
+        rows: list[RawRow] = []
+        metrics: dict[str, FileMetrics] = {}
+        errors: list[RawRow] = []  # (name, message, digest)
         volatile: dict[str, str] = {}
         racy: dict[str, bytes] = {}
         for name, sig in listing.items():
@@ -381,7 +388,7 @@ class LedgerIndex:
                     continue
                 if read.row is not None:
                     rows.append(read.row)
-                    metrics[name] = read.metrics
+                    metrics[name] = read.metrics or {}  # (set with the row)
                 else:
                     errors.append((name, read.error, digest))
             if sig is not None and max(sig[1], sig[2]) >= at - RACY_NS:
@@ -406,7 +413,7 @@ class LedgerIndex:
         found = [(e[0], e[1]) for e in self._head["errors"]] + list(self._volatile.items())
         return [f"{self.folder / name}: skipped, not a readable run record ({error})" for name, error in sorted(found)]
 
-    def _all_rows(self) -> list[tuple]:
+    def _all_rows(self) -> list[RawRow]:
         if self._rows is None:
             assert self._stored is not None
             try:
@@ -424,7 +431,7 @@ class LedgerIndex:
         """Readable records (of `plan`, of `phase`), oldest first."""
         return [Row._make(r) for r in self._select(plan, phase)]
 
-    def _select(self, plan: str | None, phase: str | None) -> list[tuple]:
+    def _select(self, plan: str | None, phase: str | None) -> list[RawRow]:
         rows = self._all_rows()
         if plan is None and phase is None:
             return rows
@@ -457,7 +464,7 @@ class LedgerIndex:
                 seen[row.phase] = row
         return self.load(sorted(seen.values(), key=_order), problems)
 
-    def latest_metrics(self, plan: str) -> dict:
+    def latest_metrics(self, plan: str) -> FileMetrics:
         """Each metric's value in the latest run of `plan` that wrote it (without `step-N.` copies)."""
         return dict(self._head["latest_metrics"].get(plan, {}))
 
@@ -513,22 +520,22 @@ class LedgerIndex:
         return None
 
 
-def _latest(rows: list[tuple]) -> dict[str, list[tuple]]:
+def _latest(rows: list[RawRow]) -> dict[str, list[RawRow]]:
     """plan -> the latest row of each of its phases, oldest first (rows are in ledger order)."""
-    latest: dict[str, dict[str, tuple[int, tuple]]] = {}
+    latest: dict[str, dict[str, tuple[int, RawRow]]] = {}
     for i, row in enumerate(rows):
         latest.setdefault(row[3], {})[row[4]] = (i, row)
     return {plan: [row for _i, row in sorted(by_phase.values())] for plan, by_phase in latest.items()}
 
 
-def _latest_metrics(rows: list[tuple], metrics: dict[str, dict]) -> dict[str, dict]:
-    out: dict[str, dict] = {}
+def _latest_metrics(rows: list[RawRow], metrics: dict[str, FileMetrics]) -> dict[str, FileMetrics]:
+    out: dict[str, FileMetrics] = {}
     for row in rows:
         out.setdefault(row[3], {}).update(metrics.get(row[0], {}))
     return out
 
 
-def _save(state_dir, head: dict, rows: list[tuple], metrics: dict) -> bool:
+def _save(state_dir: str | os.PathLike[str], head: Head, rows: list[RawRow], metrics: dict[str, FileMetrics]) -> bool:
     """Write the index (whole, renamed into place); False when the directory cannot be written."""
     from runbook.atomic import atomic_write_bytes
 

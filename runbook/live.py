@@ -60,13 +60,18 @@ DEFAULT_HEARTBEAT_S = 10.0
 LIVE_MAX_BYTES = 4 * 1024 * 1024
 
 
-def heartbeat_interval() -> float:
-    raw = os.environ.get("RUNBOOK_HEARTBEAT_S", "")
+def seconds_from_env(name: str, default: float) -> float:
+    """An interval in seconds from environment variable `name` (tests shorten them); `default`
+    when it is unset, not a number, or outside 0.05 s .. 1 h."""
     try:
-        value = float(raw)
+        value = float(os.environ.get(name, ""))
     except ValueError:
-        return DEFAULT_HEARTBEAT_S
-    return value if 0.05 <= value <= 3600 else DEFAULT_HEARTBEAT_S
+        return default
+    return value if 0.05 <= value <= 3600 else default
+
+
+def heartbeat_interval() -> float:
+    return seconds_from_env("RUNBOOK_HEARTBEAT_S", DEFAULT_HEARTBEAT_S)
 
 
 def stale_after(heartbeat_s: float) -> float:
@@ -315,5 +320,5 @@ def new_live(**fields: object) -> LiveRun:
     pid = os.getpid()
     return LiveRun(
         pid=pid, pid_start=procs.proc_start(pid), host=socket.gethostname(), boot_id=procs.boot_id(),
-        heartbeat=iso(utc_now()), heartbeat_s=heartbeat_interval(), **fields,  # type: ignore[arg-type]
+        heartbeat=iso(utc_now()), heartbeat_s=heartbeat_interval(), **fields,
     )

@@ -14,8 +14,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from runbook.errors import RunbookError
+
+if TYPE_CHECKING:
+    from runbook.model import RunRecord
+    from runbook.workspace import Workspace
 
 __all__ = ["Located", "follow", "locate"]
 
@@ -32,12 +37,12 @@ class Located:
     job_id: str | None = None
 
 
-def _step_of_record(record) -> str | None:
+def _step_of_record(record: RunRecord) -> str | None:
     started = [s for s in record.steps if not s.skipped and (s.started or s.log_path)]
     return started[-1].step_id if started else None
 
 
-def locate(ws, run_ref: str | None, step: str | None) -> Located:
+def locate(ws: Workspace, run_ref: str | None, step: str | None) -> Located:
     from runbook.ledger import run_dir
     from runbook.live import is_alive, live_runs
 
@@ -53,8 +58,8 @@ def locate(ws, run_ref: str | None, step: str | None) -> Located:
                 raise RunbookError(f"no run {run_ref!r} in {ws.rel(ws.state)}/runs/", "unknown_run",
                                    hint="see `runbook history` for run ids")
     else:
-        running = [x for x in lives if is_alive(x) is not False]
-        live = running[-1] if running else (lives[-1] if lives else None)
+        alive = [x for x in lives if is_alive(x) is not False]
+        live = alive[-1] if alive else (lives[-1] if lives else None)
         if live is None:
             record = ws.ledger().last(ws.plan_rel)
             if record is None:
@@ -87,7 +92,7 @@ def locate(ws, run_ref: str | None, step: str | None) -> Located:
                    running=running, job_id=job_id)
 
 
-def follow(ws, where: Located, write: Callable[[bytes], None], *, lines: int, pinned: bool) -> str | None:
+def follow(ws: Workspace, where: Located, write: Callable[[bytes], None], *, lines: int, pinned: bool) -> str | None:
     """Print the last `lines` lines, then what is appended, until the run ends; the closing line.
     `pinned`: a step was named, so do not move on to the next step."""
     from runbook.ledger import find_run, run_dir, tail_lines

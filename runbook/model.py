@@ -27,7 +27,7 @@ Verdict = Literal["pass", "fail", "inconclusive", "error", "timeout", "interrupt
 VERDICTS: tuple[str, ...] = ("pass", "fail", "inconclusive", "error", "timeout", "interrupted")
 # Verdicts that hand over to On pass / On fail; the others leave the phase to be resumed.
 JUDGED: frozenset[str] = frozenset({"pass", "fail"})
-# Exit codes of `runbook next` (DESIGN.md section 4).
+# Exit codes of `runbook next` (docs/next.md, "Exit codes").
 EXIT_CODES: dict[str, int] = {
     "pass": 0,
     "fail": 1,

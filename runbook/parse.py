@@ -222,7 +222,7 @@ def parse_status_line(inner: str) -> PhaseStatus | None:
             when = part
         elif part:
             rest.append(part)
-    return PhaseStatus(verdict=verdict, run_id=run_id, when=when, summary=" · ".join(rest) or None)  # type: ignore[arg-type]
+    return PhaseStatus(verdict=verdict, run_id=run_id, when=when, summary=" · ".join(rest) or None)
 
 
 def reassemble(plan: Plan) -> str:
@@ -878,8 +878,8 @@ class _Parser:
     def check_cycles(self, plan: Plan, index: dict[str, Phase]) -> None:
         graph: dict[str, list[str]] = {}
         for phase in plan.phases:
-            targets = [index.get(ref.lower()) for ref in phase.needs]
-            graph[phase.id] = [t.id for t in targets if t is not None]
+            needed = [index.get(ref.lower()) for ref in phase.needs]
+            graph[phase.id] = [t.id for t in needed if t is not None]
         state: dict[str, int] = {}  # 1 visiting, 2 done
         reported: set[frozenset[str]] = set()
         for root in graph:

@@ -40,10 +40,13 @@ import shlex
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from runbook.contract import (
     LockHolder,
     NextAction,
+    NextKind,
     PhaseView,
     PlanStateView,
     RunView,
@@ -55,11 +58,16 @@ from runbook.contract import (
 from runbook.model import Phase, Plan, RunRecord
 from runbook.select import RESUMABLE, Selection, resolved_commands, select_phase, stale_reason
 
+if TYPE_CHECKING:
+    from runbook.live import LiveRun
+    from runbook.lock import LockInfo
+    from runbook.workspace import Workspace
+
 __all__ = ["PlanState", "derive", "for_workspace", "holder_view", "next_argv"]
 
 ChangedSince = Callable[[RunRecord], "list[str] | None"]
 
-_KIND = {"fresh": "run", "stale": "run", "restart": "run", "resume": "resume", "changed": "resume", "rerun": "retry"}
+_KIND: dict[str, NextKind] = {"fresh": "run", "stale": "run", "restart": "run", "resume": "resume", "changed": "resume", "rerun": "retry"}
 _STATE = {"pass": "passed", "fail": "failed", "inconclusive": "inconclusive"}
 
 
@@ -80,8 +88,8 @@ def next_argv(plan_arg: str | None, *extra: str) -> list[str]:
     return [*argv, *extra, "--yes"]
 
 
-def holder_view(info, plan: Plan | None, state_rel: str, now: _dt.datetime | None = None, live=None,
-                root=None) -> LockHolder:
+def holder_view(info: LockInfo, plan: Plan | None, state_rel: str, now: _dt.datetime | None = None,
+                live: LiveRun | None = None, root: Path | None = None) -> LockHolder:
     """The lock's holder (a `lock.LockInfo`) as data: alive or not, which phase and step, its log;
     with the run's live state (`live.LiveRun`, read from `root`): heartbeat, job, metrics and the
     last lines of the running step's log."""
@@ -103,7 +111,7 @@ def holder_view(info, plan: Plan | None, state_rel: str, now: _dt.datetime | Non
     return holder
 
 
-def _add_live(holder: LockHolder, live, now: _dt.datetime, root) -> None:
+def _add_live(holder: LockHolder, live: LiveRun, now: _dt.datetime, root: Path | None) -> None:
     from runbook.ledger import tail_lines
     from runbook.live import stale_after
 
@@ -165,7 +173,8 @@ def _criterion(phase: Phase) -> str | None:
     return phase.criterion.display if phase.criterion else None
 
 
-def _action_for(plan: Plan, phase: Phase, kind: str, why: str, argv: list[str] | None, start: int, **extra) -> NextAction:
+def _action_for(plan: Plan, phase: Phase, kind: NextKind, why: str, argv: list[str] | None, start: int,
+                **extra: Any) -> NextAction:
     steps = _steps(plan, phase, start)
     return NextAction(
         kind=kind, why=why, phase=phase.id, label=phase.display_name, title=phase.title, estimate=phase.estimate,
@@ -261,8 +270,8 @@ def _phase_views(plan: Plan, runs: list[RunRecord], holder: LockHolder | None, p
     from runbook.criteria import metric_names
 
     latest: dict[str, RunRecord] = {}
-    for run in runs:
-        latest[run.phase] = run
+    for record in runs:
+        latest[record.phase] = record
     rows: list[PhaseView] = []
     live = holder is not None and holder.alive is not False and holder.plan in (None, plan_rel)
     for phase in plan.phases:
@@ -323,16 +332,16 @@ def derive(
     plan_rel: str,
     runs: list[RunRecord],
     *,
-    lock=None,  # lock.LockInfo | None
+    lock: LockInfo | None = None,
     state_rel: str = "state",
     plan_arg: str | None = None,
     changed_since: ChangedSince | None = None,
     current_hash: Callable[[Phase], str] | None = None,
     unreadable: list[str] | None = None,
-    live=None,  # live.LiveRun of the lock's run
+    live: LiveRun | None = None,  # of the lock's run
     pending: list[RunRecord] | None = None,
     reattach: dict[str, str] | None = None,
-    root=None,
+    root: Path | None = None,
 ) -> PlanState:
     """Each phase's state and the next action. `runs`: this plan's runs, oldest first (all of them,
     or only each phase's latest as `Workspace.latest_runs` gives them: the outcome is the same).
@@ -387,7 +396,7 @@ def _pending_text(pending: list[RunRecord], reattach: dict[str, str]) -> str:
     return " ".join(parts)
 
 
-def pending_runs(ws, runs: list[RunRecord]) -> tuple[list[RunRecord], dict[str, str]]:
+def pending_runs(ws: Workspace, runs: list[RunRecord]) -> tuple[list[RunRecord], dict[str, str]]:
     """Runs of the workspace's plan whose runbook died unrecorded, as they will be recorded, and the
     Slurm jobs `runbook next` will re-attach to (runbook/live.py). Reads only."""
     ledger = ws.ledger()
@@ -409,7 +418,7 @@ def pending_runs(ws, runs: list[RunRecord]) -> tuple[list[RunRecord], dict[str, 
 
 
 def for_workspace(
-    ws, runs: list[RunRecord] | None = None, problems: list[str] | None = None, *, holding_lock: bool = False
+    ws: Workspace, runs: list[RunRecord] | None = None, problems: list[str] | None = None, *, holding_lock: bool = False
 ) -> PlanState:
     """`derive` for a `workspace.Workspace`: its plan, its ledger, its lock (with the run's live
     state), runs a dead runbook left unrecorded, its git.

@@ -86,8 +86,8 @@ def plan_chart(metric: str, runs: list[RunRecord], state_dir: str | os.PathLike[
         return chart
     from runbook.compare import value
 
-    have = [(r, value(r, metric)) for r in runs]
-    have = [(r, float(v)) for r, v in have if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    values = [(r, value(r, metric)) for r in runs]
+    have = [(r, float(v)) for r, v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
     if not have:
         raise RunbookError(f"no run shown has a metric or a series called {metric!r}{_guess(metric, runs)}",
                            "usage", hint="`runbook history --json` lists each run's metrics and series")
@@ -136,8 +136,9 @@ def draw(chart: Chart, png: str | os.PathLike[str], svg: str | os.PathLike[str] 
             ax.legend(fontsize=8, loc="best")
     else:
         line = chart.lines[0]
-        ax.plot(line.x, line.y, color="#4c72b0", linewidth=1.2, zorder=1)
-        ax.scatter(line.x, line.y, c=chart.colours, s=36, zorder=2)
+        ys = [math.nan if y is None else y for y in line.y]  # (a chart of runs has a value for each)
+        ax.plot(line.x, ys, color="#4c72b0", linewidth=1.2, zorder=1)
+        ax.scatter(line.x, ys, c=chart.colours, s=36, zorder=2)
         ax.set_xticks(line.x)
         ax.set_xticklabels(chart.xlabels, rotation=30, ha="right", fontsize=7)
         ax.set_xlabel("run (green: pass, red: fail)")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -96,7 +96,7 @@ def load_config(root: str | os.PathLike[str]) -> Config:
 CONFIG_MAX_BYTES = 4 * 1024 * 1024
 
 
-def _read_toml(path: Path) -> dict:
+def _read_toml(path: Path) -> dict[str, Any]:
     from runbook.bounded import NotReadable, read_bounded
 
     try:
@@ -113,7 +113,7 @@ def _read_toml(path: Path) -> dict:
         raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
 
 
-def _config_from(path: Path, data: dict, prefix: str = "") -> Config:
+def _config_from(path: Path, data: dict[str, Any], prefix: str = "") -> Config:
     plans = data.get("plans", DEFAULT_PLANS)
     if isinstance(plans, str):
         data = {**data, "plans": [plans]}

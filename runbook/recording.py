@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -96,12 +97,12 @@ def write_record(
     lessons: list[str],
     next_steps: list[str] | None,
     commit: bool = True,
-    warn=lambda _msg: None,
+    warn: Callable[[str], None] = lambda _msg: None,
     attachments: list[Path] | None = None,
 ) -> RecordResult:
     """Under the write lock: read the notes, apply the record, write atomically, commit.
     `attachments`: files the milestone links to (its plots), committed with the notes."""
-    from runbook.atomic import atomic_write_text
+    from runbook.atomic import atomic_write_text, remove_stale_temps
     from runbook.brief import status_block
     from runbook.lock import LockError, write_lock
     from runbook.notes import apply_record, new_notes, problems
@@ -123,6 +124,7 @@ def write_record(
     try:
         with write_lock(ws.state):
             ws.ledger_changed()  # a run may have been recorded since the caller looked
+            remove_stale_temps(notes_path)  # of a record killed mid-write
             created = not notes_path.exists()
             if created:
                 assert ws.plan_path is not None
@@ -162,7 +164,7 @@ def write_record(
             title=milestone.title, when=iso_utc(milestone.when) or milestone.when, body=milestone.body,
             metrics=milestone.metrics, run_id=milestone.run_id, phase=milestone.phase,
             label=phase_label(milestone.phase_label) if milestone.phase_label else None,
-            verdict=milestone.verdict, commit=milestone.commit,  # type: ignore[arg-type]
+            verdict=milestone.verdict, commit=milestone.commit,
         ),
         lessons_added=outcome.lessons_added,
         lessons_skipped=outcome.lessons_skipped,

@@ -25,19 +25,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from runbook import gitops, ledger, writeback
-from runbook.atomic import atomic_write_text
+from runbook.atomic import atomic_write_text, remove_stale_temps
 from runbook.errors import RunbookError
 from runbook.execute import Interrupts, StepSpec, judge, merge_metrics
 from runbook.formatting import format_value
 from runbook.lock import RunLock, write_lock
 from runbook.mdtext import to_lf
-from runbook.model import Metrics, Phase, Plan, RunRecord
+from runbook.model import Expr, Metrics, Phase, Plan, RunRecord
 from runbook.redact import redact_credentials
 from runbook.select import Selection, select_phase
 from runbook.workspace import Workspace
 
 if TYPE_CHECKING:
-    from runbook.live import LiveRun
+    from runbook.contract import Selected
+    from runbook.crossref import Refs
+    from runbook.live import JobRef, LiveRun
 
 Say = Callable[[str], None]
 
@@ -97,7 +99,7 @@ def resolved(plan: Plan, phase: Phase) -> list[str]:
     return [resolve_command(step.command, plan.vars) for step in phase.steps]
 
 
-def selected_view(plan: Plan, sel: Selection):  # -> contract.Selected
+def selected_view(plan: Plan, sel: Selection) -> Selected:
     from runbook.contract import Selected, StepLine
 
     phase = sel.phase
@@ -212,7 +214,7 @@ def _commit_plan_edits_first(
         if leftovers:
             opts.warn(f"recovered {len(leftovers)} run(s) an interrupted runbook left uncommitted: "
                       f"{', '.join(leftovers)} (written into the plan and committed)")
-            plan_text = ws.plan_path.read_text(encoding="utf-8")
+            plan_text = ws.plan_file.read_text(encoding="utf-8")
         if dirty or leftovers:
             opts.say(f"committed the plan's uncommitted edits first (runbook: plan edits before run {run_id})")
     commit_before = gitops.head_commit(ws.root)
@@ -328,7 +330,7 @@ def continue_run(ws: Workspace, live: LiveRun, lock: RunLock, opts: RunOptions) 
 
 
 def _execute(ws: Workspace, live: LiveRun, specs: list[StepSpec], lock: RunLock, opts: RunOptions, *,
-             started_from: str | None, criterion: object | None, reattach: bool = False) -> RunResult:
+             started_from: str | None, criterion: Expr | None, reattach: bool = False) -> RunResult:
     """Run the steps with the run's executor (live state and heartbeat kept), judge, record."""
     from runbook.executor import StepContext, StepHooks, executor_for
     from runbook.live import JobRef, LiveWriter
@@ -389,7 +391,7 @@ def _execute(ws: Workspace, live: LiveRun, specs: list[StepSpec], lock: RunLock,
         steps=outcome.results,
         metrics=metrics,
         criterion=live.criterion,
-        verdict=verdict,  # type: ignore[arg-type]
+        verdict=verdict,
         reason=reason,
         commit_before=live.commit_before,
         dirty=live.dirty,
@@ -409,7 +411,7 @@ def _execute(ws: Workspace, live: LiveRun, specs: list[StepSpec], lock: RunLock,
     return result
 
 
-def _refs(ws: Workspace, phase_id: str, expr):  # -> crossref.Refs
+def _refs(ws: Workspace, phase_id: str, expr: Expr | None) -> Refs:
     """Other phases' metrics the criterion reads (`phase-0.acc`), from this plan's ledger."""
     from runbook import crossref
     from runbook.criteria import metric_names
@@ -461,7 +463,7 @@ def record_dead(ws: Workspace, live: LiveRun, opts: RunOptions, why: str | None 
     return result
 
 
-def _reattachable(live: LiveRun):  # -> JobRef | None
+def _reattachable(live: LiveRun) -> JobRef | None:
     """The cluster job of the run's current step, when there is one to re-attach to."""
     if live.executor != "slurm" or live.step is None or live.record is not None:
         return None
@@ -491,8 +493,9 @@ def recover_unrecorded(ws: Workspace) -> list[str]:
     """
     from runbook.parse import parse_plan, read_text
 
-    for tmp in ws.plan_path.parent.glob(f".{ws.plan_path.name}.*.tmp"):
-        tmp.unlink(missing_ok=True)
+    remove_stale_temps(ws.plan_file)
+    if ws.notes_path is not None:
+        remove_stale_temps(ws.notes_path)
     dirty = gitops.dirty_paths(ws.root, ws.rel(ledger.runs_dir(ws.state)))
     if not dirty:
         return []
@@ -510,8 +513,8 @@ def recover_unrecorded(ws: Workspace) -> list[str]:
     new_text = text
     for record in orphans:
         current, _ = parse_plan(new_text, ws.plan_rel)
-        phase = current.find_phase(record.phase) if current else None
-        if phase is None or record.run_id in new_text[phase.span.start : phase.span.end]:
+        phase = current.find_phase(record.phase) if current is not None else None
+        if current is None or phase is None or record.run_id in new_text[phase.span.start : phase.span.end]:
             continue
         before = [r for r in rows if r.phase == record.phase and (r.started, r.run_id) <= (record.started, record.run_id)]
         shown = before[-writeback.RESULTS_ROWS:]
@@ -522,7 +525,7 @@ def recover_unrecorded(ws: Workspace) -> list[str]:
         except writeback.HandEdited:
             continue
     if new_text != text:
-        atomic_write_text(ws.plan_path, new_text)
+        atomic_write_text(ws.plan_file, new_text)
     kept = [ledger.series_path(ws.state, r.run_id) for r in orphans]
     return [ws.rel(ledger.run_path(ws.state, r.run_id)) for r in orphans] + [ws.rel(p) for p in kept if p.is_file()]
 
@@ -565,7 +568,7 @@ def record_run(
             else:
                 if new_text != text:
                     try:
-                        atomic_write_text(ws.plan_path, new_text)
+                        atomic_write_text(ws.plan_file, new_text)
                     except OSError as exc:
                         result.plan_written = False
                         result.problems.append(
@@ -589,14 +592,14 @@ def record_run(
     return result
 
 
-def _keep_series(ws: Workspace, record: RunRecord, opts: RunOptions):  # -> Path | None
+def _keep_series(ws: Workspace, record: RunRecord, opts: RunOptions) -> Path | None:
     """The metric series the run's steps wrote, kept next to its record (runbook/series.py):
     written to `state/runs/<run-id>.series.jsonl`, summarised in `record.series`."""
     from runbook import series
 
     if record.series:  # already kept (a judged run recorded by a later runbook)
-        path = ledger.series_path(ws.state, record.run_id)
-        return path if path.is_file() else None
+        kept = ledger.series_path(ws.state, record.run_id)
+        return kept if kept.is_file() else None
     last = None
     if any(step.skipped for step in record.steps):  # their series are in the run they were done in
         index = ws.ledger()

@@ -254,9 +254,8 @@ def select_phase(
             why=f"{phase.display_name} chosen with --phase",
         )
     else:
-        chosen = _unfinished(plan, runs, restart=restart, current_hash=current_hash, old_diff=old_diff)
-        if chosen is None:
-            chosen = _walk(plan, runs, restart=restart, current_hash=current_hash, old_diff=old_diff, stale=is_stale)
+        chosen = (_unfinished(plan, runs, restart=restart, current_hash=current_hash, old_diff=old_diff)
+                  or _walk(plan, runs, restart=restart, current_hash=current_hash, old_diff=old_diff, stale=is_stale))
     if chosen.phase is not None:
         problem = _needs_problem(plan, chosen.phase, runs)
         if problem:

@@ -178,7 +178,7 @@ def read_step(path: str | os.PathLike[str], step_id: str) -> tuple[list[Series],
                         dropped += 1
                         continue
                     series = thin[name] = _Thin()
-                series.add(x if x is not None else float(series.seen), y)  # type: ignore[arg-type]
+                series.add(x if x is not None else float(series.seen), y)
     out = []
     for name, t in thin.items():
         xs, ys = t.points()

@@ -36,7 +36,7 @@ class Context(NamedTuple):
 
 @dataclass
 class _Frame:
-    kind: str  # plain | single | ansi | double | comment | heredoc | backtick | param | arith
+    kind: Kind  # plain | single | ansi | double | comment | heredoc | backtick | param | arith
     closer: str = ""  # plain: ")" inside $(...); "" at top level
     depth: int = 0  # open parentheses (plain, arith) or braces (param)
     delim: str = ""  # heredoc
@@ -70,11 +70,11 @@ class _Lexer:
     def kind(self) -> Kind:
         for frame in self.stack:
             if frame.kind in _OPAQUE:
-                return frame.kind  # type: ignore[return-value]
+                return frame.kind
         top = self.stack[-1]
         if top.kind == "heredoc":
             return "heredoc-literal" if top.quoted else "heredoc"
-        return top.kind  # type: ignore[return-value]
+        return top.kind
 
     def note(self, i: int, escaped: bool = False, kind: Kind | None = None) -> None:
         if i in self.wanted and i not in self.found:

@@ -44,9 +44,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from runbook.execute import MetricsError, StepsOutcome, StepSpec, _Echo, _rel, read_metrics, step_env
+from runbook.execute import (
+    MetricsError,
+    StepsOutcome,
+    StepSpec,
+    _Echo,
+    _rel,
+    read_metrics,
+    step_env,
+    stop_cause,
+)
 from runbook.executor import StepContext
 from runbook.ledger import iso, run_dir, tail_lines, utc_now
+from runbook.live import seconds_from_env
 from runbook.model import StepResult
 from runbook.redact import redact_credentials
 
@@ -100,15 +110,10 @@ def job_name(run_id: str, step_id: str) -> str:
 
 def poll_interval(config_poll_s: float) -> float:
     """$RUNBOOK_SLURM_POLL_S (tests) over runbook.toml's `[slurm] poll_s`."""
-    raw = os.environ.get("RUNBOOK_SLURM_POLL_S", "")
-    try:
-        value = float(raw)
-    except ValueError:
-        return config_poll_s
-    return value if 0.05 <= value <= 3600 else config_poll_s
+    return seconds_from_env("RUNBOOK_SLURM_POLL_S", config_poll_s)
 
 
-def _run(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def _run(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     if shutil.which(argv[0], path=(env or os.environ).get("PATH")) is None:
         raise SlurmError(f"`{argv[0]}` not found on PATH: `Executor: slurm` needs the Slurm client commands "
                          "(sbatch, squeue, scontrol, scancel) where runbook runs")
@@ -121,7 +126,7 @@ def _run(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = 
         raise SlurmError(f"`{shlex.join(argv)}`: {exc.strerror or exc}") from None
 
 
-def _said(proc: subprocess.CompletedProcess) -> str:
+def _said(proc: subprocess.CompletedProcess[str]) -> str:
     return " ".join((proc.stderr or proc.stdout or "").split())[:300] or f"exit {proc.returncode}"
 
 
@@ -284,7 +289,7 @@ class SlurmExecutor:
             return StepResult(step_id=spec.step_id, command=redact_credentials(spec.command), started=iso(started),
                               finished=iso(utc_now()), duration_s=round(time.monotonic() - t0, 3), log_path=rel_log,
                               log_tail=[redact_credentials(line) for line in tail_lines(log_path)],
-                              **extra)  # type: ignore[arg-type]
+                              **extra)
 
         try:
             if attach is not None:
@@ -355,10 +360,7 @@ class SlurmExecutor:
             offset = _stream(log_path, offset, out)
             now = time.monotonic()
             if cause is None:
-                if interrupts is not None and interrupts.signum is not None:
-                    cause = "interrupted"
-                elif deadline is not None and now >= deadline:
-                    cause = "timeout"
+                cause = stop_cause(interrupts, deadline, now)
                 if cause is not None:
                     note = cancel_job(job_id, name)
                     cancel_sent = now

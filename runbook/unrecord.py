@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 
 from runbook import gitops, ledger, writeback
 from runbook.errors import RunbookError
@@ -48,7 +49,7 @@ def _rewrite(ws: Workspace, text: str, forgotten: list[RunRecord]) -> str:
 
 
 def forget_runs(ws: Workspace, forgotten: list[RunRecord], subject: str, *, commit: bool = True,
-                warn=lambda _msg: None) -> tuple[bool, str | None]:
+                warn: Callable[[str], None] = lambda _msg: None) -> tuple[bool, str | None]:
     """Drop `forgotten` (runs of the workspace's plan); returns (plan rewritten, commit or None)."""
     from runbook.atomic import atomic_write_text
     from runbook.lock import LockError, LockHeld, run_lock, write_lock
@@ -65,13 +66,13 @@ def forget_runs(ws: Workspace, forgotten: list[RunRecord], subject: str, *, comm
             raise RunbookError(f"refusing: {exc}", "git_state") from None
     try:
         with run_lock(ws.state, git_dir=ws.git_dir, warn=warn), write_lock(ws.state):
-            text, problem = read_text(str(ws.plan_path))
+            text, problem = read_text(str(ws.plan_file))
             if problem is not None:
                 raise RunbookError(str(problem), "io", file=ws.plan_rel)
             ws.ledger_changed()  # under the locks now: look at state/runs/ afresh
             new_text = _rewrite(ws, text, forgotten)
             if new_text != text:
-                atomic_write_text(ws.plan_path, new_text)
+                atomic_write_text(ws.plan_file, new_text)
             paths = []
             for record in forgotten:
                 path = ledger.run_path(ws.state, record.run_id)

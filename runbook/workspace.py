@@ -13,10 +13,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from runbook.errors import RunbookError
 from runbook.model import Plan, Problem, RunRecord
 from runbook.project import Config, ConfigError
+
+if TYPE_CHECKING:
+    from runbook.ledger_index import LedgerIndex
+    from runbook.live import LiveRun
+    from runbook.lock import LockInfo
 
 __all__ = ["Workspace", "display_path"]
 
@@ -50,7 +56,7 @@ class Workspace:
     several: bool = False  # more than one plan discovered: printed commands must name the plan
     _plan: Plan | None = field(default=None, repr=False)
     _warnings: list[Problem] = field(default_factory=list, repr=False)
-    _ledger: object | None = field(default=None, repr=False)  # ledger_index.LedgerIndex, once asked for
+    _ledger: LedgerIndex | None = field(default=None, repr=False)  # once asked for
 
     # ---- finding it -------------------------------------------------------------------------
 
@@ -124,6 +130,12 @@ class Workspace:
         return _rel(self.plan_path, self.root)
 
     @property
+    def plan_file(self) -> Path:
+        """The plan's absolute path, for verbs opened with a plan (`Workspace.open`)."""
+        assert self.plan_path is not None
+        return self.plan_path
+
+    @property
     def plan_display(self) -> str:
         """The plan's path as messages print it (relative to the current directory)."""
         assert self.plan_path is not None
@@ -144,7 +156,8 @@ class Workspace:
         plan, problems = read_plan(self.plan_display)
         errors = [p for p in problems if p.severity == "error"]
         if plan is None or errors:
-            first = (errors or problems or [None])[0]
+            listed = errors or problems
+            first = listed[0] if listed else None
             raise RunbookError(
                 f"{self.plan_display}: fix the problems above, then run `runbook validate {self.plan_display}`; nothing ran",
                 "plan_invalid",
@@ -216,7 +229,7 @@ class Workspace:
     def rel(self, path: Path) -> str:
         return _rel(path, self.root)
 
-    def ledger(self):  # -> ledger_index.LedgerIndex
+    def ledger(self) -> LedgerIndex:
         """The run ledger through its index (runbook/ledger_index.py), checked against state/runs/
         on first use in this workspace; `ledger_changed()` after writing or removing run records."""
         if self._ledger is None:
@@ -246,7 +259,7 @@ class Workspace:
             problems.extend(ledger.problems)
         return ledger.latest_runs(self.plan_rel, problems)
 
-    def lock_info(self):  # -> LockInfo | None
+    def lock_info(self) -> LockInfo | None:
         """Who holds the run lock now (None: nobody, or the file is not a lock we can read)."""
         if not os.path.lexists(self.state / "lock"):  # lock.LOCK_NAME; the common case needs no import
             return None
@@ -257,7 +270,7 @@ class Workspace:
         except (LockCorrupt, OSError):
             return None
 
-    def live_of(self, run_id: str | None):  # -> live.LiveRun | None
+    def live_of(self, run_id: str | None) -> LiveRun | None:
         """The live state of run `run_id` while it runs (runbook/live.py), None when it has none."""
         if not run_id:
             return None

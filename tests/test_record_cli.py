@@ -128,6 +128,20 @@ def test_record_without_run_creates_notes_and_commits_only_them(tmp_path: Path, 
     assert " M plans/plan.md" in status and "?? scratch.txt" in status and "notes.md" not in status
 
 
+def test_record_removes_the_temp_file_a_killed_record_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kill -9 between the temp file and the rename leaves `.notes.md.XXXX.tmp`: the next record,
+    under the write lock, removes it (tests/test_crash_safety.py meets it at random)."""
+    repo = make_repo(tmp_path, notes="# Notes\n")
+    left = repo / "plans" / ".notes.md.k1ll3d.tmp"
+    left.write_text("half a notes document")
+    other = repo / "plans" / ".plan.md.keep.txt"  # not a temp file of the notes: stays
+    other.write_text("mine\n")
+    result = run_record(repo, monkeypatch, "After the crash", "--lesson", "temp files go")
+    assert result.exit_code == 0, result.output
+    assert not left.exists() and other.exists()
+    assert git(repo, "status", "--porcelain") == "?? plans/.plan.md.keep.txt\n"
+
+
 def test_record_with_run_merges_its_metrics_and_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     repo = make_repo(tmp_path)
     save_run(repo / "state", a_run("20261129-100000-aaaa", "phase-0", "0", "pass", {"accept_len": 2.41, "step-1.accept_len": 2.41}, commit_before="c0ffee1234567890"))

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
+
+if TYPE_CHECKING:
+    from runbook.model import Plan
+    from runbook.workspace import Workspace
 
 plan_option = click.option(
     "--plan",
@@ -19,7 +25,7 @@ json_option = click.option(
 )
 
 
-def open_plan(plan_opt: str | None):  # -> Workspace
+def open_plan(plan_opt: str | None) -> Workspace:
     """The workspace and its validated plan; warnings (plan problems, unreadable ledger files) on stderr."""
     from runbook.workspace import Workspace
 
@@ -28,6 +34,26 @@ def open_plan(plan_opt: str | None):  # -> Workspace
     for problem in ws.warnings:
         click.echo(str(problem), err=True)
     return ws
+
+
+def open_runs_filter(plan_opt: str | None, phase_ref: str | None) -> tuple[Workspace, Plan | None, str | None]:
+    """Where a verb that reads runs looks: with --plan or a PHASE, the plan's workspace, the plan
+    (validated) and the phase's id (an unknown phase refused); otherwise the workspace alone, and
+    the runs of every plan in it."""
+    from runbook.workspace import Workspace
+
+    if not (plan_opt or phase_ref):
+        return Workspace.at(), None, None
+    ws = Workspace.open(plan_opt)
+    plan = ws.load_plan()
+    if not phase_ref:
+        return ws, plan, None
+    phase = plan.find_phase(phase_ref)
+    if phase is None:
+        from runbook.commands.show import unknown_phase
+
+        raise unknown_phase(plan, phase_ref, ws.plan_display)
+    return ws, plan, phase.id
 
 
 def warn(lines: list[str]) -> None:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from runbook.cli import Output
 from runbook.commands._options import json_option, warn
 from runbook.errors import RunbookError
+from runbook.model import RunRecord
+
+if TYPE_CHECKING:
+    from runbook.ledger_index import Row
 
 
 @click.command("diff")
@@ -43,7 +49,7 @@ def command(run_a: str | None, run_b: str | None, plan_opt: str | None, show_all
         raise RunbookError(f"no runs in {ws.rel(ws.state)}/runs yet", "unknown_run",
                            hint="run a phase first (`runbook next`)")
     b = find_run(ws, run_b or run_a or "last", rows)
-    a = find_run(ws, run_a, rows) if run_b else find_run(ws, _before(b, rows).run_id, rows)
+    a = find_run(ws, run_a, rows) if run_a and run_b else find_run(ws, _before(b, rows).run_id, rows)
     changed = None
     if ws.git and a.commit_before and b.commit_before and a.commit_before != b.commit_before:
         from runbook.gitops import changed_files
@@ -57,7 +63,7 @@ def command(run_a: str | None, run_b: str | None, plan_opt: str | None, show_all
     return Output(result, 0, render_diff(result, show_all))
 
 
-def _before(run, rows):  # -> ledger_index.Row
+def _before(run: RunRecord, rows: list[Row]) -> Row:
     """The run of `run`'s phase (and plan) just before it."""
     earlier = [r for r in rows if (r.plan, r.phase) == (run.plan, run.phase) and (r.started, r.run_id) < (run.started, run.run_id)]
     if not earlier:

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import click
 
 from runbook.cli import Output
-from runbook.commands._options import json_option, warn
+from runbook.commands._options import json_option, open_runs_filter, warn
 from runbook.contract import HistoryResult, RunView
 from runbook.errors import RunbookError
+from runbook.model import MetricValue, Plan, RunRecord
+
+if TYPE_CHECKING:
+    from runbook.workspace import Workspace
 
 DEFAULT_LIMIT = 50  # runs listed without --limit: the last ones, the earlier counted
 
@@ -48,17 +56,11 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
       runbook history --since 2026-11-29 --limit 0
       runbook history --json | jq '.result.runs[-1].verdict'
     """
-    from runbook.commands.show import unknown_phase
     from runbook.planstate import holder_view
     from runbook.project import discover_plans
-    from runbook.workspace import Workspace
 
-    plan = None
-    if plan_opt or phase_ref:
-        ws = Workspace.open(plan_opt)
-        plan = ws.load_plan()
-    else:
-        ws = Workspace.at()
+    ws, plan, phase_id = open_runs_filter(plan_opt, phase_ref)
+    if plan is None:
         if not ws.state.is_dir() and not discover_plans(ws.root):
             raise RunbookError(
                 f"no plan and no ledger here: {ws.root} has no {ws.rel(ws.state)}/ and no plan "
@@ -66,12 +68,6 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
                 "no_plan",
                 hint="run it inside a runbook workspace, or create one with `runbook init`",
             )
-    phase_id = None
-    if phase_ref and plan is not None:
-        phase = plan.find_phase(phase_ref)
-        if phase is None:
-            raise unknown_phase(plan, phase_ref, ws.plan_display)
-        phase_id = phase.id
     since = _since(since_text) if since_text is not None else None
     index = ws.ledger()
     problems = list(index.problems)
@@ -110,7 +106,7 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
                                      ws.state))
 
 
-def _pending(ws, one_plan: bool, phase_id: str | None) -> list:
+def _pending(ws: Workspace, one_plan: bool, phase_id: str | None) -> list[RunRecord]:
     """Runs whose runbook died before recording them (runbook/live.py), as `runbook next` will record them."""
     index = ws.ledger()
     among = index.unrecorded_dirs()  # a live state lives in the folder of a run without a record
@@ -123,14 +119,14 @@ def _pending(ws, one_plan: bool, phase_id: str | None) -> list:
     return [r for r in records if phase_id is None or r.phase == phase_id]
 
 
-def _render(result: HistoryResult, runs: list, metrics: tuple[str, ...], state_rel: str,
+def _render(result: HistoryResult, runs: list[RunRecord], metrics: tuple[str, ...], state_rel: str,
             pending: set[str] | frozenset[str] = frozenset(), one_phase: bool = False,
-            chrono: list | None = None, state_dir=None) -> str:
+            chrono: list[RunRecord] | None = None, state_dir: Path | None = None) -> str:
     from runbook.compare import value
     from runbook.formatting import format_took, format_value
     from runbook.writeback import varying_vars
 
-    def fmt(v) -> str:
+    def fmt(v: MetricValue | None) -> str:
         text = "-" if v is None else format_value(v)
         return text if len(text) <= 40 else text[:39] + "…"
 
@@ -169,7 +165,7 @@ def _render(result: HistoryResult, runs: list, metrics: tuple[str, ...], state_r
     return "\n".join(lines)
 
 
-def _cell(record, name: str, fmt, state_dir) -> str:
+def _cell(record: RunRecord, name: str, fmt: Callable[[MetricValue | None], str], state_dir: Path | None) -> str:
     """A --metric cell: the run's value, and when the run wrote a series of that name, its curve as a
     sparkline after the value (the series' last value when the run has no scalar of the name)."""
     from runbook.compare import sparkline, value
@@ -187,7 +183,7 @@ def _cell(record, name: str, fmt, state_dir) -> str:
     return f"{fmt(v)} {sparkline(found.y, 12)}"
 
 
-def _sparklines(runs: list, metrics: tuple[str, ...]) -> list[str]:
+def _sparklines(runs: list[RunRecord], metrics: tuple[str, ...]) -> list[str]:
     """One line per --metric column with numbers in two runs or more: its values across the runs,
     oldest first, as a sparkline, then the first and last values."""
     from runbook.compare import sparkline, value
@@ -224,7 +220,7 @@ def _since(text: str) -> int:
     return int(moment.timestamp())
 
 
-def _only_plan():  # -> Plan | None
+def _only_plan() -> Plan | None:
     """The repository's only plan, for phase labels; None when there are several, none, or it is broken."""
     from runbook.workspace import Workspace
 

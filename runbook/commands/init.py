@@ -160,9 +160,9 @@ def command(directory: Path, example: str | None, title: str, as_json: bool) -> 
         "add this to its MCP servers (Claude Code: .mcp.json; Claude Desktop, Cursor: their mcpServers file):\n"
         + json.dumps(config, indent=2)
     )
-    result = InitResult(root=str(root), created=[rel.split(" (")[0] for rel in created], plan=plan, notes=notes,
+    outcome = InitResult(root=str(root), created=[rel.split(" (")[0] for rel in created], plan=plan, notes=notes,
                         git_init=git_init, mcp_config=config)
-    return Output(result, 0, text)
+    return Output(outcome, 0, text)
 
 
 def _write_agents_md(root: Path, plan: str, notes: str | None) -> list[str]:

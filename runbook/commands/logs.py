@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from runbook.cli import Output
@@ -39,7 +41,7 @@ def command(plan_opt: str | None, run_ref: str | None, step: str | None, follow:
         if as_json:
             raise RunbookError("--follow prints a stream, not one JSON document", "usage",
                                hint="drop --json, or drop --follow to get the last lines as JSON")
-        out = click.get_binary_stream("stdout")
+        out = sys.stdout.buffer
         state = "running" if where.running else "ended"
         click.echo(f"{ws.rel(where.log)} (run {where.run_id}, {where.phase}, {where.step}, {state})", err=True)
 

@@ -7,13 +7,25 @@ execute.py, ledger.py, writeback.py, gitops.py, lock.py); what comes next is run
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from runbook.cli import Output
 from runbook.commands._options import json_option, plan_option
 from runbook.errors import RunbookError
-from runbook.model import EXIT_CODES, JUDGED
+from runbook.model import EXIT_CODES, JUDGED, Phase, Plan, RunRecord
+
+if TYPE_CHECKING:
+    from runbook.contract import DetachedView, Selected
+    from runbook.execute import Interrupts
+    from runbook.live import LiveRun
+    from runbook.lock import RunLock
+    from runbook.planstate import PlanState
+    from runbook.runner import RunOptions
+    from runbook.select import Selection
+    from runbook.workspace import Workspace
 
 HELP_EPILOG = """\b
 Which phase runs:
@@ -94,24 +106,25 @@ def command(
 
 
 class _Next:
-    def __init__(self, plan_opt, phase_ref, restart, until_stop, yes, no_commit, as_json, sets=()) -> None:
+    def __init__(self, plan_opt: str | None, phase_ref: str | None, restart: bool, until_stop: bool, yes: bool,
+                 no_commit: bool, as_json: bool, sets: Iterable[str] = ()) -> None:
         self.plan_opt, self.phase_ref, self.restart, self.until_stop = plan_opt, phase_ref, restart, until_stop
         self.yes, self.no_commit, self.as_json = yes, no_commit, as_json
         self.sets = tuple(sets)
         self.overrides: dict[str, str] | None = None  # parsed --set; None: not given
-        self.runs: list = []
-        self.settled: list = []  # runs a dead runbook left, recorded by this one
-        self.selected = None
+        self.runs: list[RunRecord] = []
+        self.settled: list[RunRecord] = []  # runs a dead runbook left, recorded by this one
+        self.selected: Selected | None = None
         self.detach = False  # this process starts a supervisor and returns (runbook/detach.py)
-        self.detached = None  # contract.DetachedView once it has
-        self.supervisor: dict | None = None  # this process IS the supervisor: run_id, supervisor_log, on_started
+        self.detached: DetachedView | None = None  # once it has
+        self.supervisor: dict[str, Any] | None = None  # this process IS the supervisor: run_id, supervisor_log, on_started
 
-    def supervised(self, *, run_id: str, supervisor_log: str, on_started) -> None:
+    def supervised(self, *, run_id: str, supervisor_log: str, on_started: Callable[[LiveRun], None]) -> None:
         """Run as the supervisor of a detached run (runbook/detach.py): step output only into the
         logs, the first fresh run under the id the caller chose."""
         self.supervisor = {"run_id": run_id, "supervisor_log": supervisor_log, "on_started": on_started}
 
-    def choose(self, ws, plan, sel):
+    def choose(self, ws: Workspace, plan: Plan, sel: Selection) -> tuple[Selection, Plan, dict[str, str]]:
         """The selection with --set applied: (selection, the plan as it runs, overrides)."""
         from runbook import runner
         from runbook.overrides import check, effective, parse_sets
@@ -132,7 +145,7 @@ class _Next:
     def warn(self, msg: str) -> None:
         click.echo(f"warning: {msg}", err=True)
 
-    def result(self, ws, code: int, *, dry_run: bool = False, state=None) -> Output:
+    def result(self, ws: Workspace, code: int, *, dry_run: bool = False, state: PlanState | None = None) -> Output:
         from runbook.contract import NextResult, RunView
         from runbook.planstate import for_workspace
 
@@ -144,7 +157,7 @@ class _Next:
         )
         return Output(result, code, None)
 
-    def load(self):
+    def load(self) -> tuple[Workspace, Plan]:
         from runbook.workspace import Workspace
 
         ws = Workspace.open(self.plan_opt)
@@ -161,7 +174,7 @@ class _Next:
             raise unknown_phase(plan, self.phase_ref, ws.plan_display)
         return ws, plan
 
-    def nothing(self, ws, sel, state) -> Output:
+    def nothing(self, ws: Workspace, sel: Selection, state: PlanState) -> Output:
         """No phase selected: blocked is a refusal; otherwise say why, from PlanState."""
         from runbook.planstate import nothing_text
 
@@ -235,7 +248,7 @@ class _Next:
                 file=str(exc.filename) if exc.filename else None,
             ) from None
 
-    def options(self, commit: bool, interrupts, overrides: dict[str, str] | None = None):  # -> runner.RunOptions
+    def options(self, commit: bool, interrupts: Interrupts, overrides: dict[str, str] | None = None) -> RunOptions:
         from runbook import runner
 
         opts = runner.RunOptions(
@@ -253,7 +266,7 @@ class _Next:
             opts.on_started = self.supervisor["on_started"]
         return opts
 
-    def _has_orphans(self, ws) -> bool:
+    def _has_orphans(self, ws: Workspace) -> bool:
         from runbook.live import live_runs, orphans
 
         if not live_runs(ws.state, ws.plan_rel):
@@ -261,7 +274,7 @@ class _Next:
         ws.ledger_changed()
         return bool(orphans(ws.state, ws.plan_rel, ws.ledger().run_ids()))
 
-    def start_detached(self, ws, lock, commit: bool) -> Output:
+    def start_detached(self, ws: Workspace, lock: RunLock, commit: bool) -> Output:
         """Show what will run, start the supervisor with the lock, return once its run started."""
         from runbook import detach, runner
         from runbook.contract import DetachedView
@@ -309,7 +322,7 @@ class _Next:
     def _interactive(self) -> bool:
         return not self.as_json and sys.stdin.isatty() and sys.stdout.isatty()
 
-    def loop(self, ws, lock, commit: bool) -> Output:
+    def loop(self, ws: Workspace, lock: RunLock, commit: bool) -> Output:
         from runbook import runner
         from runbook.execute import Interrupts
         from runbook.planstate import for_workspace
@@ -331,7 +344,7 @@ class _Next:
                     plan = ws.load_plan()
                     phase = plan.find_phase(record.phase)
                     if phase is not None:
-                        self.summary(ws, plan, phase, record, runner)
+                        self.summary(ws, plan, phase, record)
                     if not self.until_stop or record.verdict not in JUDGED or interrupts.signum is not None:
                         return self.result(ws, code)
             while True:
@@ -349,18 +362,19 @@ class _Next:
 
                     self.say(nothing_text(state.next))
                     return self.result(ws, code, state=state)
-                if counts.get(sel.phase.id, 0) >= MAX_RUNS_PER_PHASE:
-                    self.say(f"stopping: {sel.phase.display_name} already ran {counts[sel.phase.id]} times "
+                phase = sel.phase  # the same after choose(), which may change only where it starts
+                if counts.get(phase.id, 0) >= MAX_RUNS_PER_PHASE:
+                    self.say(f"stopping: {phase.display_name} already ran {counts[phase.id]} times "
                              "in this invocation (the transitions loop); run `runbook next` again to go on")
                     return self.result(ws, code)
                 try:
-                    check_blocks(plan.text, sel.phase, ws.plan_rel)
+                    check_blocks(plan.text, phase, ws.plan_rel)
                 except HandEdited as exc:
                     raise RunbookError(f"refusing to run: {exc}", "hand_edited", file=ws.plan_rel) from None
                 sel, running, overrides = self.choose(ws, plan, sel)
                 self.say(runner.render_preview(ws, running, sel))
                 if first and not self.yes:
-                    if not click.confirm(f"\nRun {sel.phase.display_name}{' and what follows' if self.until_stop else ''}?",
+                    if not click.confirm(f"\nRun {phase.display_name}{' and what follows' if self.until_stop else ''}?",
                                          default=True):
                         raise RunbookError("not confirmed: nothing ran", "not_confirmed")
                 if first:
@@ -372,7 +386,7 @@ class _Next:
                 self.runs.append(record)
                 counts[record.phase] = counts.get(record.phase, 0) + 1
                 code = EXIT_CODES[record.verdict]
-                self.summary(ws, plan, sel.phase, record, runner)
+                self.summary(ws, plan, phase, record)
                 if result.problems and (not result.plan_written or result.commit_failed):
                     code = max(code, 2) if code in (0, 1) else code
                 if not self.until_stop or record.verdict not in JUDGED or interrupts.signum is not None:
@@ -381,7 +395,8 @@ class _Next:
             if interrupts is not None:
                 interrupts.__exit__(None, None, None)
 
-    def summary(self, ws, plan, phase, record, runner) -> None:
+    def summary(self, ws: Workspace, plan: Plan, phase: Phase, record: RunRecord) -> None:
+        from runbook import runner
         from runbook.formatting import format_took
         from runbook.ledger import run_path
 

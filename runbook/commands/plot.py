@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import click
 
 from runbook.cli import Output
-from runbook.commands._options import json_option, warn
+from runbook.commands._options import json_option, open_runs_filter, warn
 from runbook.errors import RunbookError
 
 
@@ -39,24 +40,10 @@ def command(phase_ref: str | None, metric: str, run_refs: tuple[str, ...], out: 
     """
     from runbook.plotting import draw, plan_chart
     from runbook.recording import find_run
-    from runbook.workspace import Workspace
 
-    plan = None
-    if plan_opt or phase_ref:
-        ws = Workspace.open(plan_opt)
-        plan = ws.load_plan()
-    else:
-        ws = Workspace.at()
+    ws, plan, phase_id = open_runs_filter(plan_opt, phase_ref)
     index = ws.ledger()
     problems = list(index.problems)
-    phase_id = None
-    if phase_ref and plan is not None:
-        phase = plan.find_phase(phase_ref)
-        if phase is None:
-            from runbook.commands.show import unknown_phase
-
-            raise unknown_phase(plan, phase_ref, ws.plan_display)
-        phase_id = phase.id
     plan_rel = ws.plan_rel if plan is not None else None
     if run_refs:  # only the runs named are read
         warn(problems)
@@ -82,7 +69,7 @@ def command(phase_ref: str | None, metric: str, run_refs: tuple[str, ...], out: 
     written = draw(chart, png, svg)
     from runbook.contract import PlotResult
 
-    def shown(path) -> str:
+    def shown(path: Path) -> str:
         try:
             return ws.rel(path.resolve()) if path.resolve().is_relative_to(ws.root) else str(path)
         except OSError:
@@ -95,9 +82,7 @@ def command(phase_ref: str | None, metric: str, run_refs: tuple[str, ...], out: 
     return Output(result, 0, f"plotted {what} ({chart.points} points):\n  {result.png}\n  {result.svg}")
 
 
-def _resolve(out: str):  # -> Path
-    from pathlib import Path
-
+def _resolve(out: str) -> Path:
     path = Path(out)
     if path.suffix.lower() != ".png":
         raise RunbookError(f"--out {out}: name a .png file (the SVG is written beside it)", "usage")

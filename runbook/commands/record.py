@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import IO, TYPE_CHECKING
 
 import click
 
@@ -12,6 +13,9 @@ from runbook.commands._options import json_option, open_plan, plan_option
 from runbook.errors import RunbookError
 from runbook.mdtext import to_lf
 from runbook.model import RunRecord
+
+if TYPE_CHECKING:
+    from runbook.workspace import Workspace
 
 _METRIC = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*=\s*(\S+)\s*$")
 _EDITOR_SECTIONS = {"metrics": "metrics", "lessons": "lessons", "lessons learned": "lessons", "next steps": "next"}
@@ -61,7 +65,7 @@ def parse_editor_text(text: str) -> tuple[str, str, dict[str, float], list[str],
     return title, "\n".join(body).strip("\n"), metrics, lists["lessons"], lists["next"]
 
 
-def _editor_session(title: str | None, ws, run: RunRecord | None) -> tuple[str, str, dict[str, float], list[str], list[str]]:
+def _editor_session(title: str | None, ws: Workspace, run: RunRecord | None) -> tuple[str, str, dict[str, float], list[str], list[str]]:
     from runbook.templates import render
 
     template = render("record-editor.md.j2", title=title or "", plan=ws.plan_rel, notes=ws.notes_rel, run=run)
@@ -110,7 +114,7 @@ def command(
     lessons: tuple[str, ...],
     next_steps: tuple[str, ...],
     run_ref: str | None,
-    body,
+    body: IO[str] | None,
     plan_opt: str | None,
     no_commit: bool,
     as_json: bool,
@@ -174,8 +178,8 @@ def command(
         lines.append(f"  lesson already there, not added again: {lesson}")
     if recorded.next_steps is not None:
         lines.append(f"  next steps replaced: {len(recorded.next_steps)} item(s)")
-    for path in recorded.plots:
-        lines.append(f"  chart: {path}")
+    for chart in recorded.plots:
+        lines.append(f"  chart: {chart}")
     if recorded.commit:
         lines.append(f"  commit {recorded.commit[:10]}")
     elif not no_commit:
