@@ -1,8 +1,8 @@
 """The generic decoding path on an 8B-shape Qwen3 (issue 15): one device call, one table.
 
-    python bench/gpu_arch.py --out DIR            # H200: 8B Qwen3 shape, random bf16 weights, in memory
-    python bench/gpu_arch.py --out DIR --cli      # also save it and run `eagle evaluate --decoder generic`
-    python bench/gpu_arch.py --out DIR --smoke    # tiny shapes, on the CPU
+    python -m bench.gpu_arch --out DIR            # H200: 8B Qwen3 shape, random bf16 weights, in memory
+    python -m bench.gpu_arch --out DIR --cli      # also save it and run `eagle evaluate --decoder generic`
+    python -m bench.gpu_arch --out DIR --smoke    # tiny shapes, on the CPU
 
 1. Builds a Qwen3 of Qwen3-8B's shape (hidden 4096, 36 layers, intermediate 12288, 32 / 8 heads of
    128, vocab 151936) with random bf16 weights on the device, and a random EAGLE-3 drafter for it
@@ -31,12 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from eagle.decode import Decoder, TargetModel, required_len  # noqa: E402
-from eagle.generic_decode import GenericDecoder  # noqa: E402
+from bench.gpu_decode import copy_bandwidth, random_target
+from eagle.decode import Decoder, TargetModel, required_len
+from eagle.generic_decode import GenericDecoder
 
 QWEN3_8B = {"hidden_size": 4096, "num_hidden_layers": 36, "intermediate_size": 12288, "vocab_size": 151936,
             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}
@@ -47,26 +46,6 @@ SMOKE_QWEN3 = {"hidden_size": 128, "num_hidden_layers": 8, "intermediate_size": 
 SMOKE_LLAMA = {"hidden_size": 128, "num_hidden_layers": 8, "intermediate_size": 256, "vocab_size": 2048,
                "num_attention_heads": 4, "num_key_value_heads": 2}
 PROMPT_LEN, K = 128, 3
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def copy_bandwidth(device: torch.device, nbytes: int) -> float:
-    """Bytes/s of a device-to-device copy (read + write; median of 10), as bench/gpu_decode.py."""
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
-    dst = torch.empty_like(src)
-    times = []
-    for i in range(13):
-        sync(device)
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        sync(device)
-        if i >= 3:
-            times.append(time.perf_counter() - t0)
-    return 2 * nbytes / sorted(times)[len(times) // 2]
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -214,17 +193,8 @@ def main() -> None:
     if a.no_llama:
         return
     # 3. the fast decoder on the 8B Llama shape (bench/gpu_decode.py's)
-    from transformers import LlamaConfig
-
-    lcfg = LlamaConfig(**lshape, max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                       rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
-    torch.manual_seed(0)
-    llama = TargetModel(lcfg, device=device, dtype=dtype)
-    with torch.no_grad():
-        for p in llama.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.02)
-    dec = Decoder(llama.eval(), None, max_len=required_len(PROMPT_LEN, 64, K))
+    llama = random_target(lshape, device, dtype)
+    dec = Decoder(llama, None, max_len=required_len(PROMPT_LEN, 64, K))
     row("fast (CUDA graph)" if dec.use_graphs else "fast (eager)", "Llama 8B",
         dec.time_stages(K, [t % lshape["vocab_size"] for t in prompt], iters=30), weight_bytes(llama))
     save()

@@ -1,8 +1,8 @@
 """Fast-decoding benchmark for the H200 (issue 9): one call, one table.
 
-    python bench/gpu_decode.py                                   # 8B Llama shape, random bf16 weights
-    python bench/gpu_decode.py --target work/target --draft work/draft --prompts plans/data/prompts-heldout.jsonl
-    python bench/gpu_decode.py --smoke [--target ... --draft ... --prompts ...]   # tiny, on the CPU
+    python -m bench.gpu_decode                                   # 8B Llama shape, random bf16 weights
+    python -m bench.gpu_decode --target work/target --draft work/draft --prompts plans/data/prompts-heldout.jsonl
+    python -m bench.gpu_decode --smoke [--target ... --draft ... --prompts ...]   # tiny, on the CPU
 
 Part 1 (speed only, random weights): plain greedy tok/s of the CUDA-graph decode step against the
 memory-bandwidth bound (weight bytes read per token / measured device copy bandwidth; target >=
@@ -30,13 +30,11 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from eagle import llama_ops  # noqa: E402
-from eagle.decode import Decoder, TargetModel, load_decoder, required_len  # noqa: E402
-from eagle.leviathan import acceptance_from_accept_len, leviathan_speedup  # noqa: E402
+from eagle import llama_ops
+from eagle.decode import Decoder, TargetModel, load_decoder, required_len
+from eagle.leviathan import acceptance_from_accept_len, leviathan_speedup
 
 LLAMA_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 32000,
             "num_attention_heads": 32, "num_key_value_heads": 8}

@@ -1,7 +1,7 @@
 """GPU throughput of hidden-state extraction and drafter training (issue 8): one call, one table.
 
-    python bench/gpu_throughput.py            # on the H200: 1.1B Llama shape, random bf16 weights
-    python bench/gpu_throughput.py --smoke    # tiny shapes on the CPU (a check of the code, not a number)
+    python -m bench.gpu_throughput            # on the H200: 1.1B Llama shape, random bf16 weights
+    python -m bench.gpu_throughput --smoke    # tiny shapes on the CPU (a check of the code, not a number)
 
 Measures, in this order, and prints one table at the end (also $OUT/gpu_throughput.{json,md}):
 1. ceilings: bf16 matmul TFLOP/s (8192^3, random data), device-to-device copy (bytes read + written),
@@ -35,9 +35,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
+from bench.gpu_decode import sync
 
 TARGET_1B = {"hidden_size": 2048, "num_hidden_layers": 22, "intermediate_size": 5632, "vocab_size": 32000,
              "num_attention_heads": 32, "num_key_value_heads": 4}
@@ -76,11 +76,6 @@ def failed(name: str, exc: BaseException) -> None:
     save()
     print(f"  {name}: FAILED {msg}", flush=True)
     traceback.print_exc(limit=6)
-
-
-def sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
 
 
 def timed(fn: Any, dev: torch.device, iters: int, warmup: int = 2) -> float:

@@ -1,7 +1,7 @@
 """One device call on two GPUs for issues 17 and 24: everything in a wall-clock budget, partial results kept.
 
-    python3 bench/h200x2_call.py --out $OUT --budget 560     # on nvidia-h200-x2
-    python3 bench/h200x2_call.py --smoke --out /tmp/o        # the same plumbing on the CPU (tiny shapes,
+    python3 -m bench.h200x2_call --out $OUT --budget 560     # on nvidia-h200-x2
+    python3 -m bench.h200x2_call --smoke --out /tmp/o        # the same plumbing on the CPU (tiny shapes,
                                                              # gloo, make test-gpu skips without CUDA)
 
 Phase A, two lanes at once:
@@ -80,8 +80,7 @@ def test_summary(log: Path) -> str:
 
 
 def summary(out: Path) -> str:
-    sys.path.insert(0, str(REPO / "bench"))
-    from multi_gpu_scaling import table
+    from bench.multi_gpu_scaling import table
 
     text = ["# times (s) and exit codes", json.dumps(TIMES), "", "# make test-gpu", test_summary(out / "test_gpu.log"), ""]
     trl = out / "train_real_loop.json"
@@ -139,7 +138,7 @@ def main() -> int:
         while "online1" in a.parts and lane_end - time.time() > 100 and not (work / "prepared.json").is_file():
             time.sleep(2)
         if "online1" in a.parts and lane_end - time.time() > 100:
-            run_logged("online1", [py, "bench/multi_gpu_scaling.py", "--workdir", str(work), "--out", str(work / "online1"),
+            run_logged("online1", [py, "-m", "bench.multi_gpu_scaling", "--workdir", str(work), "--out", str(work / "online1"),
                                    "--nproc", "1", "--samples", str(samples), "--parts", "online1", "--extract-data", "v",
                                    "--deadline", str(lane_end - 20), *smoke],
                        {**base, **gpu1}, lane_end - time.time(), work / "logs" / "online1-lane.log")
@@ -147,7 +146,7 @@ def main() -> int:
     lanes = [threading.Thread(target=lane1)]
     if a.modes:
         lanes.append(threading.Thread(target=run_logged, args=(
-            "train_real_loop", [py, "bench/train_real_loop.py", "--workdir", str(work), "--out", str(out), "--samples",
+            "train_real_loop", [py, "-m", "bench.train_real_loop", "--workdir", str(work), "--out", str(out), "--samples",
                                 str(samples), "--epochs", "3", "--modes", a.modes, "--deadline", str(lane_end - 20),
                                 *smoke],
             {**base, **gpu0}, lane_end - time.time(), out / "lane0.log")))
@@ -158,7 +157,7 @@ def main() -> int:
 
     phase_b = [x for x in a.parts.split(",") if x and x != "online1"]
     if phase_b:
-        run_logged("multi_gpu_scaling", [py, "bench/multi_gpu_scaling.py", "--workdir", str(work), "--out", str(out),
+        run_logged("multi_gpu_scaling", [py, "-m", "bench.multi_gpu_scaling", "--workdir", str(work), "--out", str(out),
                                          "--samples", str(samples), "--epochs", "3", "--extract-data", "v",
                                          "--train-baseline", str(out / "train_real_loop.json"),
                                          "--parts", ",".join(phase_b),

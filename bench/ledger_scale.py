@@ -14,7 +14,7 @@ Wall time and CPU time (user + system of the child, from `resource.getrusage(RUS
 are both reported: the machine this runs on is shared, so wall time moves with everyone else's
 load; CPU time moves much less. Compiled bytecode is written first (a normal install has it).
 
-    .venv/bin/python bench/ledger_scale.py [--runs 10000] [--repeat 5] [--dir DIR] [--keep] [--json OUT]
+    .venv/bin/python -m bench.ledger_scale [--runs 10000] [--repeat 5] [--dir DIR] [--keep] [--json OUT]
 
 `--dir DIR --keep` leaves the workspace for profiling (`--reuse` times an existing one again).
 """

@@ -1,9 +1,9 @@
 """Scaling of `eagle extract` and `eagle train` over N GPUs of one host (issues 11 and 24): one call, one table.
 
-    python3 bench/multi_gpu_scaling.py --out $OUT                 # on nvidia-h200-x2: 1.1B Llama shape, bf16
-    python3 bench/multi_gpu_scaling.py --workdir W --train-baseline OUT/train_real_loop.json ...
+    python3 -m bench.multi_gpu_scaling --out $OUT                 # on nvidia-h200-x2: 1.1B Llama shape, bf16
+    python3 -m bench.multi_gpu_scaling --workdir W --train-baseline OUT/train_real_loop.json ...
                                            # reuse bench/train_real_loop.py's target, data and 1-GPU figure
-    python3 bench/multi_gpu_scaling.py --smoke                    # tiny shapes, CPU processes over gloo (a check
+    python3 -m bench.multi_gpu_scaling --smoke                    # tiny shapes, CPU processes over gloo (a check
                                                                   # of the code: N processes on shared cores)
 
 Parts (`--parts`, in this order; each child process has a timeout, and with `--deadline` a part gets
@@ -55,8 +55,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
 TARGET_1B = {"hidden_size": 2048, "num_hidden_layers": 22, "intermediate_size": 5632, "vocab_size": 32000,
              "num_attention_heads": 32, "num_key_value_heads": 4}
@@ -351,7 +349,8 @@ class Bench:
     def children(self, name: str, kind: str, args: list[list[Any]], cap: float) -> list[dict[str, Any]]:
         """Start one `--child` process per args list at once; their RESULT lines, in order."""
         env = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1", **({} if self.gpu else {"OMP_NUM_THREADS": "1"})}
-        procs = [subprocess.Popen([sys.executable, __file__, "--child", json.dumps([kind, *x])], stdout=subprocess.PIPE,
+        procs = [subprocess.Popen([sys.executable, "-m", "bench.multi_gpu_scaling", "--child", json.dumps([kind, *x])],
+                                  stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, start_new_session=True)
                  for x in args]
         deadline = time.time() + min(cap, self.left())
@@ -451,7 +450,7 @@ class Bench:
 
     # -------------------------------------------------------- train / online
     def train_args(self, target: Path, data: Path, epochs: int) -> list[str]:
-        from train_real_loop import BATCH_TOKENS, LR, TTT, VAL_FRACTION
+        from bench.train_real_loop import BATCH_TOKENS, LR, TTT, VAL_FRACTION
 
         kind = "gpu" if self.gpu else "smoke"
         return ["train", "--model", str(target), "--data", str(data), "--epochs", str(epochs), "--batch-tokens",
@@ -459,7 +458,7 @@ class Bench:
                 str(VAL_FRACTION)] + ([] if self.gpu else ["--device", "cpu"])
 
     def train_run(self, name: str, args: list[str], nproc: int, cap: float) -> dict[str, Any]:
-        from train_real_loop import steady
+        from bench.train_real_loop import steady
 
         out, metrics = self.work / name, self.work / f"{name}.metrics.json"
         shutil.rmtree(out, ignore_errors=True)
@@ -596,7 +595,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     bench = Bench(a, out, work, gpu, shape)
     try:
-        from train_real_loop import prepare
+        from bench.train_real_loop import prepare
 
         t0 = time.perf_counter()
         seq = 48 if a.smoke else 2048

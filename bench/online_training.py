@@ -1,7 +1,7 @@
 """`eagle train --online` against the offline path (`eagle extract` files + `eagle train`): one call, one table.
 
-    python bench/online_training.py                 # on the H200: 1.1B Llama shape (random bf16) + the toy target
-    python bench/online_training.py --smoke         # tiny shapes on the CPU (a check of the code, not a number)
+    python -m bench.online_training                 # on the H200: 1.1B Llama shape (random bf16) + the toy target
+    python -m bench.online_training --smoke         # tiny shapes on the CPU (a check of the code, not a number)
 
 Runs the real CLIs in subprocesses (bench/multi_gpu_scaling.py's helpers), in this order:
 1. Speed, on a random-weight target (1.1B Llama shape on the GPU) and random-token rows (lengths
@@ -31,14 +31,32 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH.parent))
-sys.path.insert(0, str(BENCH))
-
-from multi_gpu_scaling import SMOKE, TARGET_1B, make_data, make_target, run_cli  # noqa: E402
-from multi_gpu_scaling import table as rows_table  # noqa: E402
+from bench.multi_gpu_scaling import REPO, SMOKE, TARGET_1B, free_port, make_data, make_target
+from bench.multi_gpu_scaling import table as rows_table
 
 ROWS: list[dict[str, Any]] = []
+
+
+def run_cli(args: list[str], nproc: int, gpu: bool, metrics: Path, log: Path) -> None:
+    """`eagle ARGS` in 1 process or under torchrun, its metrics into `metrics`, its output into `log`."""
+    import subprocess
+
+    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "RUNBOOK_METRICS": str(metrics), "PYTHONUNBUFFERED": "1"}
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "eagle.cli", *args]
+        if gpu:
+            env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    else:
+        torchrun = Path(sys.executable).with_name("torchrun")
+        cmd = [str(torchrun), "--nproc-per-node", str(nproc), "--master-port", str(free_port()), "-m", "eagle.cli", *args]
+    if not gpu:  # one thread per process: a process stands for one device (2 threads on a busy box thrash)
+        env["OMP_NUM_THREADS"] = "1"
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    log.write_text(f"$ {' '.join(cmd)}\n# {time.perf_counter() - t0:.1f} s, rc {res.returncode}\n"
+                   f"{res.stdout}\n--- stderr\n{res.stderr}")
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed (rc {res.returncode}); see {log}:\n{res.stderr[-3000:]}")
 META: dict[str, Any] = {}
 
 

@@ -3,7 +3,7 @@
 Prints our time next to markdown-it-py's bare parse of the same text (the default CommonMark
 parser, inline rules included) and the ratio. Targets: < 300 ms and < 1.5x the bare parse.
 
-    .venv/bin/python bench/parse_bench.py [--phases 500] [--repeat 5]
+    .venv/bin/python -m bench.parse_bench [--phases 500] [--repeat 5]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Metric series at a long run's scale: how long runbook takes to read what a step appended to
 $RUNBOOK_SERIES, and how much the ledger keeps (and git then stores) per run.
 
-    .venv/bin/python bench/series_bench.py [--steps 100000]
+    .venv/bin/python -m bench.series_bench [--steps 100000]
 
 Writes a step's series file like `eagle train` would (8 values per optimizer step, 6 per validation
 every 1,000 steps, smooth curves with noise), reads it with runbook.series, saves the compact file

@@ -1,9 +1,9 @@
 """`eagle train` on real-shaped, variable-length data against its fixed-shape step and against
 speculators' own training on the SAME data, side by side in one run.
 
-    python bench/train_real_loop.py --out $OUT        # on a GPU: 1.1B Llama shape (random bf16 weights)
-    python bench/train_real_loop.py --smoke           # tiny shapes on the CPU (a check of the code)
-    python bench/train_real_loop.py --workdir W ...   # keep the target and data in W (reused when there;
+    python -m bench.train_real_loop --out $OUT        # on a GPU: 1.1B Llama shape (random bf16 weights)
+    python -m bench.train_real_loop --smoke           # tiny shapes on the CPU (a check of the code)
+    python -m bench.train_real_loop --workdir W ...   # keep the target and data in W (reused when there;
                                                       # bench/multi_gpu_scaling.py trains on W/data-v)
 
 What it does (every mode in its own process: fresh compile caches, its own warm-up):
@@ -32,10 +32,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH.parent))
-sys.path.insert(0, str(BENCH))
 
 MODES = ("real", "fixed", "speculators", "nobuckets")
 TTT = 3
@@ -127,9 +123,9 @@ def child_speculators(target: str, data: str, out: str, batch_tokens: int, lr: f
 
 # ---------------------------------------------------------------- parent
 def run_child(args: list[str], timeout: float, log: Path | None = None) -> dict | None:
-    from multi_gpu_scaling import run_group
+    from bench.multi_gpu_scaling import run_group
 
-    cmd = [sys.executable, __file__, "--child", json.dumps(args)]
+    cmd = [sys.executable, "-m", "bench.train_real_loop", "--child", json.dumps(args)]
     t0 = time.perf_counter()
     res = run_group(cmd, {**os.environ, "PYTHONUNBUFFERED": "1"}, timeout,
                     log=None if log is None else log.with_suffix(""))
@@ -203,7 +199,8 @@ def prepare(work: Path, shape: dict[str, int], n: int, seq: int, modes: list[str
     written last). `eagle extract` on W/data-v runs alone, with its metrics in W/extract-data-v.json:
     bench/multi_gpu_scaling.py takes it as the 1-process extraction (its files' times give the rate)."""
     import torch
-    from multi_gpu_scaling import EXTRACT_BATCH, make_target
+
+    from bench.multi_gpu_scaling import EXTRACT_BATCH, make_target
 
     g = torch.Generator().manual_seed(0)
     lengths_v = torch.randint(seq // 2, seq + 1, (n,), generator=g).tolist()
@@ -257,8 +254,9 @@ def main() -> int:
         return 0
 
     import torch
-    from gpu_throughput import drafter_flops_per_token
-    from multi_gpu_scaling import SMOKE, TARGET_1B
+
+    from bench.gpu_throughput import drafter_flops_per_token
+    from bench.multi_gpu_scaling import SMOKE, TARGET_1B
 
     gpu = not a.smoke and torch.cuda.is_available()
     shape = SMOKE if a.smoke else TARGET_1B

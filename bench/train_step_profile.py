@@ -1,8 +1,8 @@
 """Per-step times of `eagle train`'s drafter step on packed variable-length batches, under torch.compile
 settings: why the real loop runs slower than bench/gpu_throughput.py's fixed-shape step.
 
-    python bench/train_step_profile.py              # on the H200: 1.1B Llama shape (random bf16), --online data
-    python bench/train_step_profile.py --smoke      # tiny shapes on the CPU (a check of the code)
+    python -m bench.train_step_profile              # on the H200: 1.1B Llama shape (random bf16), --online data
+    python -m bench.train_step_profile --smoke      # tiny shapes on the CPU (a check of the code)
 
 Each mode runs `eagle.train.train` in its own process (fresh torch.compile caches) with --online
 hidden states (no extraction needed), timing every `train_step` with a device sync before and
@@ -35,10 +35,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH.parent))
-sys.path.insert(0, str(BENCH))
 
 MODES = ("compiled", "nobuckets", "bucket256", "nocudnn", "limit256", "eager")
 DEFAULT_MODES = ("compiled", "nobuckets", "bucket256")
@@ -124,8 +120,8 @@ def main() -> int:
         return 0
 
     import torch
-    from multi_gpu_scaling import SMOKE, TARGET_1B, make_data, make_target
 
+    from bench.multi_gpu_scaling import SMOKE, TARGET_1B, make_data, make_target
     from eagle.vocab import build_vocab
 
     gpu = not a.smoke and torch.cuda.is_available()
@@ -141,10 +137,11 @@ def main() -> int:
         torch.cuda.empty_cache()
     rows: list[dict[str, Any]] = []
     for mode in a.modes.split(","):
-        cmd = [sys.executable, __file__, "--child", mode, str(target), str(data), str(work / f"draft-{mode}"),
+        cmd = [sys.executable, "-m", "bench.train_step_profile", "--child", mode, str(target), str(data), str(work / f"draft-{mode}"),
                str(a.epochs), str(batch_tokens)]
         t0 = time.perf_counter()
-        res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                             cwd=Path(__file__).resolve().parents[1])
         line = next((x for x in res.stdout.splitlines() if x.startswith("RESULT ")), None)
         if res.returncode != 0 or line is None:
             print(f"{mode}: FAILED rc {res.returncode}\n{res.stderr[-2000:]}", file=sys.stderr)

