@@ -83,3 +83,30 @@ def test_the_repository_root_is_a_runbook_workspace() -> None:
                                 text=True, timeout=120)
         assert status.returncode == 0, status.stdout + status.stderr
         assert json.loads(status.stdout)["result"]["plan"] == rel
+
+
+def test_the_example_plan_has_one_source_and_the_package_ships_its_bytes(tmp_path: Path) -> None:
+    """plans/ holds the EAGLE-3 example; templates/examples/eagle3/ (what `runbook init --example
+    eagle3` copies, installed as runbook_templates) links to it, and a built wheel carries the bytes."""
+    import shutil
+    import zipfile
+
+    from runbook.commands.init import EXAMPLES
+
+    shipped = REPO / "templates" / "examples" / "eagle3"
+    for source, dest in EXAMPLES["eagle3"]:
+        assert (shipped / source).is_symlink(), f"templates/examples/eagle3/{source} must link to {dest}"
+        assert (shipped / source).resolve() == (REPO / dest).resolve()
+    tree = tmp_path / "src"
+    tree.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, tree / name)
+    for name in ("runbook", "eagle", "templates", "plans"):
+        shutil.copytree(REPO / name, tree / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                           str(tmp_path / "dist"), str(tree)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        for source, dest in EXAMPLES["eagle3"]:
+            assert archive.read(f"runbook_templates/examples/eagle3/{source}") == (REPO / dest).read_bytes(), source

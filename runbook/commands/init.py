@@ -31,7 +31,8 @@ def yaml_string(text: str) -> str:
         return text
     return json.dumps(text, ensure_ascii=False)  # a JSON string is a YAML double-quoted scalar
 EXAMPLES = {
-    # example -> [(file under templates/examples/<example>/, destination under DIR)]
+    # example -> [(file under templates/examples/<example>/, destination under DIR)]; the eagle3 files
+    # there are links to this repository's plans/ (one source), and the package ships their bytes
     "eagle3": [
         ("eagle3-game-plan.md", "plans/eagle3-game-plan.md"),
         ("eagle3-next-steps.md", "plans/eagle3-next-steps.md"),
