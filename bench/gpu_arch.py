@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from bench.gpu_decode import copy_bandwidth, random_target
+from bench.gpu_throughput import random_hf
 from eagle.decode import Decoder, TargetModel, required_len
 from eagle.generic_decode import GenericDecoder
 
@@ -61,18 +62,7 @@ def build_qwen3(shape: dict, out: Path | None, device: torch.device, dtype: torc
 
     cfg = Qwen3Config(**shape, max_position_embeddings=4096, tie_word_embeddings=False, rms_norm_eps=1e-6,
                       eos_token_id=5, pad_token_id=0, bos_token_id=None)
-    torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # build in bf16 directly (no fp32 copy of 8B weights)
-    try:
-        with torch.device(device):
-            model = Qwen3ForCausalLM(cfg).eval()
-    finally:
-        torch.set_default_dtype(default)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.02)
+    model = random_hf(Qwen3ForCausalLM, cfg, device, dtype)  # in bf16 directly: no fp32 copy of 8B weights
     model.generation_config = GenerationConfig(eos_token_id=5, pad_token_id=0)
     return model
 

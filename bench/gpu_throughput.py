@@ -125,17 +125,15 @@ def ceilings(dev: torch.device, smoke: bool, scratch: Path) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------- 2. extraction
-def random_target(shape: dict[str, int], dev: torch.device, dtype: torch.dtype) -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(**shape, max_position_embeddings=4096, tie_word_embeddings=False, rms_norm_eps=1e-5)
-    cfg._attn_implementation = "sdpa"
+def random_hf(model_class: Any, cfg: Any, dev: torch.device, dtype: torch.dtype) -> Any:
+    """A transformers model of `cfg` built on `dev` in `dtype` directly (no float32 copy of large
+    weights), matrices drawn from N(0, 0.02) after seed 0; in eval mode."""
     torch.manual_seed(0)
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(dev):
-            model = LlamaForCausalLM(cfg)
+            model = model_class(cfg)
     finally:
         torch.set_default_dtype(old)
     with torch.no_grad():
@@ -143,6 +141,14 @@ def random_target(shape: dict[str, int], dev: torch.device, dtype: torch.dtype) 
             if p.dim() > 1:
                 p.normal_(0, 0.02)
     return model.eval()
+
+
+def random_target(shape: dict[str, int], dev: torch.device, dtype: torch.dtype) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**shape, max_position_embeddings=4096, tie_word_embeddings=False, rms_norm_eps=1e-5)
+    cfg._attn_implementation = "sdpa"
+    return random_hf(LlamaForCausalLM, cfg, dev, dtype)
 
 
 def target_flops_per_token(shape: dict[str, int], seq: int) -> float:
