@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import Counts
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = REPO / "plans" / "data" / "prompts.jsonl"
@@ -28,6 +29,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs a CUDA device (make test-gpu on a GPU host)")
         for item in gpu:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def counts(tmp_path_factory: pytest.TempPathFactory) -> Counts:
+    """The reliability counters of this session (helpers.Counts)."""
+    return Counts(tmp_path_factory.getbasetemp() / "reliability-counts.json")
 
 
 @pytest.fixture(scope="session")
@@ -66,11 +73,8 @@ def toy_data(toy_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 def plan_states(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The plan states of docs/next.md's table (tests/plan_states.py), each a git repo built with
     real `runbook next` runs, `running` aside. Read-only: copy one (plan_states.py `copy`) to change it."""
-    import importlib.util
+    import plan_states as states
 
-    spec = importlib.util.spec_from_file_location("plan_states", Path(__file__).with_name("plan_states.py"))
-    states = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(states)
     base = tmp_path_factory.mktemp("plan-states")
     return {name: states.build(name, base / name) for name in states.STATES if name != "running"}
 
@@ -80,11 +84,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
     """A real single-node Slurm cluster of this test session (tests/slurm_cluster.py): installed with
     apt-get when missing, started in a private directory, stopped by its pid files at the end.
     Skips, with the reason, only where Slurm cannot be installed."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("slurm_cluster", Path(__file__).with_name("slurm_cluster.py"))
-    helper = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(helper)
+    import slurm_cluster as helper
     why = helper.ensure_installed()
     if why is not None:
         pytest.skip(why)

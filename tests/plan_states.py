@@ -12,16 +12,13 @@ the knobs there change outcomes without changing any tracked file.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
+import helpers as H
 
 PLAN = """\
 ---

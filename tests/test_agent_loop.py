@@ -8,15 +8,11 @@ falling back to Phase 1b, which fails too (On fail: stop) until params.json is f
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+import helpers as H
 import jsonschema
-
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "docs" / "schemas"
 

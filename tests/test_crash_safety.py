@@ -19,7 +19,6 @@ RUNBOOK_KILL_ROUNDS=N sets the rounds per kill test (default 6).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -31,16 +30,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import helpers as H
 import pytest
 
 from runbook import notes as notes_mod
 from runbook.ledger import load_run
 from runbook.parse import parse_plan, read_plan
-
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
-counts = H.counts
 
 PLAN = """\
 ---
@@ -84,10 +79,7 @@ def _slow_git(tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    repo = H.make_repo(tmp_path / "repo", PLAN)
-    (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "stepdone\n")
-    H.git(repo, "commit", "-qam", "ignore stepdone")
-    return repo
+    return H.make_repo(tmp_path / "repo", PLAN, ignore=("stepdone",))
 
 
 def git_locks(repo: Path) -> list[str]:

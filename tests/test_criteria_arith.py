@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from helpers import run_record
 
 from runbook.criteria import CriterionError, evaluate, metric_names, parse_criterion, render
 from runbook.model import Arith, Compare, MetricRef, Neg, Number
@@ -133,7 +134,7 @@ def test_references_resolve_to_the_latest_judged_run_of_the_phase_and_say_why_wh
     phase = plan.phases[1]
 
     def run(run_id: str, verdict: str, **metrics: float) -> RunRecord:
-        return RunRecord(run_id=run_id, plan="p.md", plan_blob="0", phase="base", phase_label="0",
+        return run_record(run_id=run_id, plan="p.md", plan_blob="0", phase="base", phase_label="0",
                          phase_text_hash="0", started=run_id, verdict=verdict, metrics=metrics)
 
     none = crossref.resolve(plan, phase, phase.criterion.expr, [])

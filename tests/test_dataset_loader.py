@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 from pathlib import Path
 
+import _train_data as td
 import pytest
 import torch
-
-_spec = importlib.util.spec_from_file_location("_train_data", Path(__file__).with_name("_train_data.py"))
-td = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(td)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -6,16 +6,12 @@ speculators' Eagle3DraftModel through eagle.drafter.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+import _decode_helpers as helpers
 import pytest
 import torch
-
-_spec = importlib.util.spec_from_file_location("_decode_helpers", Path(__file__).with_name("_decode_helpers.py"))
-helpers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(helpers)
 
 K = 3
 MAX_NEW = 40

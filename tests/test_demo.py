@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import git
 
 from runbook.model import Plan, RunRecord
 from runbook.parse import load_plan
@@ -42,10 +43,6 @@ def run_demo(workspace: Path, home: Path) -> tuple[subprocess.CompletedProcess[s
     start = time.monotonic()
     done = subprocess.run(["bash", str(DEMO)], env=env, capture_output=True, text=True, timeout=20 * 60)
     return done, time.monotonic() - start
-
-
-def git(workspace: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=workspace, capture_output=True, text=True, check=True).stdout
 
 
 def load_runs(workspace: Path) -> list[RunRecord]:

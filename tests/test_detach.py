@@ -7,7 +7,6 @@ test ends with no supervisor and no step of its runs left (checked through /proc
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -16,11 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import helpers as H
 import pytest
-
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 
 FAST = {"RUNBOOK_HEARTBEAT_S": "0.2"}
 
@@ -61,7 +57,7 @@ def rb_json(repo: Path, *args: str) -> dict:
 def make(tmp_path: Path, name: str = "repo") -> Path:
     repo = H.make_repo(tmp_path / name, PLAN)
     (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "go\n")
-    H.git(repo, "commit", "-qam", "ignore go")
+    H.git(repo, "commit", "-qam", "ignore go")  # the history the tests below assert: init, ignore go, ...
     return repo
 
 
@@ -81,22 +77,7 @@ def run_processes(run_id: str) -> list[int]:
     return found
 
 
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
-def wait_for(what, timeout: float = 60, every: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = what()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what.__doc__ or what}")
+alive, wait_for = H.alive, H.wait_for
 
 
 def running_view(repo: Path) -> dict | None:

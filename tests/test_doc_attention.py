@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
+import _train_data as td
 import torch
-
-_spec = importlib.util.spec_from_file_location("_train_data", Path(__file__).with_name("_train_data.py"))
-td = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(td)
 
 
 def test_layout_marks_each_document() -> None:

@@ -3,18 +3,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
+import _train_data as td
 import pytest
 import torch
 import torch.nn.functional as F
 
 from eagle import checkpoint
-
-_spec = importlib.util.spec_from_file_location("_train_data", Path(__file__).with_name("_train_data.py"))
-td = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(td)
 
 TTT = 3
 

@@ -9,13 +9,14 @@ vocabulary) and bad input (one error line naming the file and the fix, exit 2, n
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import _layouts as L
+import _train_data as td
 import pytest
 import torch
 from click.testing import CliRunner
@@ -25,12 +26,6 @@ from eagle import checkpoint
 from eagle.cli import cli
 
 _here = Path(__file__).parent
-_spec = importlib.util.spec_from_file_location("_layouts", _here / "_layouts.py")
-L = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(L)
-_spec = importlib.util.spec_from_file_location("_train_data", _here / "_train_data.py")
-td = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(td)
 
 HELDOUT = _here.parent / "plans" / "data" / "prompts-heldout.jsonl"
 EVAL = ["--prompts", str(HELDOUT), "-k", "3", "--limit", "3", "--max-new-tokens", "24", "--no-check", "--json"]

@@ -10,19 +10,14 @@ state.pt under train --resume, and toy-target --out naming a file.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
+import helpers as H
 import pytest
-
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
-counts = H.counts
 
 pytestmark = pytest.mark.slow
 

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+import _decode_helpers as helpers
 import pytest
 from click.testing import CliRunner
 
 from eagle.bench import acceptance_from_accept_len, expected_tokens, leviathan_speedup
 from eagle.cli import cli
 from eagle.evaluate import acceptance_stats, first_mismatch
-
-_spec = importlib.util.spec_from_file_location("_decode_helpers", Path(__file__).with_name("_decode_helpers.py"))
-helpers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(helpers)
-
 
 _one_thread = helpers.one_thread  # autouse, module scope: one torch thread for these tiny models
 

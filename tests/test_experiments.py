@@ -3,15 +3,11 @@ another phase's metrics. Real git repositories, the real console script, real st
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+import helpers as H
 import pytest
-
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 
 PLAN = """\
 ---

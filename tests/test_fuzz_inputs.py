@@ -20,7 +20,6 @@ Budget: RUNBOOK_FUZZ_EXAMPLES scales every test here as in tests/test_fuzz_parse
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -29,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import helpers as H
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -36,13 +36,8 @@ from hypothesis import strategies as st
 from runbook.criteria import CriterionError, evaluate, parse_criterion, render
 from runbook.execute import MetricsError, read_metrics
 from runbook.lock import LockCorrupt, LockInfo, read_lock
-from runbook.model import RunRecord, StepResult
+from runbook.model import StepResult
 from runbook.project import Config, ConfigError, load_config
-
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
-counts = H.counts
 
 SCRATCH = Path(tempfile.mkdtemp(prefix="runbook-fuzz-inputs-"))
 
@@ -288,7 +283,7 @@ def test_a_fuzzed_run_record_keeps_valid_json(tmp_path: Path) -> None:
     path = tmp_path / "m.json"
     path.write_text('{"loss": NaN, "up": Infinity, "down": -Infinity, "s": "x", "b": true, "n": {"m": 1}}')
     metrics = read_metrics(path, "step-1")
-    record = RunRecord(run_id="r", plan="p", plan_blob="0", phase="phase-0", phase_label="0", phase_text_hash="0",
+    record = H.run_record(run_id="r", plan="p", plan_blob="0", phase="phase-0", phase_label="0", phase_text_hash="0",
                        started="2026-01-01T00:00:00Z", verdict="pass", metrics=metrics,
                        steps=[StepResult(step_id="step-1", command="", metrics=metrics)])
 

@@ -14,7 +14,6 @@ Budget: RUNBOOK_FUZZ_EXAMPLES=5000 runs the biggest test with 5000 examples (def
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -22,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import helpers as H
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -29,11 +29,6 @@ from hypothesis import strategies as st
 from runbook.markers import find_blocks
 from runbook.model import Plan, Problem
 from runbook.parse import parse_plan, read_plan, reassemble
-
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
-counts = H.counts
 
 REPO = H.REPO
 SCRATCH = Path(tempfile.mkdtemp(prefix="runbook-fuzz-"))

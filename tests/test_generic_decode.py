@@ -12,18 +12,13 @@ hold whatever the weights:
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
+import _arch_helpers as arch_helpers
+import _decode_helpers as helpers
 import pytest
 import torch
 
-_spec = importlib.util.spec_from_file_location("_arch_helpers", Path(__file__).with_name("_arch_helpers.py"))
-arch_helpers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(arch_helpers)
-_spec = importlib.util.spec_from_file_location("_decode_helpers", Path(__file__).with_name("_decode_helpers.py"))
-helpers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(helpers)
 _one_thread = helpers.one_thread
 
 ARCHS = ["llama", "qwen3", "deepseek_v3", "kimi_k25"]

@@ -14,17 +14,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import stat
 import subprocess
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
-counts = H.counts
+import helpers as H
 
 PLAN = """\
 ---
@@ -123,11 +119,7 @@ def test_new_files_follow_the_umask(tmp_path: Path) -> None:
 
 
 def test_plan_in_an_ignored_directory_is_refused_before_running(tmp_path: Path) -> None:
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    H.git(repo, "init", "-q", "-b", "main")
-    H.git(repo, "config", "user.name", "T")
-    H.git(repo, "config", "user.email", "t@example.com")
+    repo = H.init_repo(tmp_path / "repo")
     (repo / ".gitignore").write_text("scratch/\nstate/lock\nstate/write.lock\nstate/runs/*/\n")
     (repo / "scratch").mkdir()
     (repo / "scratch" / "plan.md").write_text(PLAN.replace("Use the url", "Touch").replace(

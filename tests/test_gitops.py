@@ -6,20 +6,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import git, init_repo
 
 from runbook import gitops
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
-
-
 @pytest.fixture
 def repo(tmp_path):
-    git(tmp_path, "init", "-q", "-b", "main")
-    git(tmp_path, "config", "user.name", "Tester")
-    git(tmp_path, "config", "user.email", "t@example.com")
-    return tmp_path
+    return init_repo(tmp_path)
 
 
 def test_first_commit_in_empty_repo_keeps_user_staging(repo):

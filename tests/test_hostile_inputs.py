@@ -20,7 +20,6 @@ reads, alias bombs and undecodable config files. Real repositories, the real `ru
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -28,14 +27,10 @@ import threading
 import time
 from pathlib import Path
 
+import helpers as H
 import pytest
 
 from runbook.parse import parse_plan
-
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
-counts = H.counts
 
 LAZY = """\
 ---

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import git
+
 from runbook.commands.init import GITIGNORE_ENTRIES, gitignore_addition
 
 RUNBOOK = str(Path(sys.executable).with_name("runbook"))
@@ -76,7 +78,7 @@ def test_init_example_eagle3_copies_plan_notes_and_prompts(tmp_path: Path) -> No
 
 
 def test_init_inside_an_existing_repo_and_gitignore_kept(tmp_path: Path) -> None:
-    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    git(tmp_path, "init", "-q")
     (tmp_path / ".gitignore").write_text("*.pyc\nstate/lock")
     done = runbook(tmp_path, "init")
     assert done.returncode == 0, done.stderr

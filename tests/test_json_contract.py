@@ -9,7 +9,6 @@ itself (stdout, exit status, a terminal) run the console script.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pty
@@ -19,15 +18,13 @@ import time
 from pathlib import Path
 
 import jsonschema
+import plan_states as S
 import pytest
 from click.testing import CliRunner
 
 from runbook.cli import cli
 from runbook.contract import RESULTS
 
-_spec = importlib.util.spec_from_file_location("plan_states", Path(__file__).with_name("plan_states.py"))
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)
 H = S.H
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "docs" / "schemas"

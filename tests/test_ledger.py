@@ -5,12 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import re
 
+from helpers import run_record
+
 from runbook.ledger import find_run, load_runs, new_run_id, save_run, tail_lines
-from runbook.model import RunRecord
 
 
 def _rec(run_id, phase="phase-0", started="2026-01-01T00:00:00.000000Z", verdict="pass"):
-    return RunRecord(
+    return run_record(
         run_id=run_id, plan="plans/p.md", plan_blob="0" * 40, phase=phase, phase_label="0",
         phase_text_hash="h", started=started, verdict=verdict,
     )

@@ -8,7 +8,6 @@ processes at once, and after the index file itself is damaged in every way a fil
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import multiprocessing
 import os
@@ -17,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import helpers as H
 import pytest
 
 from runbook import ledger_index
@@ -24,10 +24,6 @@ from runbook.contract import parse_utc, top_metrics
 from runbook.ledger import load_runs, run_path, save_run
 from runbook.ledger_index import LedgerIndex, index_path
 from runbook.model import RunRecord
-
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 
 PLAN_REL = "plans/plan.md"
 PLAN = """\
@@ -58,7 +54,7 @@ On pass: stop
 
 def record(n: int, phase: str = "phase-0", verdict: str = "pass", plan: str = PLAN_REL, **metrics: float) -> RunRecord:
     second = f"{n % 60:02d}"
-    return RunRecord(
+    return H.run_record(
         run_id=f"20250101-10{n // 60 % 60:02d}{second}-{n:04x}", plan=plan, plan_blob="0" * 40, phase=phase,
         phase_label=phase.removeprefix("phase-"), phase_text_hash="h",
         started=f"2025-01-01T10:{n // 60 % 60:02d}:{second}.000000Z",

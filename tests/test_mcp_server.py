@@ -9,7 +9,6 @@ and assert what it asserts of the command line.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -21,14 +20,12 @@ import time
 from pathlib import Path
 
 import anyio
+import helpers as H
 from mcp import Client, StdioServerParameters
 
 from runbook import contract
 from runbook.mcp_server import TOOLS
 
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 RUNBOOK, git = H.RUNBOOK, H.git
 
 ENV = {"RUNBOOK_ENV_PROBE": "0", "GIT_TERMINAL_PROMPT": "0"}
@@ -99,28 +96,11 @@ def cli_json(repo: Path, *args: str) -> dict:
 
 
 def wait_repo(tmp_path: Path) -> Path:
-    repo = H.make_repo(tmp_path / "repo", WAIT_PLAN, notes=NOTES)
-    (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "step2.pid\ncount.txt\nok\n")
-    git(repo, "commit", "-qam", "ignore the steps' files")
-    return repo
+    return H.make_repo(tmp_path / "repo", WAIT_PLAN, notes=NOTES, ignore=("step2.pid", "count.txt", "ok"))
 
 
-def wait_for(path: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text().strip()):
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
-
-
-def gone(pid: int, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
+def wait_for(path: Path) -> None:
+    H.wait_for_file(path, timeout=60, nonempty=True)
 
 
 def runs(repo: Path) -> list[dict]:
@@ -366,7 +346,7 @@ def _assert_interrupted_then_resumes(repo: Path, step_pid: int, signame: str = "
     while (repo / "state" / "lock").exists() or not runs(repo):
         assert time.monotonic() < deadline, "the interrupted run was never recorded"
         time.sleep(0.1)
-    assert gone(step_pid)  # the step's whole group was killed
+    assert H.gone(step_pid)  # the step's whole group was killed
     rec = runs(repo)[-1]
     assert rec["verdict"] == "interrupted" and signame in rec["reason"], rec["reason"]
     assert [s["exit_code"] for s in rec["steps"]] == [0, -15]
@@ -396,7 +376,7 @@ def test_a_client_killed_mid_step_leaves_the_run_interrupted_and_recorded(tmp_pa
         client.kill()  # the agent host dies: the server sees its stdin close
         client.communicate(timeout=30)
     _assert_interrupted_then_resumes(repo, step_pid)
-    assert gone(server[0], timeout=30)  # the server left once its run was recorded
+    assert H.gone(server[0], timeout=30)  # the server left once its run was recorded
 
 
 def test_a_cancelled_call_interrupts_the_run_and_the_client_carries_on(tmp_path: Path) -> None:
@@ -443,7 +423,7 @@ def test_sigterm_to_the_server_records_its_run_as_interrupted(tmp_path: Path) ->
                 return int((repo / "step2.pid").read_text()), server
 
     step_pid, server = run(main)
-    assert gone(server, timeout=30)
+    assert H.gone(server, timeout=30)
     _assert_interrupted_then_resumes(repo, step_pid)
 
 

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import json
 import os
 import re
 import subprocess
 from pathlib import Path
 
+import helpers as H
 import pytest
 
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 RUNBOOK = H.RUNBOOK  # the console script, or python -m runbook.cli
 
 PLAN = """\

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from runbook.model import RunRecord
+from helpers import run_record
+
 from runbook.parse import parse_plan
 from runbook.select import select_phase
 from runbook.writeback import phase_text_hash
@@ -43,7 +44,7 @@ def plan():
 
 
 def run(n, phase, verdict, hash_="same"):
-    return RunRecord(run_id=f"2026-{n:04d}", plan="p.md", plan_blob="b", phase=phase, phase_label=phase[-1],
+    return run_record(run_id=f"2026-{n:04d}", plan="p.md", plan_blob="b", phase=phase, phase_label=phase[-1],
                      phase_text_hash=hash_, started=f"2026-01-01T00:00:{n:02d}.000000Z", verdict=verdict)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -10,11 +9,9 @@ import subprocess
 import time
 from pathlib import Path
 
+import helpers as H
 import pytest
 
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 RUNBOOK = H.RUNBOOK  # the console script, or python -m runbook.cli
 
 # step-2 records its shell's pid, then waits until the file `ok` exists (at most 20 s)
@@ -39,10 +36,7 @@ git = H.git
 
 @pytest.fixture
 def repo(tmp_path):
-    repo = H.make_repo(tmp_path / "repo", PLAN)
-    (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "step2.pid\ncount.txt\nok\n")
-    git(repo, "commit", "-qam", "ignore the steps' files")
-    return repo
+    return H.make_repo(tmp_path / "repo", PLAN, ignore=("step2.pid", "count.txt", "ok"))
 
 
 ENV = {**os.environ, "RUNBOOK_ENV_PROBE": "0"}
@@ -60,22 +54,12 @@ def run(repo: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
-def wait_for(path: Path, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text().strip()):
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
+def wait_for(path: Path) -> None:
+    H.wait_for_file(path, timeout=30, nonempty=True)
 
 
-def gone(pid: int, timeout: float = 5) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
+def gone(pid: int) -> bool:
+    return H.gone(pid, timeout=5)
 
 
 def last_run(repo: Path) -> dict:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import shlex
-import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import git
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -118,7 +118,7 @@ PLAN = "---\nrunbook: 1\n---\n\n## Phase 0: A\n\nSteps:\n- [ ] x: `true`\n"
 
 
 def test_repo_root_from_git(tmp_path: Path) -> None:
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    git(tmp_path, "init", "-q")
     deep = tmp_path / "a" / "b"
     deep.mkdir(parents=True)
     (deep / "f.md").write_text("x")

@@ -7,20 +7,16 @@ console script in a subprocess.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shlex
 from pathlib import Path
 
+import plan_states as S
 import pytest
 from click.testing import CliRunner
 
 from runbook.cli import cli
-
-_spec = importlib.util.spec_from_file_location("plan_states", Path(__file__).with_name("plan_states.py"))
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)
 
 STATES = [name for name in S.STATES if name != "running"]
 

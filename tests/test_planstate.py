@@ -4,19 +4,16 @@ cuts, validate's unreachable phases, init's title, and one error type."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 
+import plan_states as S
 import pytest
 from click.testing import CliRunner
 
 from runbook.cli import cli
 
-_spec = importlib.util.spec_from_file_location("plan_states", Path(__file__).with_name("plan_states.py"))
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)
 H = S.H
 REPO = Path(__file__).resolve().parent.parent
 

@@ -8,21 +8,17 @@ tests; the CLI test starts and stops its own.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import _reasoning_target as rt
 import pytest
 
 from eagle import data
 from eagle.serve import Sampling, ServerSpec, VllmServer
-
-_spec = importlib.util.spec_from_file_location("_reasoning_target", Path(__file__).with_name("_reasoning_target.py"))
-rt = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rt)
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

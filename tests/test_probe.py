@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
+import _decode_helpers as helpers
 import pytest
 import torch
 from click.testing import CliRunner
 
 from eagle.cli import cli
-
-_spec = importlib.util.spec_from_file_location("_decode_helpers", Path(__file__).with_name("_decode_helpers.py"))
-helpers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(helpers)
-
 
 _one_thread = helpers.one_thread  # autouse, module scope: one torch thread for these tiny models
 

@@ -10,8 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import helpers as H
 import pytest
 from click.testing import CliRunner
+from helpers import git
 
 from runbook.cli import cli
 from runbook.ledger import save_run
@@ -57,24 +59,8 @@ Pass: `accept_len >= 2`
 """
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
-
-
 def make_repo(tmp_path: Path, notes: str | bytes | None = None) -> Path:
-    repo = tmp_path / "repo"
-    (repo / "plans").mkdir(parents=True)
-    git(repo, "init", "-q")
-    git(repo, "config", "user.email", "t@example.com")
-    git(repo, "config", "user.name", "Test")
-    (repo / "plans" / "plan.md").write_text(PLAN)
-    if notes is not None:
-        data = notes.encode() if isinstance(notes, str) else notes
-        (repo / "plans" / "notes.md").write_bytes(data)
-    (repo / ".gitignore").write_text("state/lock\nstate/write.lock\nstate/runs/*/\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "init")
-    return repo
+    return H.make_repo(tmp_path / "repo", PLAN, notes)
 
 
 def run_record(repo: Path, monkeypatch: pytest.MonkeyPatch, *args: str, input: str | None = None):
@@ -83,7 +69,7 @@ def run_record(repo: Path, monkeypatch: pytest.MonkeyPatch, *args: str, input: s
 
 
 def a_run(run_id: str, phase: str, label: str, verdict: str, metrics: dict[str, float], **extra) -> RunRecord:
-    return RunRecord(
+    return H.run_record(
         run_id=run_id,
         plan="plans/plan.md",
         plan_blob="0" * 40,

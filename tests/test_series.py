@@ -4,19 +4,15 @@ real `eagle train` on the toy target writes its curve."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
+import helpers as H
 import pytest
 
 from runbook import series
 from runbook.model import StepResult
-
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 
 
 def _write(path: Path, lines: list[str]) -> Path:
@@ -76,9 +72,8 @@ def test_series_are_kept_compactly_next_to_the_record_and_a_resumed_step_keeps_i
     second = series.step_file(state, "run-b", "step-2")
     second.parent.mkdir(parents=True)
     _write(second, ['{"step": 0, "val": 3}'])
-    from runbook.model import RunRecord
 
-    last = RunRecord(run_id="run-a", plan="p.md", plan_blob="0", phase="phase-0", phase_label="0",
+    last = H.run_record(run_id="run-a", plan="p.md", plan_blob="0", phase="phase-0", phase_label="0",
                      phase_text_hash="0", started="2026-11-30T00:00:00Z", verdict="interrupted")
     found, _ = series.collect(state, "run-b", [StepResult(step_id="step-1", command="x", skipped=True),
                                                StepResult(step_id="step-2", command="y", exit_code=0)], last)

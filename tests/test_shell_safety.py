@@ -10,22 +10,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
 from pathlib import Path
 
+import helpers as H
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runbook.resolve import resolve_command
-
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
-counts = H.counts
 
 HOSTILE = [
     "two words",

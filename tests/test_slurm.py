@@ -8,7 +8,6 @@ runbook process they started themselves.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -16,16 +15,13 @@ import subprocess
 import time
 from pathlib import Path
 
+import helpers as H
 import pytest
 
 from runbook.parse import parse_plan
 from runbook.project import ConfigError, load_config
 from runbook.resources import ResourcesError, parse_resources, sbatch_args
 from runbook.slurm import JobInfo, parse_job, verdict_of
-
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 
 FAST = {"RUNBOOK_HEARTBEAT_S": "0.2", "RUNBOOK_SLURM_POLL_S": "0.2"}
 
@@ -71,14 +67,7 @@ def rb_json(repo: Path, cluster, *args: str, timeout: float = 240) -> dict:
     return doc
 
 
-def wait_for(what, timeout: float = 60, every: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = what()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+wait_for = H.wait_for
 
 
 def live_state(repo: Path) -> dict | None:

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -23,12 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+import helpers as H
 import pytest
-
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
-counts = H.counts
 
 
 def plan(steps: list[str], criterion: str | None = None, extra: str = "") -> str:

@@ -9,11 +9,11 @@ nothing written).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
+import _arch_helpers as arch_helpers
 import pytest
 import torch
 from click.testing import CliRunner
@@ -28,10 +28,6 @@ from eagle.target import (
     read_draft_shape,
     resolve_layer_ids,
 )
-
-_spec = importlib.util.spec_from_file_location("_arch_helpers", Path(__file__).with_name("_arch_helpers.py"))
-arch_helpers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(arch_helpers)
 
 ARCHS = ["llama", "qwen3", "deepseek_v3", "kimi_k25"]
 

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
+import _train_data as td
 import pytest
 import torch
 from click.testing import CliRunner
-
-_spec = importlib.util.spec_from_file_location("_train_data", Path(__file__).with_name("_train_data.py"))
-td = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(td)
 
 
 def test_est_accept_len_and_step_accuracies() -> None:

@@ -6,19 +6,16 @@ The vLLM backend of the same flows is in tests/test_prepare_vllm.py (slow).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+import _reasoning_target as rt
 import pytest
 
 from eagle import data
 from eagle.common import EagleError
 from eagle.turns import Answer, Sample, Template, TurnError, recorded_sample
 
-_spec = importlib.util.spec_from_file_location("_reasoning_target", Path(__file__).with_name("_reasoning_target.py"))
-rt = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rt)
 ANSWER, build_target, build_tokenizer = rt.ANSWER, rt.build_target, rt.build_tokenizer
 
 REASONED = "<think>\nhmm so\n</think>\n\nyes done"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import run_record
 
 from runbook.cli import cli
 
@@ -170,9 +171,8 @@ def test_config_file_moves_plans_and_state(tmp_path: Path, monkeypatch: pytest.M
 
 def _record_pass(root: Path, plan: str, phase: str) -> None:
     from runbook.ledger import save_run
-    from runbook.model import RunRecord
 
-    record = RunRecord(
+    record = run_record(
         run_id="20261129-143012-7f3a", plan=plan, plan_blob="0" * 40, phase=phase, phase_label="0",
         phase_text_hash="0" * 64, started="2026-11-29T14:30:12Z", finished="2026-11-29T14:31:00Z", verdict="pass",
     )

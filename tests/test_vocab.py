@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+import _train_data as td
 import pytest
 import torch
 from click.testing import CliRunner
@@ -133,9 +133,6 @@ def test_toy_data_fixture_end_to_end(toy_data):
 
 # ---------------------------------------------------------------- --from-draft: keep a drafter's vocabulary
 
-_spec = importlib.util.spec_from_file_location("_train_data", Path(__file__).with_name("_train_data.py"))
-td = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(td)
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from helpers import run_record
 
 from runbook.formatting import format_took
-from runbook.model import RunRecord, StepResult
+from runbook.model import StepResult
 from runbook.parse import parse_plan
 from runbook.writeback import HandEdited, apply_run, phase_text_hash, results_table, status_line
 
@@ -45,7 +46,7 @@ def rec(run_id="20260101-000000-aaaa", verdict="pass", done=("step-1", "step-2",
         commit_before="0123456789abcdef", steps=[StepResult(step_id=s, command="x", exit_code=0) for s in done],
     )
     base.update(kw)
-    return RunRecord(**base)
+    return run_record(**base)
 
 
 def apply(text, record, history=None, phase="phase-0"):

@@ -18,10 +18,10 @@ the real `runbook next` the plan stays byte-identical and nothing is committed.
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import re
 from pathlib import Path
 
+import helpers as H
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -29,11 +29,6 @@ from hypothesis import strategies as st
 from runbook import writeback
 from runbook.model import Plan, RunRecord, StepResult
 from runbook.parse import parse_plan, reassemble
-
-_spec = importlib.util.spec_from_file_location("reliability_helpers", Path(__file__).with_name("reliability_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
-counts = H.counts
 
 VERDICTS = ["pass", "fail", "inconclusive", "error", "timeout", "interrupted"]
 
@@ -112,7 +107,7 @@ def make_record(plan: Plan, phase_id: str, n: int, verdict: str, exits: list, me
         StepResult(step_id=s.id, command=s.command, exit_code=exits[i] if i < len(exits) else None, metrics={})
         for i, s in enumerate(phase.steps)
     ]
-    return RunRecord(
+    return H.run_record(
         run_id=f"20261129-1430{n:02d}-{n:04x}",
         plan="plans/plan.md",
         plan_blob="0" * 40,

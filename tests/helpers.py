@@ -1,12 +1,16 @@
-"""Shared pieces of the reliability suite (tests/test_fuzz_parse.py ... test_eagle_bad_inputs.py).
+"""The one home of what tests share: `import helpers as H` (pyproject puts tests/ on sys.path).
 
-- `Counts`: how many inputs were fuzzed, kills survived, concurrent runs made. Every test adds to a
-  JSON file (under the pytest session's base temp dir, and also to $RUNBOOK_RELIABILITY_COUNTS
-  when set) and prints the running total, so docs/reliability.md quotes figures from a real run.
-- `examples(n)`: the hypothesis example budget, scaled by $RUNBOOK_FUZZ_EXAMPLES.
-- `make_repo`, `git`, `runbook`: real git repositories in temp dirs and the real console script.
-
-Load it with `load_helpers()` (tests run with --import-mode=importlib, so `tests` is no package).
+- `git`, `init_repo`, `make_repo`: real git repositories in temp dirs (one git helper, one factory).
+- `runbook`, `popen_runbook`, `cli_env`, `RUNBOOK`, `EAGLE`: the real console scripts.
+- `run_record(**fields)`: a RunRecord with every required field filled (the one run-record factory).
+- `wait_for(what)`: poll until a condition holds, or fail saying what never happened.
+- `assert_no_traceback`, `tree_snapshot`, `committed_runs`: what the reliability tests check.
+- `Counts` (the `counts` fixture in conftest.py): how many inputs were fuzzed, kills survived,
+  concurrent runs made. Every test adds to a JSON file (under the pytest session's base temp dir,
+  and also to $RUNBOOK_RELIABILITY_COUNTS when set) and prints the running total, so
+  docs/reliability.md quotes figures from a real run.
+- `examples(n)`, `kill_rounds(n)`: the fuzzing budgets, scaled by $RUNBOOK_FUZZ_EXAMPLES and
+  $RUNBOOK_KILL_ROUNDS.
 """
 
 from __future__ import annotations
@@ -17,9 +21,13 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import pytest
+if TYPE_CHECKING:
+    from runbook.model import RunRecord
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -81,11 +89,6 @@ class Counts:
         print(f"reliability count: {key} +{n} (total {total}) -> {self.paths[-1]}")
 
 
-@pytest.fixture(scope="session")
-def counts(tmp_path_factory: pytest.TempPathFactory) -> Counts:
-    return Counts(tmp_path_factory.getbasetemp() / "reliability-counts.json")
-
-
 # ---- git repos and the real CLI ----------------------------------------------------------------
 
 
@@ -93,20 +96,88 @@ def git(repo: Path, *args: str, check: bool = True) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=check, capture_output=True, text=True).stdout
 
 
-def make_repo(path: Path, plan: str, notes: str | None = None, plan_name: str = "plan.md") -> Path:
-    """A git repo at `path` with plans/<plan_name> (and plans/notes.md), committed."""
-    (path / "plans").mkdir(parents=True)
+def init_repo(path: Path, identity: bool = True) -> Path:
+    """An empty git repository at `path` (branch main), with a committer identity unless told not."""
+    path.mkdir(parents=True, exist_ok=True)
     git(path, "init", "-q", "-b", "main")
-    git(path, "config", "user.name", "Tester")
-    git(path, "config", "user.email", "t@example.com")
-    git(path, "config", "commit.gpgsign", "false")
-    (path / ".gitignore").write_text("state/lock\nstate/write.lock\nstate/runs/*/\n")
+    if identity:
+        git(path, "config", "user.name", "Tester")
+        git(path, "config", "user.email", "t@example.com")
+        git(path, "config", "commit.gpgsign", "false")
+    return path
+
+
+def make_repo(path: Path, plan: str, notes: str | bytes | None = None, plan_name: str = "plan.md",
+              ignore: tuple[str, ...] = ()) -> Path:
+    """A git repo at `path` with plans/<plan_name> (and plans/notes.md), runbook's .gitignore entries
+    (plus `ignore`, e.g. files a test's steps write), all in one first commit."""
+    init_repo(path)
+    (path / "plans").mkdir()
+    (path / ".gitignore").write_text("".join(f"{line}\n" for line in ("state/lock", "state/write.lock",
+                                                                       "state/runs/*/", *ignore)))
     (path / "plans" / plan_name).write_text(plan)
     if notes is not None:
-        (path / "plans" / "notes.md").write_text(notes)
+        (path / "plans" / "notes.md").write_bytes(notes.encode() if isinstance(notes, str) else notes)
     git(path, "add", ".")
     git(path, "commit", "-qm", "init")
     return path
+
+
+def run_record(**fields: Any) -> RunRecord:
+    """A RunRecord with every required field filled with a plain default; `fields` override them
+    (phase_label follows `phase`: phase-1 -> 1)."""
+    from runbook.model import RunRecord
+
+    phase = fields.get("phase", "phase-0")
+    base: dict[str, Any] = dict(run_id="20261129-143012-7f3a", plan="plans/plan.md", plan_blob="0" * 40, phase=phase,
+                                phase_label=phase.removeprefix("phase-"), phase_text_hash="0" * 64,
+                                started="2026-11-29T14:30:12.000000Z", verdict="pass")
+    return RunRecord(**{**base, **fields})
+
+
+def poll(what: Callable[[], Any], timeout: float = 60, every: float = 0.05) -> Any:
+    """Call `what` every `every` seconds until it returns something truthy, and return that; after
+    `timeout` seconds return its last (falsy) value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = what()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(every)
+
+
+def wait_for(what: Callable[[], Any], timeout: float = 60, every: float = 0.05, message: str | None = None) -> Any:
+    """`poll`, failing after `timeout` seconds with what never happened (`message`, else `what`'s
+    docstring or repr)."""
+    value = poll(what, timeout, every)
+    if not value:
+        raise AssertionError(f"timed out after {timeout:g}s waiting for {message or what.__doc__ or what}")
+    return value
+
+
+def wait_for_file(path: Path, timeout: float = 60, nonempty: bool = False) -> None:
+    """Wait until `path` exists (and, with `nonempty`, holds more than whitespace)."""
+    def there() -> bool:
+        try:
+            return path.exists() and (not nonempty or bool(path.read_text().strip()))
+        except OSError:
+            return False
+
+    wait_for(there, timeout, 0.02, message=f"{path} to appear")
+
+
+def alive(pid: int) -> bool:
+    """The process runs (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def gone(pid: int, timeout: float = 10) -> bool:
+    """The process is gone within `timeout` seconds."""
+    return bool(poll(lambda: not alive(pid), timeout))
 
 
 def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
