@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 from pathlib import Path
@@ -490,8 +491,6 @@ def greedy_peakedness(model_dir: Path, prompts: list[dict[str, Any]], max_new_to
 
 def cache_root() -> Path:
     """$EAGLE_CACHE, else ~/.cache/runbook-eagle."""
-    import os
-
     return Path(os.environ.get("EAGLE_CACHE") or Path.home() / ".cache" / "runbook-eagle")
 
 
@@ -539,6 +538,32 @@ def cached_target(cfg: ToyConfig | None = None, successor: bool = False, root: P
     return final
 
 
+def from_cache(out: Path, cfg: ToyConfig | None = None, base: Path | None = None, echo: bool = True) -> ToyMeta | None:
+    """`eagle toy-target` with $EAGLE_CACHE set: the toy of `cfg` (or the successor of `base`, built
+    with the default steps, shift and seed) taken from the per-machine cache (built there first when
+    missing) and copied to `out`. A successor comes from the cache only when `base` holds exactly
+    the cached toy of its config (the same weights, byte for byte); else None: build it here."""
+    import shutil
+
+    root = cache_root()
+    if base is not None:
+        base_cfg = read_toy_meta(base).config
+        cached_base = root / ("target-" + cache_key(base_cfg, False))
+        weights = "model.safetensors"
+        if not (cached_base / META_FILE).is_file() or not (base / weights).is_file() or \
+                (base / weights).read_bytes() != (cached_base / weights).read_bytes():
+            return None
+        src = cached_target(base_cfg, successor=True, root=root, echo=echo)
+    else:
+        src = cached_target(cfg, root=root, echo=echo)
+    shutil.copytree(src, out, dirs_exist_ok=True)
+    meta = read_toy_meta(out)
+    if base is not None:  # the successor records the base it was made from, as built here
+        meta = meta.model_copy(update={"base": str(base)})
+        (out / META_FILE).write_text(meta.model_dump_json(indent=1) + "\n")
+    return meta
+
+
 # ---------------------------------------------------------------- CLI
 
 
@@ -574,6 +599,9 @@ def command(out: Path, base: Path | None, arch: str, num_layers: int, hidden: in
     (<|user|> ... <|end|> <|assistant|> ...), and is deterministic for a seed. A successor keeps
     the architecture and tokenizer and is trained further on a shifted language; with --base the
     architecture options are taken from the base and ignored here.
+
+    With $EAGLE_CACHE set, each toy is built once per machine under that directory and copied to
+    --out (a successor, when --base is that cached toy and --steps/--shift/--seed are left out).
     """
     quiet_hf()
     if out.exists() and not out.is_dir():
@@ -582,9 +610,13 @@ def command(out: Path, base: Path | None, arch: str, num_layers: int, hidden: in
         fail(f"--base {base}: not a toy target directory (no config.json)")
     if out.exists() and any(out.iterdir()) and not force:
         fail(f"{out} exists and is not empty; pass --force to overwrite or choose another --out")
+    cached = bool(os.environ.get("EAGLE_CACHE"))
     with refusals():
         if base is not None:
-            meta = build_successor(base, out, steps=steps, shift=shift, seed=seed)
+            default = steps is None and shift is None and seed is None
+            hit = from_cache(out, base=base) if cached and default else None
+            cached = hit is not None
+            meta = hit or build_successor(base, out, steps=steps, shift=shift, seed=seed)
         else:
             cfg = ToyConfig(arch=arch, num_layers=num_layers, hidden=hidden, intermediate=intermediate, heads=heads,
                             kv_heads=kv_heads, vocab=vocab, active=active,
@@ -592,7 +624,7 @@ def command(out: Path, base: Path | None, arch: str, num_layers: int, hidden: in
                             seed=seed if seed is not None else 0)
             if shift is not None:
                 cfg.shift = shift
-            meta = build_toy_target(out, cfg)
+            meta = from_cache(out, cfg) if cached else build_toy_target(out, cfg)
     c = meta.config
     finish(meta, as_json, table={
         "out": str(out),
@@ -604,4 +636,5 @@ def command(out: Path, base: Path | None, arch: str, num_layers: int, hidden: in
         "final loss": round(meta.final_loss, 4),
         "shifted words": meta.shifted_words,
         "build seconds": meta.build_seconds,
+        **({"from": f"$EAGLE_CACHE ({cache_root()})"} if cached else {}),
     })

@@ -8,6 +8,10 @@ treat the returned directories as read-only.
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,35 @@ from helpers import Counts
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = REPO / "plans" / "data" / "prompts.jsonl"
 HELDOUT = REPO / "plans" / "data" / "prompts-heldout.jsonl"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The toy models are tiny: one thread per process beats threads fighting over shared cores
+    # (the demo does the same); and test processes run two at a time under `make test`.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every process of this test session shares: the base temp dir, or with pytest-xdist
+    the folder above its workers' own."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """`session_dir/name`, made by `build(path)` once per test session, whichever process asks first
+    (the others wait on a lock, then read it); a half-made one from a failed build is made again."""
+    folder = session_dir(tmp_path_factory) / "built-once"
+    folder.mkdir(exist_ok=True)
+    path, done = folder / name, folder / f"{name}.done"
+    with open(folder / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            build(path)
+            done.touch()
+    return path
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -34,7 +67,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def counts(tmp_path_factory: pytest.TempPathFactory) -> Counts:
     """The reliability counters of this session (helpers.Counts)."""
-    return Counts(tmp_path_factory.getbasetemp() / "reliability-counts.json")
+    return Counts(session_dir(tmp_path_factory) / "reliability-counts.json")
 
 
 @pytest.fixture(scope="session")
@@ -61,12 +94,13 @@ def toy_data(toy_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     from eagle.extract import extract
     from eagle.vocab import build_vocab
 
-    out = tmp_path_factory.mktemp("toy-data") / "data"
-    prepare(model=toy_target, data=PROMPTS, out=out, limit=32, regenerate=True, max_new_tokens=48, batch_size=32,
-            echo=False)
-    extract(model=toy_target, data=out)
-    build_vocab(data=out, draft_vocab=256)
-    return out
+    def build(out: Path) -> None:
+        prepare(model=toy_target, data=PROMPTS, out=out, limit=32, regenerate=True, max_new_tokens=48, batch_size=32,
+                echo=False)
+        extract(model=toy_target, data=out)
+        build_vocab(data=out, draft_vocab=256)
+
+    return built_once(tmp_path_factory, "toy-data/data", build)
 
 
 @pytest.fixture(scope="session")
@@ -75,8 +109,9 @@ def plan_states(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     real `runbook next` runs, `running` aside. Read-only: copy one (plan_states.py `copy`) to change it."""
     import plan_states as states
 
-    base = tmp_path_factory.mktemp("plan-states")
-    return {name: states.build(name, base / name) for name in states.STATES if name != "running"}
+    names = [name for name in states.STATES if name != "running"]
+    return {name: built_once(tmp_path_factory, f"plan-states/{name}", lambda path, n=name: states.build(n, path))
+            for name in names}
 
 
 @pytest.fixture(scope="session")
@@ -97,13 +132,19 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="session")
 def toy_drafter(toy_target: Path, toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A drafter trained by `eagle train` with its defaults on `toy_data` (bf16, no embedding, as
-    the command writes it; ~10 s on the CPU). Read-only for tests."""
-    from eagle.train import TrainArgs, train
+    """A drafter trained by the `eagle train` command with its defaults on `toy_data` (bf16, no
+    embedding, as the command writes it; ~10 s on the CPU). Read-only for tests (test_serve.py
+    serves it, test_probe.py and test_drafter_layouts.py read it)."""
+    import subprocess
+    import sys
 
-    out = tmp_path_factory.mktemp("toy-drafter") / "draft"
-    train(TrainArgs(model=str(toy_target), data=str(toy_data), out=str(out)), echo=False)
-    return out
+    def build(out: Path) -> None:
+        proc = subprocess.run([sys.executable, "-m", "eagle.cli", "train", "--model", str(toy_target), "--data",
+                               str(toy_data), "--out", str(out)], capture_output=True, text=True, timeout=1500,
+                              cwd=REPO)  # the defaults
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "toy-drafter/draft", build)
 
 
 @pytest.fixture(scope="session")
@@ -112,10 +153,9 @@ def toy_drafter_normed(toy_target: Path, toy_data: Path, tmp_path_factory: pytes
     input_norm, norm_output, norm_before_residual). Read-only for tests."""
     from eagle.train import TrainArgs, train
 
-    out = tmp_path_factory.mktemp("toy-drafter-normed") / "draft"
-    train(TrainArgs(model=str(toy_target), data=str(toy_data), out=str(out), norm_before_fc=True, norm_output=True,
-                    norm_before_residual=True), echo=False)
-    return out
+    return built_once(tmp_path_factory, "toy-drafter-normed/draft", lambda out: train(
+        TrainArgs(model=str(toy_target), data=str(toy_data), out=str(out), norm_before_fc=True, norm_output=True,
+                  norm_before_residual=True), echo=False))
 
 
 @pytest.fixture(scope="session")

@@ -39,7 +39,11 @@ def test_example_template_is_the_plan() -> None:
 def run_demo(workspace: Path, home: Path) -> tuple[subprocess.CompletedProcess[str], float]:
     # A HOME without a git identity: the demo must set one in its workspace (as on bare CI machines).
     env = {key: value for key, value in os.environ.items() if not key.startswith("GIT_")}
-    env.update(DEMO_DIR=str(workspace), HOME=str(home), GIT_CONFIG_NOSYSTEM="1")
+    # The toy targets of Phase S and 0 (`eagle toy-target`) come from this machine's toy cache, where
+    # the toy_target / toy_successor fixtures keep the very same toys (eagle/toy.py from_cache).
+    from eagle.toy import cache_root
+
+    env.update(DEMO_DIR=str(workspace), HOME=str(home), GIT_CONFIG_NOSYSTEM="1", EAGLE_CACHE=str(cache_root()))
     start = time.monotonic()
     done = subprocess.run(["bash", str(DEMO)], env=env, capture_output=True, text=True, timeout=20 * 60)
     return done, time.monotonic() - start

@@ -292,11 +292,9 @@ def test_failed_start_shows_the_log_and_leaves_nothing_running(toy_target: Path,
 
 
 @pytest.fixture(scope="module")
-def trained_drafter(toy_target: Path, toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("served") / "draft"
-    proc = _run("train", "--model", str(toy_target), "--data", str(toy_data), "--out", str(out))  # the defaults
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+def trained_drafter(toy_drafter: Path) -> Path:
+    """`eagle train` with its defaults on toy_data: the session's toy_drafter (conftest.py)."""
+    return toy_drafter
 
 
 @pytest.mark.slow

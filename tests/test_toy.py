@@ -168,3 +168,49 @@ def test_cached_target_builds_once_and_renames_into_place(tmp_path, monkeypatch)
     assert p1 == p2 and (p1 / toy.META_FILE).is_file()
     assert len(calls) == 1 and calls[0].name.startswith(".tmp-")
     assert not list(tmp_path.glob(".tmp-*"))
+
+
+@pytest.mark.slow
+def test_toy_target_with_eagle_cache_copies_the_cached_toy_and_its_successor(tmp_path, monkeypatch):
+    """$EAGLE_CACHE: `eagle toy-target` builds each toy once per machine and copies it to --out; a
+    successor of that very toy (default --steps/--shift/--seed) too; anything else is built here."""
+    built: list[Path] = []
+    real_target, real_successor = toy.build_toy_target, toy.build_successor
+
+    def target(out, cfg, echo=False, **kw):
+        built.append(out)
+        return real_target(out, cfg, echo=echo, **kw)
+
+    def successor(base, out, **kw):
+        built.append(out)
+        return real_successor(base, out, **kw)
+
+    monkeypatch.setattr(toy, "build_toy_target", target)
+    monkeypatch.setattr(toy, "build_successor", successor)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("EAGLE_CACHE", str(cache))
+    tiny = ["--num-layers", "8", "--hidden", "32", "--intermediate", "64", "--heads", "2", "--kv-heads", "1",
+            "--vocab", "256", "--active", "40", "--steps", "2"]
+    runner = CliRunner()
+    for out in ("a", "b"):
+        r = runner.invoke(toy.command, ["--out", str(tmp_path / out), *tiny])
+        assert r.exit_code == 0, r.output
+        assert "$EAGLE_CACHE" in r.output
+    assert len(built) == 1 and built[0].parent == cache  # built once, in the cache
+    weights = "model.safetensors"
+    assert (tmp_path / "a" / weights).read_bytes() == (tmp_path / "b" / weights).read_bytes()
+    assert toy.read_toy_meta(tmp_path / "b").config.hidden == 32
+
+    for out in ("s1", "s2"):
+        r = runner.invoke(toy.command, ["--base", str(tmp_path / "a"), "--out", str(tmp_path / out)])
+        assert r.exit_code == 0, r.output
+        assert "$EAGLE_CACHE" in r.output
+        assert toy.read_toy_meta(tmp_path / out).base == str(tmp_path / "a")  # as if built from --base here
+    assert len(built) == 2 and built[1].parent == cache
+    assert (tmp_path / "s1" / weights).read_bytes() == (tmp_path / "s2" / weights).read_bytes()
+    assert (tmp_path / "s1" / weights).read_bytes() != (tmp_path / "a" / weights).read_bytes()
+
+    # Not the default successor (--steps given): built here, not taken from the cache.
+    r = runner.invoke(toy.command, ["--base", str(tmp_path / "a"), "--out", str(tmp_path / "s3"), "--steps", "1"])
+    assert r.exit_code == 0, r.output
+    assert "$EAGLE_CACHE" not in r.output and built[-1] == tmp_path / "s3"
