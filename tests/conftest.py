@@ -1,28 +1,39 @@
-"""Shared fixtures: the cached toy targets, their data and trained drafters.
+"""Shared fixtures: the cached toy targets, their data and trained drafters; and the guard that keeps
+`make test-fast` (tests not marked slow) from training a model or starting vLLM.
 
 `toy_target` and `toy_successor` are built once per machine (under $EAGLE_CACHE or
 ~/.cache/runbook-eagle, keyed by a hash of the toy config and TOY_VERSION) and reused by every
 test session; concurrent pytest processes wait for one builder instead of racing. Tests must
 treat the returned directories as read-only.
+
+A test that uses a fixture of `TRAINS` must be marked slow (checked at collection); a fast test
+that trains past a few steps or starts vLLM anyway, in its own process or in one it starts, fails
+(tests/training_guard.py).
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import training_guard
 from helpers import Counts
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = REPO / "plans" / "data" / "prompts.jsonl"
 HELDOUT = REPO / "plans" / "data" / "prompts-heldout.jsonl"
+SITE = Path(__file__).resolve().parent / "site"  # sitecustomize.py: the guard in child processes
+# Fixtures that train a model (on a machine where nothing is cached yet) or start vLLM.
+TRAINS = {"toy_target", "toy_successor", "toy_data", "toy_drafter", "toy_drafter_normed", "arch_targets"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    training_guard.install()
     # The toy models are tiny: one thread per process beats threads fighting over shared cores
     # (the demo does the same); and test processes run two at a time under `make test`.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -51,8 +62,18 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
     return path
 
 
+def _fast(item: pytest.Item) -> bool:
+    return item.get_closest_marker("slow") is None and item.get_closest_marker("gpu") is None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`gpu` tests run only where torch sees a CUDA device (torch is imported only if some are collected)."""
+    """Refuse fast tests that use a training fixture; `gpu` tests run only where torch sees a CUDA
+    device (torch is imported only if some are collected)."""
+    offenders = [f"{item.nodeid} uses {', '.join(sorted(TRAINS & set(item.fixturenames)))}"
+                 for item in items if _fast(item) and TRAINS & set(getattr(item, "fixturenames", ()))]
+    if offenders:
+        raise pytest.UsageError("tests that train a model must be marked @pytest.mark.slow "
+                                "(make test-fast leaves them out):\n  " + "\n  ".join(offenders))
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu:
         return
@@ -62,6 +83,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs a CUDA device (make test-gpu on a GPU host)")
         for item in gpu:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_do_not_train(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                             monkeypatch: pytest.MonkeyPatch):
+    """A fast test (not slow, not gpu) that trains or starts vLLM, here or in a child, fails."""
+    if not _fast(request.node):
+        yield
+        return
+    folder = tmp_path_factory.getbasetemp() / "training-guard"
+    folder.mkdir(exist_ok=True)
+    guard = folder / f"{hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:16]}.log"
+    guard.unlink(missing_ok=True)
+    monkeypatch.setenv(training_guard.ENV, str(guard))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(SITE), os.environ.get("PYTHONPATH")) if p))
+    yield
+    found = guard.read_text().strip() if guard.exists() else ""
+    if found:
+        pytest.fail(f"a test not marked slow trains a model or starts vLLM; mark it @pytest.mark.slow:\n{found}")
 
 
 @pytest.fixture(scope="session")

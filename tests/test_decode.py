@@ -51,6 +51,7 @@ def _decoder(target: Path, draft: Path | None, proposer=None, max_len: int = 256
                    eos_ids=eos_ids_of(target))
 
 
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
 def test_target_forward_matches_transformers(toy_target: Path, prompts: list[list[int]]) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -67,6 +68,7 @@ def test_target_forward_matches_transformers(toy_target: Path, prompts: list[lis
     assert (aux - expected_aux).abs().max() < 1e-4
 
 
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
 def test_greedy_equals_transformers_generate(toy_target: Path, prompts, references) -> None:
     dec = _decoder(toy_target, None)
     outs = [dec.generate_greedy(p, MAX_NEW) for p in prompts]
@@ -75,6 +77,7 @@ def test_greedy_equals_transformers_generate(toy_target: Path, prompts, referenc
     assert all(len(set(r)) > 5 for r in references)
 
 
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
 def test_speculative_random_drafter_is_exact_and_accepts_nothing(toy_target, random_draft, prompts,
                                                                  references) -> None:
     dec = _decoder(toy_target, random_draft)
@@ -85,6 +88,7 @@ def test_speculative_random_drafter_is_exact_and_accepts_nothing(toy_target, ran
     assert 1.0 <= 1 + sum(accepted) / len(accepted) < 1.15
 
 
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
 def test_speculative_with_always_right_drafts(toy_target, prompts, references) -> None:
     from transformers import AutoConfig
 
@@ -97,6 +101,7 @@ def test_speculative_with_always_right_drafts(toy_target, prompts, references) -
         assert len(res.accepted) == -(-(len(ref) - 1) // (K + 1))  # ceil: k+1 tokens per verify
 
 
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
 @pytest.mark.parametrize("wrong_every", [2, 3, 5])
 def test_acceptance_follows_the_first_wrong_draft(toy_target, prompts, references, wrong_every) -> None:
     from transformers import AutoConfig
@@ -119,6 +124,7 @@ def test_acceptance_follows_the_first_wrong_draft(toy_target, prompts, reference
     assert len(res.accepted) == len(expected)
 
 
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
 def test_drafter_matches_speculators_forward(toy_target: Path, random_draft: Path) -> None:
     from eagle import drafter as edr
     from eagle.draft_infer import load_drafter
@@ -150,6 +156,7 @@ def test_drafter_matches_speculators_forward(toy_target: Path, random_draft: Pat
     assert logits[0].std() > 0.1  # a drafter whose outputs depend on its weights
 
 
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
 def test_bad_drafter_checkpoints_are_named(tmp_path: Path, random_draft: Path) -> None:
     import shutil
 
@@ -189,6 +196,7 @@ def test_layer_ids_are_checked() -> None:
         check_layer_ids([2, 2, 1], 4, "x")
 
 
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
 def test_rope_and_fused_projections_match_the_reference(toy_target: Path) -> None:
     from transformers import AutoConfig
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -219,6 +227,7 @@ def test_rope_and_fused_projections_match_the_reference(toy_target: Path) -> Non
     assert (before - after).abs().max() < 1e-5
 
 
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
 @pytest.mark.parametrize("in_flight", [1, 3])
 def test_launches_in_flight_do_not_change_the_output(toy_target, random_draft, prompts, references,
                                                       in_flight) -> None:

@@ -58,6 +58,7 @@ def test_acceptance_stats_count_like_vllm() -> None:
 
 
 # -- the commands -----------------------------------------------------------------------------
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
 def test_evaluate_random_drafter(toy_target: Path, random_draft: Path, prompts_file: Path, tmp_path: Path) -> None:
     metrics = tmp_path / "m.json"
     res = _run(["evaluate", "--model", str(toy_target), "--draft", str(random_draft), "--prompts",
@@ -73,6 +74,7 @@ def test_evaluate_random_drafter(toy_target: Path, random_draft: Path, prompts_f
     assert "accept_len" in res.output
 
 
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
 def test_bench_random_drafter(toy_target: Path, random_draft: Path, prompts_file: Path, tmp_path: Path) -> None:
     metrics = tmp_path / "m.json"
     res = _run(["bench", "--model", str(toy_target), "--draft", str(random_draft), "--prompts",
@@ -90,6 +92,7 @@ def test_bench_random_drafter(toy_target: Path, random_draft: Path, prompts_file
     assert m["leviathan_bound"] < 1.0
 
 
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
 def test_evaluate_refuses_bad_input_clearly(toy_target: Path, random_draft: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "bako"}]}\n{"messages": 3}\n')

@@ -41,6 +41,7 @@ def _probe(args: list[str], metrics: Path):
     return CliRunner().invoke(cli, ["probe", *args], env={"RUNBOOK_METRICS": str(metrics)}, catch_exceptions=False)
 
 
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
 def test_probe_same_target_is_identical(toy_target: Path, prompts_file: Path, tmp_path: Path) -> None:
     res = _probe(["--model", str(toy_target), "--other", str(toy_target), "--prompts", str(prompts_file),
                   "--max-new-tokens", "8"], tmp_path / "m.json")
@@ -52,6 +53,7 @@ def test_probe_same_target_is_identical(toy_target: Path, prompts_file: Path, tm
     assert all(m[f"rel_norm_diff_l{i}"] < 1e-5 for i in (2, 4, 5))
 
 
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
 def test_probe_sees_where_targets_differ(toy_target: Path, perturbed: Path, prompts_file: Path,
                                          tmp_path: Path) -> None:
     res = _probe(["--model", str(toy_target), "--other", str(perturbed), "--prompts", str(prompts_file),
@@ -63,6 +65,7 @@ def test_probe_sees_where_targets_differ(toy_target: Path, perturbed: Path, prom
     assert m["rel_norm_diff_l6"] > 1e-3
 
 
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
 def test_probe_with_drafter_reports_acceptance(toy_target: Path, perturbed: Path, prompts_file: Path,
                                                tmp_path: Path) -> None:
     draft = helpers.make_random_drafter(toy_target, tmp_path / "draft")
@@ -74,6 +77,7 @@ def test_probe_with_drafter_reports_acceptance(toy_target: Path, perturbed: Path
     assert "cos_sim_l4" in m  # the drafter's layer ids [2, 4, 5]
 
 
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
 def test_probe_refuses_mismatched_targets(toy_target: Path, prompts_file: Path, tmp_path: Path) -> None:
     other = tmp_path / "other"
     shutil.copytree(toy_target, other)
