@@ -36,7 +36,7 @@ from pydantic import BaseModel
 
 from eagle.command import finish, json_option, refusals
 from eagle.common import EagleError, fail, quiet_hf
-from eagle.fsutil import atomic_dir
+from eagle.fsutil import atomic_dir, atomic_write_text
 
 SPECIALS = ["<pad>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 ROLES = ("system", "user", "assistant")
@@ -538,29 +538,30 @@ def cached_target(cfg: ToyConfig | None = None, successor: bool = False, root: P
     return final
 
 
-def from_cache(out: Path, cfg: ToyConfig | None = None, base: Path | None = None, echo: bool = True) -> ToyMeta | None:
-    """`eagle toy-target` with $EAGLE_CACHE set: the toy of `cfg` (or the successor of `base`, built
-    with the default steps, shift and seed) taken from the per-machine cache (built there first when
-    missing) and copied to `out`. A successor comes from the cache only when `base` holds exactly
-    the cached toy of its config (the same weights, byte for byte); else None: build it here."""
+def from_cache(out: Path, cfg: ToyConfig, echo: bool = True) -> ToyMeta:
+    """`eagle toy-target` with $EAGLE_CACHE set: the toy of `cfg` taken from the per-machine cache
+    (built there first when missing) and copied to `out`."""
     import shutil
 
-    root = cache_root()
-    if base is not None:
-        base_cfg = read_toy_meta(base).config
-        cached_base = root / ("target-" + cache_key(base_cfg, False))
-        weights = "model.safetensors"
-        if not (cached_base / META_FILE).is_file() or not (base / weights).is_file() or \
-                (base / weights).read_bytes() != (cached_base / weights).read_bytes():
-            return None
-        src = cached_target(base_cfg, successor=True, root=root, echo=echo)
-    else:
-        src = cached_target(cfg, root=root, echo=echo)
-    shutil.copytree(src, out, dirs_exist_ok=True)
-    meta = read_toy_meta(out)
-    if base is not None:  # the successor records the base it was made from, as built here
-        meta = meta.model_copy(update={"base": str(base)})
-        (out / META_FILE).write_text(meta.model_dump_json(indent=1) + "\n")
+    shutil.copytree(cached_target(cfg, echo=echo), out, dirs_exist_ok=True)
+    return read_toy_meta(out)
+
+
+def successor_from_cache(out: Path, base: Path, echo: bool = True) -> ToyMeta | None:
+    """`eagle toy-target --base` with $EAGLE_CACHE set and the default steps, shift and seed: the
+    successor of `base` from the cache, copied to `out`, when `base` holds exactly the cached toy of
+    its config (the same weights, byte for byte); else None: build it here."""
+    import shutil
+
+    base_cfg = read_toy_meta(base).config
+    cached_base = cache_root() / ("target-" + cache_key(base_cfg, False))
+    weights = "model.safetensors"
+    if not (cached_base / META_FILE).is_file() or not (base / weights).is_file() or \
+            (base / weights).read_bytes() != (cached_base / weights).read_bytes():
+        return None
+    shutil.copytree(cached_target(base_cfg, successor=True, echo=echo), out, dirs_exist_ok=True)
+    meta = read_toy_meta(out).model_copy(update={"base": str(base)})  # as if built from `base` here
+    atomic_write_text(out / META_FILE, meta.model_dump_json(indent=1) + "\n")
     return meta
 
 
@@ -614,7 +615,7 @@ def command(out: Path, base: Path | None, arch: str, num_layers: int, hidden: in
     with refusals():
         if base is not None:
             default = steps is None and shift is None and seed is None
-            hit = from_cache(out, base=base) if cached and default else None
+            hit = successor_from_cache(out, base) if cached and default else None
             cached = hit is not None
             meta = hit or build_successor(base, out, steps=steps, shift=shift, seed=seed)
         else:

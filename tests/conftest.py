@@ -49,14 +49,13 @@ def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
     """`session_dir/name`, made by `build(path)` once per test session, whichever process asks first
     (the others wait on a lock, then read it); a half-made one from a failed build is made again."""
-    folder = session_dir(tmp_path_factory) / "built-once"
-    folder.mkdir(exist_ok=True)
-    path, done = folder / name, folder / f"{name}.done"
-    with open(folder / f"{name}.lock", "w") as lock:
+    path = session_dir(tmp_path_factory) / "built-once" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = path.with_name(f"{path.name}.done")
+    with open(path.with_name(f"{path.name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.exists():
             shutil.rmtree(path, ignore_errors=True)
-            path.parent.mkdir(parents=True, exist_ok=True)
             build(path)
             done.touch()
     return path

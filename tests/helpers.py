@@ -150,8 +150,7 @@ def wait_for(what: Callable[[], Any], timeout: float = 60, every: float = 0.05, 
     """`poll`, failing after `timeout` seconds with what never happened (`message`, else `what`'s
     docstring or repr)."""
     value = poll(what, timeout, every)
-    if not value:
-        raise AssertionError(f"timed out after {timeout:g}s waiting for {message or what.__doc__ or what}")
+    assert value, f"timed out after {timeout:g}s waiting for {message or what.__doc__ or what}"
     return value
 
 

@@ -19,7 +19,6 @@ mutants, was captured and compared with the new output: identical (docs/benchmar
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
@@ -265,10 +264,9 @@ def test_command_warnings_equal_a_full_suspicious_groups_scan(command: str) -> N
 
 
 def load_bench() -> object:
-    spec = importlib.util.spec_from_file_location("parse_bench", REPO / "bench" / "parse_bench.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    from bench import parse_bench
+
+    return parse_bench
 
 
 def test_bench_plan_parses_to_what_the_generator_wrote() -> None:

@@ -74,3 +74,53 @@ def test_a_toy_target_trained_for_many_steps_is_noticed(tmp_path: Path, monkeypa
     assert calls == [5] and not guard.exists()
     toy.train(None, None, None, None, seed=0, steps=300)
     assert calls == [5, 300] and "trained a toy target for 300 steps" in guard.read_text()
+
+
+PROBE = '''
+import subprocess, sys
+
+import pytest
+
+STEPS = {steps!r}
+
+
+def test_fast_in_process():
+    exec(STEPS)
+
+
+def test_fast_in_a_child():
+    subprocess.run([sys.executable, "-c", STEPS], check=True)
+
+
+def test_fast_and_small():
+    exec(STEPS.replace("range(25)", "range(3)"))
+
+
+@pytest.mark.slow
+def test_slow_may_train():
+    exec(STEPS)
+    subprocess.run([sys.executable, "-c", STEPS], check=True)
+'''
+
+
+def test_conftest_fails_the_fast_tests_that_train_and_passes_the_rest(tmp_path: Path) -> None:
+    """A pytest session with this conftest: the two fast tests that train 25 steps (one in its own
+    process, one in a child) fail, naming the guard; a fast test of 3 steps and a slow one pass."""
+    here = Path(__file__).resolve().parent
+    tests = tmp_path / "tests"
+    (tests / "site").mkdir(parents=True)
+    for name in ("conftest.py", "helpers.py", "training_guard.py", "site/sitecustomize.py"):
+        (tests / name).write_text((here / name).read_text())
+    (tests / "test_probe.py").write_text(PROBE.format(steps=STEPS.format(n=25)))
+    env = {k: v for k, v in os.environ.items() if k not in (training_guard.ENV, "PYTHONPATH")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           "-W", "ignore::pytest.PytestUnknownMarkWarning", "--rootdir", str(tmp_path), str(tests)],
+                          cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "ERROR tests/test_probe.py::test_fast_in_process - Failed" in out
+    assert "ERROR tests/test_probe.py::test_fast_in_a_child - Failed" in out
+    assert out.count("Failed: a test not marked slow trains a model or starts vLLM; mark it @pytest.mark.slow") == 2
+    assert out.count("trained a drafter past 20 optimizer steps (pid") == 2, out
+    assert "4 passed, 2 errors" in out, out
