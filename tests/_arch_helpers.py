@@ -79,3 +79,14 @@ def remote_code_target(src: Path, out: Path) -> Path:
               auto_map={"AutoTokenizer": [None, "tokenization_toy_remote.ToyRemoteTokenizer"]})
     (out / "tokenizer_config.json").write_text(json.dumps(tk, indent=2))
     return out
+
+
+ARCHS = ["llama", "qwen3", "deepseek_v3", "kimi_k25"]
+
+
+def random_targets(root: Path) -> dict[str, Path]:
+    """A random target of every architecture in `ARCHS` under `root`, and "remote": the llama one
+    as a custom-code model (test_target, test_generic_decode)."""
+    out = {arch: random_target(arch, root / arch) for arch in ARCHS}
+    out["remote"] = remote_code_target(out["llama"], root / "remote")
+    return out

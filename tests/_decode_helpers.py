@@ -79,3 +79,18 @@ class OracleProposer:
 
     def propose_step(self, token, feat, slot, cache):
         return self._at(slot), feat
+
+
+def speculators_draft_logits(ref_model, hs: torch.Tensor, ids: torch.Tensor, ttt_steps: int = 3) -> list[torch.Tensor]:
+    """The logits of each draft step of speculators' own forward (`eagle.drafter.draft_tokens`) on
+    one row of hidden states `hs` [1, T, 3H] and tokens `ids` [1, T]: what our drafter must match."""
+    from eagle import drafter as edr
+
+    t_len = ids.shape[1]
+    batch = {"hidden_states": hs, "input_ids": ids, "document_ids": torch.zeros(1, t_len, dtype=torch.long),
+             "position_ids": torch.arange(1, t_len + 1)[None]}
+    logits: list[torch.Tensor] = []
+    hook = ref_model.lm_head.register_forward_hook(lambda m, a, o: logits.append(o[0].detach()))
+    edr.draft_tokens(ref_model, batch, ttt_steps=ttt_steps)
+    hook.remove()
+    return logits

@@ -1,7 +1,7 @@
 """Every published EAGLE-3 checkpoint layout, written from one of our trained drafters (no network).
 
 Each builder takes a drafter checkpoint written by `eagle train` and writes the same weights in
-another layout, the way its publishers write it. Loaded by path from the tests.
+another layout, the way its publishers write it. Imported by name (tests/ is on sys.path).
 
 - `specforge`: SpecForge / SGLang / original EAGLE: a top-level llama config, architectures
   ["LlamaForCausalLMEagle3"], eagle_config.eagle_aux_hidden_state_layer_ids, weights under

@@ -1,8 +1,8 @@
 """Tiny targets and offline hidden-state data for the training tests (test_train/_ddp/_drafter/_checkpoint).
 
 Writes the documented data format directly (speculators' offline format + DATA/vocab.safetensors),
-so these tests do not depend on `eagle extract` / `eagle vocab`. Loaded by path from the tests
-(pytest runs with --import-mode=importlib).
+so these tests do not depend on `eagle extract` / `eagle vocab`. Imported by name (`import _train_data
+as td`: tests/ is on sys.path).
 """
 
 from __future__ import annotations
@@ -94,3 +94,18 @@ def make_data(target: Path, out: Path, n: int = 24, length: int = 40, seed: int 
     t2d[chosen] = True
     save_file({"d2t": chosen - torch.arange(draft_vocab), "t2d": t2d}, str(out / "vocab.safetensors"))
     return out
+
+
+def make_small(root: Path) -> tuple[Path, Path]:
+    """A tiny target under `root` and its hidden states on 16 sequences of 32 tokens (test_train,
+    test_train_options)."""
+    target = make_target(root / "target")
+    return target, make_data(target, root / "data", n=16, length=32)
+
+
+def train_args(target: Path, data: Path, out: Path, **kw: object):
+    """TrainArgs of a tiny run on the CPU holding out 20% for validation; `kw` sets the rest."""
+    from eagle.train import TrainArgs
+
+    return TrainArgs(**{"model": str(target), "data": str(data), "out": str(out), "val_fraction": 0.2,
+                        "device": "cpu", **kw})

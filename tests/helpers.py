@@ -1,6 +1,7 @@
 """The one home of what tests share: `import helpers as H` (pyproject puts tests/ on sys.path).
 
-- `git`, `init_repo`, `make_repo`: real git repositories in temp dirs (one git helper, one factory).
+- `git`, `init_repo`, `make_repo`, `commit_files`: real git repositories in temp dirs (one git helper,
+  one factory).
 - `runbook`, `popen_runbook`, `cli_env`, `RUNBOOK`, `EAGLE`: the real console scripts.
 - `run_record(**fields)`: a RunRecord with every required field filled (the one run-record factory).
 - `wait_for(what)`: poll until a condition holds, or fail saying what never happened.
@@ -121,6 +122,16 @@ def make_repo(path: Path, plan: str, notes: str | bytes | None = None, plan_name
     git(path, "add", ".")
     git(path, "commit", "-qm", "init")
     return path
+
+
+def commit_files(repo: Path, files: dict[str, str], message: str) -> str:
+    """Write `files` (path in `repo` -> text), stage everything and commit; the new HEAD's sha."""
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", message)
+    return git(repo, "rev-parse", "HEAD").strip()
 
 
 def run_record(**fields: Any) -> RunRecord:

@@ -2,7 +2,8 @@
 
 Used by tests/test_plan_states.py (status, next --dry-run and brief agree; the brief's command is
 what `runbook next` does) and tests/test_json_contract.py (every command's --json in every state).
-Load with `load()` (tests run with --import-mode=importlib, so `tests` is no package).
+Imported by name (`import plan_states as S`: tests/ is on sys.path); built once per session by the
+`plan_states` fixture of conftest.py.
 
 The plan branches: Phase 0 probes; Phase 1 trains (fails unless work/acc says otherwise) and falls
 back to Phase 2 on a fail; Phase 2 passes unless work/fb says 0; both stop after a pass. Phase 3

@@ -136,12 +136,7 @@ def test_drafter_matches_speculators_forward(toy_target: Path, random_draft: Pat
     t_len, h = 12, ours.spec.target_hidden_size
     hs = torch.randn(1, t_len, 3 * h)
     ids = torch.randint(0, ours.spec.vocab_size, (1, t_len))
-    batch = {"hidden_states": hs, "input_ids": ids, "document_ids": torch.zeros(1, t_len, dtype=torch.long),
-             "position_ids": torch.arange(1, t_len + 1)[None]}
-    logits: list[torch.Tensor] = []
-    hook = ref_model.lm_head.register_forward_hook(lambda m, a, o: logits.append(o[0].detach()))
-    edr.draft_tokens(ref_model, batch, ttt_steps=3)
-    hook.remove()
+    logits = helpers.speculators_draft_logits(ref_model, hs, ids)
     with torch.inference_mode():
         step0, _ = ours(ours.combine(hs[0]), ids[0], torch.arange(t_len), ours.new_cache(32))
         assert (step0 - logits[0]).abs().max() < 1e-4

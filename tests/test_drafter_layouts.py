@@ -19,6 +19,7 @@ import _layouts as L
 import _train_data as td
 import pytest
 import torch
+from _decode_helpers import speculators_draft_logits
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
@@ -252,12 +253,7 @@ def test_inference_matches_speculators_with_every_norm_flag(toy_target: Path, to
     t_len = 12
     hs = torch.randn(1, t_len, 3 * 128) * 3
     ids = torch.randint(0, 2048, (1, t_len))
-    batch = {"hidden_states": hs, "input_ids": ids, "document_ids": torch.zeros(1, t_len, dtype=torch.long),
-             "position_ids": torch.arange(1, t_len + 1)[None]}
-    logits: list[torch.Tensor] = []
-    hook = ref.lm_head.register_forward_hook(lambda m, a, o: logits.append(o[0].detach()))
-    edr.draft_tokens(ref, batch, ttt_steps=3)
-    hook.remove()
+    logits = speculators_draft_logits(ref, hs, ids)
     with torch.inference_mode():
         step0, _ = ours(ours.combine(hs[0]), ids[0], torch.arange(t_len), ours.new_cache(32))
         torch.testing.assert_close(step0, logits[0], rtol=1e-4, atol=1e-4)

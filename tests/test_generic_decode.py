@@ -21,16 +21,13 @@ import torch
 
 _one_thread = helpers.one_thread
 
-ARCHS = ["llama", "qwen3", "deepseek_v3", "kimi_k25"]
+ARCHS = arch_helpers.ARCHS
 K, MAX_NEW = 3, 20
 
 
 @pytest.fixture(scope="module")
 def targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("arch-targets")
-    out = {a: arch_helpers.random_target(a, root / a) for a in ARCHS}
-    out["remote"] = arch_helpers.remote_code_target(out["llama"], root / "remote")
-    return out
+    return arch_helpers.random_targets(tmp_path_factory.mktemp("arch-targets"))
 
 
 @pytest.fixture(scope="module")

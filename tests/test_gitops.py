@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import git, init_repo
+from helpers import commit_files, git, init_repo
 
 from runbook import gitops
 
@@ -35,10 +35,7 @@ def test_first_commit_in_empty_repo_keeps_user_staging(repo):
 
 
 def test_partial_user_staging_of_other_file_survives(repo):
-    (repo / "code.py").write_text("v1\n")
-    (repo / "plan.md").write_text("p1\n")
-    git(repo, "add", ".")
-    git(repo, "commit", "-qm", "init")
+    commit_files(repo, {"code.py": "v1\n", "plan.md": "p1\n"}, "init")
     (repo / "code.py").write_text("v2\n")
     git(repo, "add", "code.py")
     (repo / "code.py").write_text("v3\n")  # staged v2, work tree v3
@@ -52,9 +49,7 @@ def test_partial_user_staging_of_other_file_survives(repo):
 
 
 def test_detached_head(repo):
-    (repo / "plan.md").write_text("p1\n")
-    git(repo, "add", ".")
-    git(repo, "commit", "-qm", "init")
+    commit_files(repo, {"plan.md": "p1\n"}, "init")
     git(repo, "checkout", "-q", "--detach")
     (repo / "plan.md").write_text("p2\n")
     sha = gitops.commit_paths(repo, ["plan.md"], "runbook: detached")
@@ -63,9 +58,7 @@ def test_detached_head(repo):
 
 
 def test_refuses_during_merge(repo):
-    (repo / "f").write_text("base\n")
-    git(repo, "add", ".")
-    git(repo, "commit", "-qm", "base")
+    commit_files(repo, {"f": "base\n"}, "base")
     git(repo, "checkout", "-qb", "other")
     (repo / "f").write_text("other\n")
     git(repo, "commit", "-qam", "other")

@@ -340,10 +340,7 @@ def test_printed_commands_are_shell_quoted(tmp_path: Path, counts) -> None:
     plan's path as one argument when pasted into a shell, and run nothing else."""
     plan = PLAN_TEMPLATE.format(vars="  v: x", steps="")
     repo = H.make_repo(tmp_path / "repo", plan)
-    for name in HOSTILE_PLAN_NAMES:
-        (repo / "plans" / name).write_text(plan)
-    H.git(repo, "add", "-A")
-    H.git(repo, "commit", "-qm", "hostile names")
+    H.commit_files(repo, {f"plans/{name}": plan for name in HOSTILE_PLAN_NAMES}, "hostile names")
     checked = 0
     for name in HOSTILE_PLAN_NAMES:
         rel = f"plans/{name}"

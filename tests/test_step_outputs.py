@@ -143,11 +143,8 @@ def test_steps_python_in_a_user_venv_is_the_users(tmp_path: Path, mode: str) -> 
     repo = H.make_repo(tmp_path / "repo", plan([
         "python -c 'import sys; print(sys.prefix)' > prefix.txt; command -v eagle > eagle.txt; command -v runbook >> eagle.txt"
     ]))
-    if mode == "prepend":
-        (repo / "runbook.toml").write_text('runbook_bin = "prepend"\n')
-    (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "*.txt\n")
-    H.git(repo, "add", "-A")
-    H.git(repo, "commit", "-qm", "config")
+    config = {"runbook.toml": 'runbook_bin = "prepend"\n'} if mode == "prepend" else {}
+    H.commit_files(repo, {**config, ".gitignore": (repo / ".gitignore").read_text() + "*.txt\n"}, "config")
     env = {"PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", "VIRTUAL_ENV": str(venv)}
     result = H.runbook(repo, "next", "--yes", env=env)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -29,15 +29,12 @@ from eagle.target import (
     resolve_layer_ids,
 )
 
-ARCHS = ["llama", "qwen3", "deepseek_v3", "kimi_k25"]
+ARCHS = arch_helpers.ARCHS
 
 
 @pytest.fixture(scope="module")
 def targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("targets")
-    out = {a: arch_helpers.random_target(a, root / a) for a in ARCHS}
-    out["remote"] = arch_helpers.remote_code_target(out["llama"], root / "remote")
-    return out
+    return arch_helpers.random_targets(tmp_path_factory.mktemp("targets"))
 
 
 # ---------------------------------------------------------------- layer ids: one rule everywhere

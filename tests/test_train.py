@@ -38,18 +38,11 @@ def test_pack_and_split_are_deterministic() -> None:
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("train")
-    target = td.make_target(root / "target")
-    return target, td.make_data(target, root / "data", n=16, length=32)
+    return td.make_small(tmp_path_factory.mktemp("train"))
 
 
 def _args(target: Path, data: Path, out: Path, **kw):
-    from eagle.train import TrainArgs
-
-    base = dict(model=str(target), data=str(data), out=str(out), epochs=2, batch_tokens=128, val_fraction=0.2,
-                lr=3e-3, device="cpu")
-    base.update(kw)
-    return TrainArgs(**base)
+    return td.train_args(target, data, out, **{"epochs": 2, "batch_tokens": 128, "lr": 3e-3, **kw})
 
 
 @pytest.mark.slow

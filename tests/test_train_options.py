@@ -14,18 +14,11 @@ from click.testing import CliRunner
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("train-options")
-    target = td.make_target(root / "target")
-    return target, td.make_data(target, root / "data", n=16, length=32)
+    return td.make_small(tmp_path_factory.mktemp("train-options"))
 
 
 def _args(target: Path, data: Path, out: Path, **kw):
-    from eagle.train import TrainArgs
-
-    base = dict(model=str(target), data=str(data), out=str(out), epochs=1, batch_tokens=64, val_fraction=0.2,
-                device="cpu", tensorboard=False)
-    base.update(kw)
-    return TrainArgs(**base)
+    return td.train_args(target, data, out, **{"epochs": 1, "batch_tokens": 64, "tensorboard": False, **kw})
 
 
 def test_default_learning_rate_follows_the_published_recipes() -> None:
