@@ -7,7 +7,10 @@
 Phase A, two lanes at once:
   GPU 1   `make test-gpu PY=python3` (tests/test_gpu.py; CUDA_VISIBLE_DEVICES=1, so its DDP test runs
           2 processes sharing one GPU over gloo)                                      -> test_gpu.log
-          then, with time left, the 1-process `eagle train --online` baseline (multi_gpu_scaling online1)
+          then the --lane1-modes of train_real_loop on the same prepared data (e.g. fixed: the
+          fixed-shape step on its own H200 while GPU 0 runs real and speculators; merged into
+          train_real_loop.json), then, with time left, the 1-process `eagle train --online`
+          baseline (multi_gpu_scaling online1)
   GPU 0   bench/train_real_loop.py --workdir W: target, data, the 1-process extraction, then eagle
           train real loop / fixed shape / speculators' CLI        -> train_real_loop.json, lane0.log
 Phase B, both GPUs: bench/multi_gpu_scaling.py --workdir W (disk bound 1 and 2 writers, 2-process
@@ -79,6 +82,21 @@ def test_summary(log: Path) -> str:
     return "\n".join(keep[-60:])
 
 
+def merge_lanes(main: Path, other: Path) -> None:
+    """Lane 1's train_real_loop results into lane 0's file, ratios recomputed; its meta kept under lane1."""
+    from bench.train_real_loop import ratios
+
+    if not other.is_file():
+        return
+    b = json.loads(other.read_text())
+    a = json.loads(main.read_text()) if main.is_file() else {"meta": {}, "results": {}}
+    a["results"].update(b["results"])
+    a["meta"]["lane1"] = {k: b["meta"].get(k) for k in ("device", "matmul_flop_s", "failed", "skipped")} | {
+        "modes": list(b["results"]), "where": "GPU 1, after make test-gpu, on lane 0's prepared data"}
+    a["meta"]["ratios"] = ratios(a["results"])
+    main.write_text(json.dumps(a, indent=1) + "\n")
+
+
 def summary(out: Path) -> str:
     from bench.multi_gpu_scaling import table
 
@@ -110,6 +128,8 @@ def main() -> int:
     p.add_argument("--lane-a", type=float, default=350, help="Seconds for phase A (both lanes).")
     p.add_argument("--tests", default="make", help="make: run make test-gpu in lane 1; none: skip it.")
     p.add_argument("--modes", default="real,fixed,speculators", help="train_real_loop modes (empty: no lane 0).")
+    p.add_argument("--lane1-modes", default="",
+                   help="train_real_loop modes run on GPU 1 after the tests (taken out of --modes; merged).")
     p.add_argument("--parts", default="online1,disk,extract,train,capture,online",
                    help="multi_gpu_scaling parts (online1 runs in lane 1 after the tests, when time is left).")
     p.add_argument("--smoke", action="store_true")
@@ -128,6 +148,13 @@ def main() -> int:
     lane_end = start + min(a.lane_a, a.budget - 30)
     gpu1 = {} if a.smoke else {"CUDA_VISIBLE_DEVICES": "1"}
     gpu0 = {} if a.smoke else {"CUDA_VISIBLE_DEVICES": "0"}
+    lane1_modes = [m for m in a.lane1_modes.split(",") if m]
+    lane0_modes = [m for m in a.modes.split(",") if m and m not in lane1_modes]
+
+    def prepared() -> bool:
+        marker = work / "prepared.json"
+        return marker.is_file() and ("fixed" not in lane1_modes or json.loads(marker.read_text()).get("fixed"))
+
     def lane1() -> None:
         """GPU 1: make test-gpu, then (time left, data ready) the 1-process --online baseline."""
         if a.tests == "make":
@@ -135,6 +162,14 @@ def main() -> int:
                 py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "--durations=0", "tests/test_gpu.py"]
             run_logged("test-gpu", cmd, {**base, **gpu1, "PYTEST_ADDOPTS": "-vv -rA"}, lane_end - time.time(),
                        out / "test_gpu.log")
+        if lane1_modes:
+            while lane_end - time.time() > 60 and not prepared():
+                time.sleep(2)
+            run_logged("train_real_loop-gpu1", [py, "-m", "bench.train_real_loop", "--workdir", str(work), "--out",
+                                                str(work / "lane1"), "--samples", str(samples), "--epochs", "3",
+                                                "--modes", ",".join(lane1_modes), "--deadline", str(lane_end - 20),
+                                                *smoke],
+                       {**base, **gpu1}, lane_end - time.time(), out / "lane1.log")
         while "online1" in a.parts and lane_end - time.time() > 100 and not (work / "prepared.json").is_file():
             time.sleep(2)
         if "online1" in a.parts and lane_end - time.time() > 100:
@@ -144,16 +179,18 @@ def main() -> int:
                        {**base, **gpu1}, lane_end - time.time(), work / "logs" / "online1-lane.log")
 
     lanes = [threading.Thread(target=lane1)]
-    if a.modes:
+    if lane0_modes:
         lanes.append(threading.Thread(target=run_logged, args=(
             "train_real_loop", [py, "-m", "bench.train_real_loop", "--workdir", str(work), "--out", str(out), "--samples",
-                                str(samples), "--epochs", "3", "--modes", a.modes, "--deadline", str(lane_end - 20),
-                                *smoke],
+                                str(samples), "--epochs", "3", "--modes", ",".join(lane0_modes),
+                                "--deadline", str(lane_end - 20), *smoke, *(["--prepare-fixed"] * ("fixed" in lane1_modes))],
             {**base, **gpu0}, lane_end - time.time(), out / "lane0.log")))
     for t in lanes:
         t.start()
     for t in lanes:
         t.join()
+    if lane1_modes:
+        merge_lanes(out / "train_real_loop.json", work / "lane1" / "train_real_loop.json")
 
     phase_b = [x for x in a.parts.split(",") if x and x != "online1"]
     if phase_b:

@@ -192,6 +192,13 @@ def steady(res: dict) -> float:
     return sum(t * s for t, s in later) / sum(s for _, s in later) if later else res["epoch_tok_s"][0]
 
 
+def ratios(results: dict[str, dict]) -> dict[str, float]:
+    """The real loop's steady tok/s over each other mode's (fixed, speculators, nobuckets)."""
+    base = results.get("real", {}).get("steady_tok_s_all")
+    return {f"real / {other}": base / results[other]["steady_tok_s_all"]
+            for other in ("fixed", "speculators", "nobuckets") if base and other in results}
+
+
 def prepare(work: Path, shape: dict[str, int], n: int, seq: int, modes: list[str], gpu: bool,
             smoke: bool) -> tuple[Path, Path, Path | None, list[int], list[int]]:
     """W/target, W/data-v (n rows of seq/2..seq tokens) and W/data-f (fixed rows, only when "fixed" is
@@ -245,6 +252,9 @@ def main() -> int:
     p.add_argument("--deadline", type=float, default=None,
                    help="wall-clock time (time.time()) by which every mode must end; a mode gets at most what is "
                         "left and is skipped with under 20 s")
+    p.add_argument("--prepare-fixed", action="store_true",
+                   help="also prepare the fixed rows when the modes do not include fixed (a later run with "
+                        "--modes fixed on the same --workdir, e.g. on another GPU, then reuses them)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -284,7 +294,8 @@ def main() -> int:
             (out / "train_real_loop.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
 
     t0 = time.perf_counter()
-    target, data_v, data_f, lengths_v, layer_ids = prepare(work, shape, n, seq, modes, gpu, a.smoke)
+    target, data_v, data_f, lengths_v, layer_ids = prepare(work, shape, n, seq, modes + ["fixed"] * a.prepare_fixed,
+                                                           gpu, a.smoke)
     meta["prepare_s"] = time.perf_counter() - t0
     meta["tokens_variable"] = sum(lengths_v)
     meta["tokens_fixed"] = seq * max(8, n // 4) if data_f is not None else 0
@@ -325,15 +336,9 @@ def main() -> int:
         print(f"  {mode:<12} steady {res['steady_tok_s_all']:>10,.0f} tok/s   epochs {[round(x) for x in res['epoch_tok_s']]}"
               f"   graphs after epoch 1: {sorted(set(res.get('graphs_after_epoch1', [])))}   "
               f"MFU {res['mfu'] or float('nan'):.1%}", file=sys.stderr, flush=True)
-    base = results.get("real", {}).get("steady_tok_s_all")
-    ratios = {}
-    if base:
-        for other in ("fixed", "speculators", "nobuckets"):
-            if other in results:
-                ratios[f"real / {other}"] = base / results[other]["steady_tok_s_all"]
-    meta["ratios"] = ratios
+    meta["ratios"] = ratios(results)
     save()
-    print(json.dumps(ratios), file=sys.stderr)
+    print(json.dumps(meta["ratios"]), file=sys.stderr)
     return 0 if results else 1
 
 
