@@ -163,8 +163,10 @@ def make_rows(vocab: int, lengths: list[int], where: Path, seed: int) -> Path:
 
     g = torch.Generator().manual_seed(seed)
     rows = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
-    datasets.Dataset.from_dict({"input_ids": rows, "loss_mask": [[0] * 4 + [1] * (len(r) - 4) for r in rows],
-                                "seq_len": lengths}).save_to_disk(str(where))
+    ds = datasets.Dataset.from_dict({"input_ids": rows, "loss_mask": [[0] * 4 + [1] * (len(r) - 4) for r in rows],
+                                     "seq_len": lengths})
+    ds.set_format("torch")  # as `eagle prepare` writes it; speculators' loader compares its tensors
+    ds.save_to_disk(str(where))
     return where
 
 
