@@ -193,7 +193,8 @@ def file_rates(dirs: list[Path], start: float | None, world: int = 1) -> dict[st
     a, b = max(halves), min(ends)
     inside = sum(t for m, t, _ in files if a < m <= b)
     res = {"files": len(files), "tokens": total, "bytes": sum(x for _, _, x in files),
-           "half_tok_s": inside / (b - a) if b > a else 0.0, "half_s": max(b - a, 0.0), "half_tokens": inside,
+           # no window when the writers' second halves did not overlap (one started late on little data)
+           "half_tok_s": inside / (b - a) if b > a else float("nan"), "half_s": max(b - a, 0.0), "half_tokens": inside,
            "skew_s": max(ends) - min(ends)}
     if start is not None:
         res["all_tok_s"] = total / max(files[-1][0] - start, 1e-9)
@@ -415,7 +416,9 @@ class Bench:
             row(self.out, "extract", f"extract with files, {n} process(es), 2nd half", rates["half_tok_s"], "tok/s",
                 f"{rates['tokens']:,} tokens, {rates['bytes'] / 1e9:.2f} GB; CLI capture_tok_s {m['extract_capture_tok_s']:,.0f}"
                 f" (compile included{'; ranks ' + ' '.join(f'{r:,.0f}' for r in ranks) if ranks else ''}); "
-                f"CLI wall {wall:.1f} s; {how}; window {rates['half_s']:.1f} s, last files {rates['skew_s']:.1f} s apart")
+                f"CLI wall {wall:.1f} s; {how}; window {rates['half_s']:.1f} s, last files {rates['skew_s']:.1f} s apart"
+                + ("" if rates["half_s"] > 0 else "; NO FIGURE: the writers' second halves did not overlap "
+                   "(more data: --extract-data e --extract-samples N)"))
             bound = disk.get(n)
             if bound:
                 row(self.out, "extract", f"extract with files / disk bound, {n} writer(s)",

@@ -83,14 +83,18 @@ def child_speculators(target: str, data: str, out: str, batch_tokens: int, lr: f
     np.save(Path(out) / "t2d.npy", t2d.numpy())
     records: list[tuple[float, dict]] = []
 
-    class Grab(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if isinstance(record.msg, dict) and "train" in record.msg:
-                records.append((time.perf_counter(), record.msg.get("profile") or {}))
-
+    # Its Trainer logs one dict per step to this logger (with a "profile" of step_ms, tokens_per_s, ...).
+    # Its CLI sets the logger's handlers up itself (a handler added here is dropped), so the logger's
+    # own info() is wrapped.
     mlog = logging.getLogger("speculators.metrics")
-    mlog.addHandler(Grab())
-    mlog.setLevel(logging.INFO)
+    log_info = mlog.info
+
+    def grab(msg: object, *args: Any, **kwargs: Any) -> None:
+        if isinstance(msg, dict) and "train" in msg:
+            records.append((time.perf_counter(), msg.get("profile") or {}))
+        log_info(msg, *args, **kwargs)
+
+    mlog.info = grab  # type: ignore[method-assign]
     sys.argv = ["speculators.train", "--verifier-name-or-path", target, "--data-path", data,
                 "--save-path", str(Path(out) / "save"), "--d2t-path", str(Path(out) / "d2t.npy"),
                 "--t2d-path", str(Path(out) / "t2d.npy"), "--target-layer-ids", *map(str, layer_ids),
