@@ -107,6 +107,16 @@ def default_lr(hidden_size: int) -> float:
     return min(3e-3, 1e-4 * 4096 / max(1, hidden_size))
 
 
+def global_batch_text(batch_tokens: int, grad_accum: int, world: int) -> str:
+    """The tokens one optimizer step sees: --batch-tokens per pack x --grad-accum x processes.
+
+    The learning rate is not scaled with it (default_lr depends on the width only), so N processes
+    take N times fewer, N times larger steps than one: to train as one GPU does, divide
+    --batch-tokens (or --grad-accum) by N."""
+    parts = [f"{batch_tokens:,}"] + [f"{grad_accum}"] * (grad_accum > 1) + [f"{world} processes"] * (world > 1)
+    return f"{' x '.join(parts)} = {batch_tokens * grad_accum * world:,} tokens" if len(parts) > 1 else f"{batch_tokens:,} tokens"
+
+
 def est_accept_len(step_acc: list[float]) -> float:
     """1 + sum over k of prod_{j<=k} acc_j: expected tokens per target step when a draft is
     accepted up to its first miss (acc_j = accuracy at step j given steps < j were right)."""
@@ -492,7 +502,8 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     tb = StepLog(out / "tensorboard" if (args.tensorboard and dist.main) else None, k, decay, series=dist.main)
     say(f"training {sum(p.numel() for p in params):,} parameters on {device} x{dist.world}: "
         f"{len(train_idx)} train / {len(val_idx)} val samples, {steps_per_epoch} steps/epoch"
-        f"{f' of {accum} batches' if accum > 1 else ''}, epochs {start_epoch}..{args.epochs}, lr {args.lr:.3g}"
+        f"{f' of {accum} batches' if accum > 1 else ''}, epochs {start_epoch}..{args.epochs}, lr {args.lr:.3g}, "
+        f"global batch {global_batch_text(args.batch_tokens, accum, dist.world)}"
         f"{f', shape buckets (packs of {pad_to}, widths x{args.layout_multiple})' if args.shape_buckets else ''}")
 
     def validate(opt_step: int) -> tuple[float | None, list[float]]:

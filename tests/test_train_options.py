@@ -115,3 +115,11 @@ def test_accumulation_stepwise_validation_checkpoints_and_tensorboard(small: tup
     assert saved == [f"step-{n}" for n in range(3, opt_steps + 1, 3)]
     cfg = json.loads((out / "checkpoints" / saved[0] / "config.json").read_text())
     assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
+
+
+def test_global_batch_text_counts_packs_accumulation_and_processes() -> None:
+    from eagle.train import global_batch_text
+
+    assert global_batch_text(8192, 1, 1) == "8,192 tokens"
+    assert global_batch_text(8192, 1, 2) == "8,192 x 2 processes = 16,384 tokens"
+    assert global_batch_text(4096, 4, 8) == "4,096 x 4 x 8 processes = 131,072 tokens"
