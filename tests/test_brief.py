@@ -10,15 +10,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_record_cli import PLAN, a_run, git, make_repo
 
 from runbook.cli import cli
 from runbook.contract import Brief, MilestoneText, NextAction, NoteStep, PhaseView, RunView, StepLine
 from runbook.ledger import save_run
 from runbook.model import StepResult
 from runbook.notes import Milestone, apply_record
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_record_cli import PLAN, a_run, git, make_repo  # noqa: E402
 
 LESSONS = ["Use --prepared-data, not --data-path.", "batch 4, not 2000, or extraction OOMs"]
 
