@@ -45,7 +45,10 @@ def repo_with(tmp_path: Path, plan: str = PLAN, plan_name: str = "plan.md") -> P
 
 
 def last_record(repo: Path) -> dict:
-    return json.loads(sorted((repo / "state" / "runs").glob("*.json"))[-1].read_text())
+    """The run that started last (by its start time: two run ids of one second sort by their random
+    suffix, so the file names do not give the order)."""
+    records = [json.loads(p.read_text()) for p in (repo / "state" / "runs").glob("*.json")]
+    return max(records, key=lambda r: r["started"])
 
 
 def test_a_hook_that_refuses_the_commit_is_not_exit_0(tmp_path: Path, counts) -> None:
