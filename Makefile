@@ -1,6 +1,12 @@
 # The two commands a newcomer types: `make demo` and `make test`.
 VENV := .venv
 PY := $(VENV)/bin/python
+# Test processes (pytest-xdist): two on the 2-core machines we test on; `make test WORKERS=0` runs
+# them all in one process. Tests sharing a cluster carry @pytest.mark.xdist_group (--dist loadgroup
+# keeps a group on one worker); expensive artefacts are built once per session, by whichever worker
+# asks first (tests/conftest.py built_once).
+WORKERS ?= 2
+XDIST := -n $(WORKERS) --dist loadgroup
 
 .PHONY: setup test test-fast test-gpu lint typecheck demo bench clean
 
@@ -11,11 +17,11 @@ setup:
 test: setup
 	$(PY) -m ruff check runbook eagle tests bench
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST) --durations=30
 
 # Unit tests only, for a quick loop while editing.
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 # The GPU suite (tests/test_gpu.py) on a CUDA host; `make test-gpu PY=python3` uses another interpreter.
 test-gpu:

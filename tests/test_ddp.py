@@ -11,6 +11,8 @@ from pathlib import Path
 import _train_data as td
 import pytest
 
+from eagle.serve import free_port
+
 
 def _train(cmd: list[str], out: Path, metrics: Path) -> dict:
     env = {**os.environ, "RUNBOOK_METRICS": str(metrics), "OMP_NUM_THREADS": "1"}
@@ -29,7 +31,8 @@ def test_ddp_two_processes_on_cpu(tmp_path: Path) -> None:
     args = ["train", "--model", str(target), "--data", str(data), "--epochs", "3", "--batch-tokens", "64",
             "--val-fraction", "0.2", "--device", "cpu", "--lr", "3e-3"]
     torchrun = Path(sys.executable).with_name("torchrun")
-    ddp = _train([str(torchrun), "--nproc-per-node", "2", "--master-port", "29531", "-m", "eagle.cli", *args],
+    port = str(free_port())  # not a fixed one: another test session may run torchrun at the same time
+    ddp = _train([str(torchrun), "--nproc-per-node", "2", "--master-port", port, "-m", "eagle.cli", *args],
                  tmp_path / "ddp", tmp_path / "ddp.json")
     single = _train([sys.executable, "-m", "eagle.cli", *args], tmp_path / "one", tmp_path / "one.json")
 

@@ -13,6 +13,7 @@ import pytest
 
 from eagle import distributed, extract, hidden_io
 from eagle.common import EagleError
+from eagle.serve import free_port
 
 N_SAMPLES = 9  # odd: the two shards differ in size
 
@@ -155,7 +156,7 @@ def test_two_shards_write_the_same_files_as_one_process(tiny, tmp_path):
 def test_torchrun_two_ranks_report_the_whole_run(tiny, tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     metrics = tmp_path / "m.json"
-    out = _wait(_run([str(torchrun), "--nproc-per-node", "2", "--master-port", "29537", "-m", "eagle.cli",
+    out = _wait(_run([str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "eagle.cli",
                       *_args(tiny, tmp_path / "tr"), "--json"], metrics))
     merged = extract.ExtractResult.model_validate_json(out)  # only rank 0 prints
     lengths = [6 + 3 * i for i in range(N_SAMPLES)]
