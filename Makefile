@@ -2,11 +2,11 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 # Test processes (pytest-xdist): two on the 2-core machines we test on; `make test WORKERS=0` runs
-# them all in one process. Tests sharing a cluster carry @pytest.mark.xdist_group (--dist loadgroup
-# keeps a group on one worker); expensive artefacts are built once per session, by whichever worker
-# asks first (tests/conftest.py built_once).
+# them all in one process. --dist loadscope runs each module's tests in one worker, so a module's
+# fixtures (a vLLM server, the Slurm cluster) start once; artefacts shared between modules are built
+# once per session by whichever worker asks first (tests/conftest.py built_once).
 WORKERS ?= 2
-XDIST := -n $(WORKERS) --dist loadgroup
+XDIST := -n $(WORKERS) --dist loadscope
 
 .PHONY: setup test test-fast test-gpu lint typecheck demo bench clean
 

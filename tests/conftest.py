@@ -30,8 +30,10 @@ HELDOUT = REPO / "plans" / "data" / "prompts-heldout.jsonl"
 SITE = Path(__file__).resolve().parent / "site"  # sitecustomize.py: the guard in child processes
 # Fixtures that train a model (on a machine where nothing is cached yet) or start vLLM.
 TRAINS = {"toy_target", "toy_successor", "toy_data", "toy_drafter", "toy_drafter_normed", "arch_targets"}
-# The demo (scripts/demo.sh: the example plan end to end) takes longer than any other test by far.
-FIRST = {"test_demo.py"}
+# The longest modules, started first so that no worker is left with one of them at the end: the demo
+# (scripts/demo.sh, the example plan end to end), then Slurm's time limit, vLLM and the kill -9 rounds.
+FIRST = ["test_demo.py", "test_slurm.py", "test_serve.py", "test_prepare_vllm.py", "test_arch_e2e.py",
+         "test_crash_safety.py"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -68,10 +70,10 @@ def _fast(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Refuse fast tests that use a training fixture; run the longest module first (`FIRST`: with
-    two workers the other one runs everything else meanwhile); `gpu` tests run only where torch
-    sees a CUDA device (torch is imported only if some are collected)."""
-    items.sort(key=lambda item: item.path.name not in FIRST)  # stable: the order is kept otherwise
+    """Refuse fast tests that use a training fixture; run the longest modules first (`FIRST`; the
+    rest keep their order); `gpu` tests run only where torch sees a CUDA device (torch is imported
+    only if some are collected)."""
+    items.sort(key=lambda item: FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST))  # stable
     offenders = [f"{item.nodeid} uses {', '.join(sorted(TRAINS & set(item.fixturenames)))}"
                  for item in items if _fast(item) and TRAINS & set(getattr(item, "fixturenames", ()))]
     if offenders:

@@ -24,7 +24,6 @@ from runbook.resources import ResourcesError, parse_resources, sbatch_args
 from runbook.slurm import JobInfo, parse_job, verdict_of
 
 FAST = {"RUNBOOK_HEARTBEAT_S": "0.2", "RUNBOOK_SLURM_POLL_S": "0.2"}
-pytestmark = pytest.mark.xdist_group("slurm")  # one worker, one cluster (the session's slurm_cluster)
 
 
 def plan(*steps: str, resources: str = "nodes=1 time=5", criterion: str = "") -> str:
