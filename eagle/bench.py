@@ -19,7 +19,7 @@ import click
 from pydantic import BaseModel
 
 from eagle.command import device_option, dtype_option, finish, json_option, refusals, trust_remote_code_option
-from eagle.common import pick_device, pick_dtype, quiet_hf, warn
+from eagle.common import quiet_hf, warn
 from eagle.evaluate import decoder_option, load_inputs
 from eagle.leviathan import acceptance_from_accept_len, expected_tokens, leviathan_speedup  # noqa: F401
 
@@ -133,9 +133,8 @@ def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens
     """
     quiet_hf()
     with refusals(ValueError, FileNotFoundError):
-        prompts = load_inputs(model, prompts_file, limit, draft, trust_remote_code)
-        dev = pick_device(device)
-        report = run_bench(model, draft, prompts, k, max_new_tokens, dev, pick_dtype(dtype, dev), repeats,
+        prompts, dev, dt = load_inputs(model, prompts_file, limit, draft, trust_remote_code, device, dtype)
+        report = run_bench(model, draft, prompts, k, max_new_tokens, dev, dt, repeats,
                            decoder, trust_remote_code)
     if not report.spec_matches_plain:
         warn("speculative output differs from plain greedy output (see `eagle evaluate`)")

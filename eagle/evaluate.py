@@ -20,13 +20,16 @@ multimodal wrappers, custom code) through its own transformers forward with a KV
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from pydantic import BaseModel
 
 from eagle.command import device_option, dtype_option, finish, json_option, refusals, trust_remote_code_option
 from eagle.common import EagleError, pick_device, pick_dtype, progress, quiet_hf, warn
+
+if TYPE_CHECKING:
+    import torch
 
 
 class PromptResult(BaseModel):
@@ -145,9 +148,10 @@ def run_evaluate(model_dir: str | Path, draft_dir: str | Path, prompts: list[lis
                       per_prompt=per_prompt)
 
 
-def load_inputs(model: Path, prompts_file: Path, limit: int | None, draft: Path | None = None,
-                trust_remote_code: bool = False) -> list[list[int]]:
-    """Shared input checks of evaluate / bench / probe; raises EagleError with a fix."""
+def load_inputs(model: Path, prompts_file: Path, limit: int | None, draft: Path | None, trust_remote_code: bool,
+                device: str, dtype: str) -> tuple[list[list[int]], torch.device, torch.dtype]:
+    """The shared inputs of evaluate / bench / probe: the prompts' token ids, the device and the dtype,
+    after checking the target and the drafter; raises EagleError with a fix."""
     from eagle.prompts import PromptFileError, load_prompt_token_ids
     from eagle.target import open_target
 
@@ -155,9 +159,11 @@ def load_inputs(model: Path, prompts_file: Path, limit: int | None, draft: Path 
     if draft is not None and not (draft / "config.json").is_file():
         raise EagleError(f"{draft}: not a drafter checkpoint (no config.json); pass `eagle train --out` DIR")
     try:
-        return load_prompt_token_ids(model, prompts_file, limit, trust_remote_code)
+        prompts = load_prompt_token_ids(model, prompts_file, limit, trust_remote_code)
     except PromptFileError as exc:
         raise EagleError(str(exc)) from exc
+    dev = pick_device(device)
+    return prompts, dev, pick_dtype(dtype, dev)
 
 
 def decoder_option(fn: Any) -> Any:
@@ -202,9 +208,8 @@ def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens
     """
     quiet_hf()
     with refusals(ValueError, FileNotFoundError):
-        prompts = load_inputs(model, prompts_file, limit, draft, trust_remote_code)
-        dev = pick_device(device)
-        report = run_evaluate(model, draft, prompts, k, max_new_tokens, dev, pick_dtype(dtype, dev), check=check,
+        prompts, dev, dt = load_inputs(model, prompts_file, limit, draft, trust_remote_code, device, dtype)
+        report = run_evaluate(model, draft, prompts, k, max_new_tokens, dev, dt, check=check,
                               decoder=decoder, trust_remote_code=trust_remote_code)
 
     def mismatches() -> None:

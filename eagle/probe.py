@@ -19,7 +19,7 @@ import click
 from pydantic import BaseModel
 
 from eagle.command import device_option, dtype_option, finish, json_option, refusals, trust_remote_code_option
-from eagle.common import EagleError, pick_device, pick_dtype, print_table, quiet_hf, split_layer_ids
+from eagle.common import EagleError, print_table, quiet_hf, split_layer_ids
 from eagle.evaluate import decoder_option, load_inputs
 
 
@@ -180,10 +180,9 @@ def command(model: Path, other: Path, prompts_file: Path, draft: Path | None, la
     quiet_hf()
     with refusals(ValueError, FileNotFoundError):
         open_target(other, trust_remote_code, what="--other")
-        prompts = load_inputs(model, prompts_file, limit, draft, trust_remote_code)
-        dev = pick_device(device)
-        report = run_probe(model, other, prompts, parse_layer_ids(layer_ids), draft, k, max_new_tokens, dev,
-                           pick_dtype(dtype, dev), decoder, trust_remote_code)
+        prompts, dev, dt = load_inputs(model, prompts_file, limit, draft, trust_remote_code, device, dtype)
+        report = run_probe(model, other, prompts, parse_layer_ids(layer_ids), draft, k, max_new_tokens, dev, dt,
+                           decoder, trust_remote_code)
 
     def show() -> None:
         print_table([(f"l{s.layer}", s.cos_sim, s.rel_norm_diff) for s in report.layers],
