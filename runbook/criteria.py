@@ -239,26 +239,21 @@ class _Parser:
         )
 
     def parse_or(self) -> Expr | Operand:
-        first = self.parse_and()
-        if self.peek().kind != "or":
-            return first
-        items = [self.condition(first, self.peek())]
-        while self.peek().kind == "or":
-            self.take()
-            item = self.parse_and()
-            items.append(self.condition(item, self.peek()))
-        return BoolOp.model_construct(kind="or", items=items)
+        return self.chain("or", self.parse_and)
 
     def parse_and(self) -> Expr | Operand:
-        first = self.parse_not()
-        if self.peek().kind != "and":
+        return self.chain("and", self.parse_not)
+
+    def chain(self, kind: Literal["or", "and"], operand: Callable[[], Expr | Operand]) -> Expr | Operand:
+        """`operand (kind operand)*`: one flat BoolOp of the conditions, or the lone operand."""
+        first = operand()
+        if self.peek().kind != kind:
             return first
         items = [self.condition(first, self.peek())]
-        while self.peek().kind == "and":
+        while self.peek().kind == kind:
             self.take()
-            item = self.parse_not()
-            items.append(self.condition(item, self.peek()))
-        return BoolOp.model_construct(kind="and", items=items)
+            items.append(self.condition(operand(), self.peek()))
+        return BoolOp.model_construct(kind=kind, items=items)
 
     def parse_not(self) -> Expr | Operand:
         if self.peek().kind == "not":
@@ -414,14 +409,7 @@ def _refs(node: Operand) -> list[MetricRef]:
 
 
 def _operands(expr: Expr) -> list[Operand]:
-    if isinstance(expr, Compare):
-        return [expr.left, expr.right]
-    if isinstance(expr, Not):
-        return _operands(expr.item)
-    out: list[Operand] = []
-    for item in expr.items:
-        out.extend(_operands(item))
-    return out
+    return [side for leaf in _leaves(expr) for side in (leaf.left, leaf.right)]
 
 
 _PRECEDENCE = {"or": 1, "and": 2, "not": 3, "compare": 4}

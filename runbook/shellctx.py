@@ -251,10 +251,14 @@ class _Lexer:
         return i + 1
 
     def _ansi(self, i: int, top: _Frame) -> int:
+        return self._escaped_until(i, "'")
+
+    def _escaped_until(self, i: int, close: str) -> int:
+        """A frame where a backslash escapes the next character and `close` ends the frame."""
         c = self.text[i]
         if c == "\\":
             return i + 2
-        if c == "'":
+        if c == close:
             self.pop()
         return i + 1
 
@@ -275,12 +279,7 @@ class _Lexer:
         return i + 1
 
     def _backtick(self, i: int, top: _Frame) -> int:
-        c = self.text[i]
-        if c == "\\":
-            return i + 2
-        if c == "`":
-            self.pop()
-        return i + 1
+        return self._escaped_until(i, "`")
 
     def _param(self, i: int, top: _Frame) -> int:
         c = self.text[i]

@@ -218,6 +218,18 @@ def assert_no_traceback(result: subprocess.CompletedProcess | tuple[str, str], w
         assert "Traceback (most recent call last)" not in stream, f"{what}: traceback:\n{stream[-3000:]}"
 
 
+def assert_criterion_error(text: str, col: int, fragment: str) -> None:
+    """parse_criterion(text) refuses it with a message holding `fragment`, pointing at column `col`."""
+    import pytest
+
+    from runbook.criteria import CriterionError, parse_criterion
+
+    with pytest.raises(CriterionError) as info:
+        parse_criterion(text)
+    assert fragment in info.value.message
+    assert info.value.col == col
+
+
 def tree_snapshot(root: Path) -> dict[str, bytes]:
     """Every regular file under `root` (relative path -> bytes); .git is included."""
     snap: dict[str, bytes] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from helpers import assert_criterion_error
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -72,10 +73,7 @@ def test_metric_names_in_order_without_repeats() -> None:
     ],
 )
 def test_errors_name_the_column(text: str, col: int, fragment: str) -> None:
-    with pytest.raises(CriterionError) as info:
-        parse_criterion(text)
-    assert fragment in info.value.message
-    assert info.value.col == col
+    assert_criterion_error(text, col, fragment)
 
 
 def test_explanation_shows_values_next_to_comparisons() -> None:

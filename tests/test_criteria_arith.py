@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from helpers import run_record
+from helpers import assert_criterion_error, run_record
 
 from runbook.criteria import CriterionError, evaluate, metric_names, parse_criterion, render
 from runbook.model import Arith, Compare, MetricRef, Neg, Number
@@ -106,10 +106,7 @@ def test_the_explanation_shows_each_operand_and_the_result() -> None:
     ],
 )
 def test_arithmetic_errors_name_the_column(text: str, col: int, fragment: str) -> None:
-    with pytest.raises(CriterionError) as info:
-        parse_criterion(text)
-    assert fragment in info.value.message
-    assert info.value.col == col
+    assert_criterion_error(text, col, fragment)
 
 
 def test_a_long_sum_is_flat_and_a_deep_unary_chain_is_bounded() -> None:

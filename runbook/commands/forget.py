@@ -2,11 +2,41 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, TypeVar
+
 import click
 
 from runbook.cli import Output
 from runbook.commands._options import json_option, open_plan, plan_option
 from runbook.contract import ForgetResult, RunView
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from runbook.model import RunRecord
+    from runbook.workspace import Workspace
+
+F = TypeVar("F", bound="Callable[..., Any]")
+
+
+def unrecord_options(fn: F) -> F:
+    """--plan, --no-commit and --json of forget and reset."""
+    fn = json_option(fn)
+    fn = click.option("--no-commit", is_flag=True,
+                      help="Write the plan and remove the ledger files, but do not commit.")(fn)
+    return plan_option(fn)
+
+
+def forget_and_say(ws: Workspace, runs: list[RunRecord], subject: str, no_commit: bool,
+                   said: str) -> tuple[bool, str | None, str]:
+    """Forget `runs` (committed unless no_commit): (plan rewritten, commit sha, `said` + what was done)."""
+    from runbook.unrecord import forget_runs
+
+    updated, sha = forget_runs(ws, runs, subject, commit=not no_commit,
+                               warn=lambda msg: click.echo(f"warning: {msg}", err=True))
+    said += f"; {ws.plan_rel} rewritten" if updated else ""
+    said += f"; commit {sha[:10]}" if sha else ""
+    return updated, sha, said
 
 
 @click.command(
@@ -19,9 +49,7 @@ Examples:
 Exit codes: 0 forgotten, 1 written but not committed, 2 unknown run or refusal, 5 a run is in progress.""",
 )
 @click.argument("run_ref", metavar="RUN")
-@plan_option
-@click.option("--no-commit", is_flag=True, help="Write the plan and remove the ledger file, but do not commit.")
-@json_option
+@unrecord_options
 def command(run_ref: str, plan_opt: str | None, no_commit: bool, as_json: bool) -> Output:
     """Drop RUN (a run id, a unique prefix, or `last`) from the ledger and from the plan.
 
@@ -31,15 +59,10 @@ def command(run_ref: str, plan_opt: str | None, no_commit: bool, as_json: bool) 
     run that no longer speaks for the plan: a phase rewritten from scratch, a mistaken run.
     """
     from runbook.recording import find_run
-    from runbook.unrecord import forget_runs
 
     ws = open_plan(plan_opt)
     run = find_run(ws, run_ref)
     subject = f"runbook: forget run {run.run_id} ({run.phase} {run.verdict})"
-    updated, sha = forget_runs(ws, [run], subject, commit=not no_commit,
-                               warn=lambda msg: click.echo(f"warning: {msg}", err=True))
-    result = ForgetResult(forgotten=[RunView.of(run)], plan_updated=updated, commit=sha)
-    text = f"forgot run {run.run_id} (Phase {run.phase_label}, {run.verdict})"
-    text += f"; {ws.plan_rel} rewritten" if updated else ""
-    text += f"; commit {sha[:10]}" if sha else ""
-    return Output(result, 0, text)
+    updated, sha, text = forget_and_say(ws, [run], subject, no_commit,
+                                        f"forgot run {run.run_id} (Phase {run.phase_label}, {run.verdict})")
+    return Output(ForgetResult(forgotten=[RunView.of(run)], plan_updated=updated, commit=sha), 0, text)

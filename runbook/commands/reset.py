@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from runbook.cli import Output
-from runbook.commands._options import json_option, open_plan, plan_option
+from runbook.commands._options import open_plan
+from runbook.commands.forget import forget_and_say, unrecord_options
 from runbook.contract import ResetResult, RunView
 
 
@@ -19,9 +20,7 @@ Examples:
 Exit codes: 0 reset, 1 written but not committed, 2 unknown phase or refusal, 5 a run is in progress.""",
 )
 @click.argument("phase_ref", metavar="PHASE")
-@plan_option
-@click.option("--no-commit", is_flag=True, help="Write the plan and remove the ledger files, but do not commit.")
-@json_option
+@unrecord_options
 def command(phase_ref: str, plan_opt: str | None, no_commit: bool, as_json: bool) -> Output:
     """Drop every run of PHASE from the ledger and the plan: the phase is `not run` again.
 
@@ -30,7 +29,6 @@ def command(phase_ref: str, plan_opt: str | None, no_commit: bool, as_json: bool
     the phase as if it had never run.
     """
     from runbook.commands.show import unknown_phase
-    from runbook.unrecord import forget_runs
 
     ws = open_plan(plan_opt)
     phase = ws.plan.find_phase(phase_ref)
@@ -38,11 +36,7 @@ def command(phase_ref: str, plan_opt: str | None, no_commit: bool, as_json: bool
         raise unknown_phase(ws.plan, phase_ref, ws.plan_display)
     runs = ws.ledger().runs(ws.plan_rel, phase.id)[0]
     subject = f"runbook: reset {phase.id} (forgot {len(runs)} run{'s' * (len(runs) != 1)})"
-    updated, sha = forget_runs(ws, runs, subject, commit=not no_commit,
-                               warn=lambda msg: click.echo(f"warning: {msg}", err=True))
-    result = ResetResult(phase=phase.id, label=phase.display_name, forgotten=[RunView.of(r) for r in runs],
-                         plan_updated=updated, commit=sha)
-    text = f"reset {phase.display_name}: forgot {len(runs)} run{'s' * (len(runs) != 1)}"
-    text += f"; {ws.plan_rel} rewritten" if updated else ""
-    text += f"; commit {sha[:10]}" if sha else ""
-    return Output(result, 0, text)
+    updated, sha, text = forget_and_say(ws, runs, subject, no_commit,
+                                        f"reset {phase.display_name}: forgot {len(runs)} run{'s' * (len(runs) != 1)}")
+    return Output(ResetResult(phase=phase.id, label=phase.display_name, forgotten=[RunView.of(r) for r in runs],
+                              plan_updated=updated, commit=sha), 0, text)
