@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+F = TypeVar("F", bound="Callable[..., Any]")
+
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from runbook.model import Plan
     from runbook.workspace import Workspace
 
@@ -23,6 +27,14 @@ json_option = click.option(
     is_flag=True,
     help="Print one JSON document on stdout (schema: docs/json.md); never asks a question.",
 )
+
+
+def unrecord_options(fn: F) -> F:
+    """--plan, --no-commit and --json of the verbs that drop runs (forget, reset)."""
+    fn = json_option(fn)
+    fn = click.option("--no-commit", is_flag=True,
+                      help="Write the plan and remove the ledger files, but do not commit.")(fn)
+    return plan_option(fn)
 
 
 def open_plan(plan_opt: str | None) -> Workspace:

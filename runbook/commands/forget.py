@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 import click
 
 from runbook.cli import Output
-from runbook.commands._options import json_option, open_plan, plan_option
+from runbook.commands._options import open_plan, unrecord_options
 from runbook.contract import ForgetResult, RunView
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from runbook.model import RunRecord
     from runbook.workspace import Workspace
-
-F = TypeVar("F", bound="Callable[..., Any]")
-
-
-def unrecord_options(fn: F) -> F:
-    """--plan, --no-commit and --json of forget and reset."""
-    fn = json_option(fn)
-    fn = click.option("--no-commit", is_flag=True,
-                      help="Write the plan and remove the ledger files, but do not commit.")(fn)
-    return plan_option(fn)
-
 
 def forget_and_say(ws: Workspace, runs: list[RunRecord], subject: str, no_commit: bool,
                    said: str) -> tuple[bool, str | None, str]:
