@@ -170,7 +170,7 @@ def main() -> int:
                                                 "--modes", ",".join(lane1_modes), "--deadline", str(lane_end - 20),
                                                 *smoke],
                        {**base, **gpu1}, lane_end - time.time(), out / "lane1.log")
-        while "online1" in a.parts and lane_end - time.time() > 100 and not (work / "prepared.json").is_file():
+        while "online1" in a.parts and lane_end - time.time() > 100 and not prepared():
             time.sleep(2)
         if "online1" in a.parts and lane_end - time.time() > 100:
             run_logged("online1", [py, "-m", "bench.multi_gpu_scaling", "--workdir", str(work), "--out", str(work / "online1"),

@@ -22,16 +22,17 @@ import json
 import sys
 from dataclasses import dataclass
 
-import torch
-
+from bench.train_real_loop import variable_lengths
 from eagle import dataset
+from eagle.doc_attention import layout
 from eagle.train import BUCKET_MULTIPLE
 
 
-def grid(lengths: list[int], multiple: int, b_multiple: int) -> tuple[int, int]:
-    """(B, Lmax) of a pack of documents of these (shifted) lengths."""
-    lmax = -(-max(lengths) // multiple) * multiple
-    return -(-len(lengths) // b_multiple) * b_multiple, lmax
+def grid(lengths: list[int], b_multiple: int) -> tuple[int, int]:
+    """(B, Lmax) of a pack of documents of these (shifted) lengths: the attention's own layout with
+    shape buckets' width rounding, then B rounded up to `b_multiple`."""
+    b, lmax = layout(lengths, BUCKET_MULTIPLE)["doc_index"].shape
+    return -(-b // b_multiple) * b_multiple, lmax
 
 
 @dataclass
@@ -57,8 +58,8 @@ def replay(lengths: list[int], epochs: int, batch_tokens: int, val_fraction: flo
         real = cells = 0
         new: list[tuple[int, int]] = []
         for b in batches:
-            docs = [max(lengths[i] - 1, 1) for i in b]
-            shape = grid(docs, BUCKET_MULTIPLE, b_multiple)
+            docs = [min(lengths[i] - 1, batch_tokens) for i in b]  # shifted, as pack_batches counts them
+            shape = grid(docs, b_multiple)
             real += sum(docs)
             cells += shape[0] * shape[1]
             if shape not in seen:
@@ -82,8 +83,7 @@ def main() -> int:
     p.add_argument("--b-multiples", default="1,2,4", help="document-count roundings to compare (1: today's)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
-    g = torch.Generator().manual_seed(0)  # the row lengths of bench/train_real_loop.py's data
-    lengths = torch.randint(a.min_len, a.max_len + 1, (a.rows,), generator=g).tolist()
+    lengths = variable_lengths(a.rows, a.min_len, a.max_len)
     rows = [replay(lengths, a.epochs, a.batch_tokens, a.val_fraction, a.seed, a.world, 0, int(m))
             for m in a.b_multiples.split(",")]
     if a.json:

@@ -205,18 +205,25 @@ def ratios(results: dict[str, dict]) -> dict[str, float]:
             for other in ("fixed", "speculators", "nobuckets") if base and other in results}
 
 
+def variable_lengths(n: int, shortest: int, longest: int) -> list[int]:
+    """The token counts of the variable-length rows (seeded: every bench that reads W/data-v, and
+    bench/pack_shapes.py's replay of its packing, sees the same lengths)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(shortest, longest + 1, (n,), generator=g).tolist()
+
+
 def prepare(work: Path, shape: dict[str, int], n: int, seq: int, modes: list[str], gpu: bool,
             smoke: bool) -> tuple[Path, Path, Path | None, list[int], list[int]]:
     """W/target, W/data-v (n rows of seq/2..seq tokens) and W/data-f (fixed rows, only when "fixed" is
     run), extracted and with a vocabulary; what W already holds complete is reused (a marker file is
     written last). `eagle extract` on W/data-v runs alone, with its metrics in W/extract-data-v.json:
     bench/multi_gpu_scaling.py takes it as the 1-process extraction (its files' times give the rate)."""
-    import torch
 
     from bench.multi_gpu_scaling import EXTRACT_BATCH, make_target
 
-    g = torch.Generator().manual_seed(0)
-    lengths_v = torch.randint(seq // 2, seq + 1, (n,), generator=g).tolist()
+    lengths_v = variable_lengths(n, seq // 2, seq)
     n_fixed = max(8, n // 4)
     layer_ids = [2, shape["num_hidden_layers"] // 2, shape["num_hidden_layers"] - 3]
     target, data_v, data_f = work / "target", work / "data-v", work / "data-f"
