@@ -5,8 +5,10 @@ PY := $(VENV)/bin/python
 # them all in one process. --dist loadscope runs each module's tests in one worker, so a module's
 # fixtures (a vLLM server, the Slurm cluster) start once; artefacts shared between modules are built
 # once per session by whichever worker asks first (tests/conftest.py built_once).
+# --no-loadscope-reorder keeps conftest's order (the longest modules first) instead of xdist's
+# most-tests-first, which started the one-test demo last.
 WORKERS ?= 2
-XDIST := -n $(WORKERS) --dist loadscope
+XDIST := -n $(WORKERS) --dist loadscope --no-loadscope-reorder
 
 .PHONY: setup test test-fast test-gpu lint typecheck demo bench clean
 

@@ -30,10 +30,14 @@ HELDOUT = REPO / "plans" / "data" / "prompts-heldout.jsonl"
 SITE = Path(__file__).resolve().parent / "site"  # sitecustomize.py: the guard in child processes
 # Fixtures that train a model (on a machine where nothing is cached yet) or start vLLM.
 TRAINS = {"toy_target", "toy_successor", "toy_data", "toy_drafter", "toy_drafter_normed", "arch_targets"}
-# The longest modules, started first so that no worker is left with one of them at the end: the demo
-# (scripts/demo.sh, the example plan end to end), then Slurm's time limit, vLLM and the kill -9 rounds.
-FIRST = ["test_demo.py", "test_slurm.py", "test_serve.py", "test_prepare_vllm.py", "test_arch_e2e.py",
-         "test_crash_safety.py"]
+# The longest modules, started first so that no worker is left with one of them at the end
+# (`make test` passes --no-loadscope-reorder so pytest-xdist keeps this order instead of putting the
+# modules with the most tests first). Longest first, by `--durations=0` on the 2-core machine
+# (2026-11-30): the demo (scripts/demo.sh, the example plan end to end), vLLM, eagle's bad-input
+# matrix, Slurm's time limit, the architectures end to end, the GPU lock's resolution, the kill -9 rounds.
+FIRST = ["test_demo.py", "test_serve.py", "test_eagle_bad_inputs.py", "test_slurm.py", "test_arch_e2e.py",
+         "test_setup.py", "test_prepare_vllm.py", "test_crash_safety.py", "test_drafter_serving.py",
+         "test_drafter_layouts.py", "test_training_guard.py", "test_extract_shard.py"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
