@@ -1,4 +1,4 @@
-"""The click options several verbs share, declared once."""
+"""The click options and plumbing several verbs share, declared once."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ F = TypeVar("F", bound="Callable[..., Any]")
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from runbook.model import Plan
+    from runbook.model import Plan, RunRecord
     from runbook.workspace import Workspace
 
 plan_option = click.option(
@@ -35,6 +35,18 @@ def unrecord_options(fn: F) -> F:
     fn = click.option("--no-commit", is_flag=True,
                       help="Write the plan and remove the ledger files, but do not commit.")(fn)
     return plan_option(fn)
+
+
+def forget_and_say(ws: Workspace, runs: list[RunRecord], subject: str, no_commit: bool,
+                   said: str) -> tuple[bool, str | None, str]:
+    """Forget `runs` (committed unless no_commit): (plan rewritten, commit sha, `said` + what was done)."""
+    from runbook.unrecord import forget_runs
+
+    updated, sha = forget_runs(ws, runs, subject, commit=not no_commit,
+                               warn=lambda msg: click.echo(f"warning: {msg}", err=True))
+    said += f"; {ws.plan_rel} rewritten" if updated else ""
+    said += f"; commit {sha[:10]}" if sha else ""
+    return updated, sha, said
 
 
 def open_plan(plan_opt: str | None) -> Workspace:

@@ -2,28 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import click
 
 from runbook.cli import Output
-from runbook.commands._options import open_plan, unrecord_options
+from runbook.commands._options import forget_and_say, open_plan, unrecord_options
 from runbook.contract import ForgetResult, RunView
-
-if TYPE_CHECKING:
-    from runbook.model import RunRecord
-    from runbook.workspace import Workspace
-
-def forget_and_say(ws: Workspace, runs: list[RunRecord], subject: str, no_commit: bool,
-                   said: str) -> tuple[bool, str | None, str]:
-    """Forget `runs` (committed unless no_commit): (plan rewritten, commit sha, `said` + what was done)."""
-    from runbook.unrecord import forget_runs
-
-    updated, sha = forget_runs(ws, runs, subject, commit=not no_commit,
-                               warn=lambda msg: click.echo(f"warning: {msg}", err=True))
-    said += f"; {ws.plan_rel} rewritten" if updated else ""
-    said += f"; commit {sha[:10]}" if sha else ""
-    return updated, sha, said
 
 
 @click.command(

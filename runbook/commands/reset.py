@@ -5,8 +5,7 @@ from __future__ import annotations
 import click
 
 from runbook.cli import Output
-from runbook.commands._options import open_plan, unrecord_options
-from runbook.commands.forget import forget_and_say
+from runbook.commands._options import forget_and_say, open_plan, unrecord_options
 from runbook.contract import ResetResult, RunView
 
 
