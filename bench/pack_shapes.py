@@ -6,7 +6,8 @@
 With shape buckets (the CUDA default) every pack is padded to --batch-tokens and each document's row
 of the per-document attention grid [B, Lmax] is rounded up to 256 columns: the compiled step sees
 one shape per (B, Lmax), B the pack's document count. A pair first seen after epoch 1 is compiled
-then, in the middle of training (issue 17: an 8-epoch run on the H200 lost 21 s in epoch 4). This
+then, in the middle of training (issue 17: an 8-epoch run on the H200 lost 21 s in epoch 4), unless
+`eagle train --warm-shapes` (the default with buckets) runs every pair once before step 1. This
 replays the trainer's own split and packing (eagle.dataset.split_indices, pack_batches, shard, the
 same seeds) and prints, per epoch, the pairs seen for the first time, for the current grid and for
 B rounded up to a multiple of --b-multiple (a candidate: fewer shapes, more padded grid cells), with
@@ -24,14 +25,13 @@ from dataclasses import dataclass
 
 from bench.train_real_loop import variable_lengths
 from eagle import dataset
-from eagle.doc_attention import layout
 from eagle.train import BUCKET_MULTIPLE
 
 
-def grid(lengths: list[int], b_multiple: int) -> tuple[int, int]:
-    """(B, Lmax) of a pack of documents of these (shifted) lengths: the attention's own layout with
-    shape buckets' width rounding, then B rounded up to `b_multiple`."""
-    b, lmax = layout(lengths, BUCKET_MULTIPLE)["doc_index"].shape
+def grid(batch: list[int], lengths: list[int], batch_tokens: int, b_multiple: int) -> tuple[int, int]:
+    """(B, Lmax) of a pack: the trainer's own grid shape with shape buckets' width rounding
+    (eagle.dataset.grid_shape), then B rounded up to `b_multiple`."""
+    b, lmax = dataset.grid_shape(batch, lengths, batch_tokens, BUCKET_MULTIPLE)
     return -(-b // b_multiple) * b_multiple, lmax
 
 
@@ -58,9 +58,8 @@ def replay(lengths: list[int], epochs: int, batch_tokens: int, val_fraction: flo
         real = cells = 0
         new: list[tuple[int, int]] = []
         for b in batches:
-            docs = [min(lengths[i] - 1, batch_tokens) for i in b]  # shifted, as pack_batches counts them
-            shape = grid(docs, b_multiple)
-            real += sum(docs)
+            shape = grid(b, lengths, batch_tokens, b_multiple)
+            real += sum(min(lengths[i] - 1, batch_tokens) for i in b)  # shifted, as pack_batches counts them
             cells += shape[0] * shape[1]
             if shape not in seen:
                 seen.add(shape)

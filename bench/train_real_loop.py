@@ -11,6 +11,7 @@ What it does (every mode in its own process: fresh compile caches, its own warm-
            2048 tokens (fixed); `eagle extract` writes both to files, `eagle vocab` a draft vocab of 8000
   real     `eagle train` on V as a user runs it (defaults: shape buckets on CUDA)     [eagle.train.train]
   nobuckets  the same with --no-shape-buckets (the loop before shape buckets)
+  nowarm   the real loop with --no-warm-shapes (shapes first met in a later epoch compile there)
   fixed    `eagle train` on F: every pack 4 x 2047 tokens, one shape (the fixed-shape step's figure)
   speculators  speculators' own training CLI (`python -m speculators.train`, its data loader, packing and
            Trainer; sdpa attention and the eager loss, as on torch 2.11) on V's files
@@ -33,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODES = ("real", "fixed", "speculators", "nobuckets")
+MODES = ("real", "fixed", "speculators", "nobuckets", "nowarm")
 TTT = 3
 VAL_FRACTION = 0.05
 BATCH_TOKENS = {"gpu": 8192, "smoke": 96}
@@ -59,6 +60,7 @@ def child_eagle(mode: str, target: str, data: str, out: str, epochs: int, batch_
     log = train_mod.train(train_mod.TrainArgs(
         model=target, data=data, out=out, epochs=epochs, batch_tokens=batch_tokens, lr=lr, val_fraction=VAL_FRACTION,
         ttt_steps=TTT, shape_buckets=False if mode == "nobuckets" else None,
+        warm_shapes=False if mode in ("nobuckets", "nowarm") else None,
         device="cuda" if torch.cuda.is_available() else "cpu"), echo=True)
     steps = [r.steps for r in log.epochs]
     return {"mode": mode, "epoch_tok_s": [r.train_tok_s for r in log.epochs], "steps": steps,
@@ -66,6 +68,7 @@ def child_eagle(mode: str, target: str, data: str, out: str, epochs: int, batch_
             "val_loss": [r.val_loss for r in log.epochs],
             "val_acc": log.epochs[-1].val_acc, "graphs": graphs, "graphs_after_epoch1": graphs[steps[0]:],
             "shape_buckets": log.args.shape_buckets, "layout_multiple": log.args.layout_multiple,
+            "warmup": log.warmup.model_dump() if log.warmup else None,
             "process_s": time.perf_counter() - t0, "peak_gib": (torch.cuda.max_memory_allocated() / 2**30
                                                                  if torch.cuda.is_available() else 0.0)}
 
@@ -199,10 +202,10 @@ def steady(res: dict) -> float:
 
 
 def ratios(results: dict[str, dict]) -> dict[str, float]:
-    """The real loop's steady tok/s over each other mode's (fixed, speculators, nobuckets)."""
+    """The real loop's steady tok/s over each other mode's (fixed, speculators, nobuckets, nowarm)."""
     base = results.get("real", {}).get("steady_tok_s_all")
     return {f"real / {other}": base / results[other]["steady_tok_s_all"]
-            for other in ("fixed", "speculators", "nobuckets") if base and other in results}
+            for other in ("fixed", "speculators", "nobuckets", "nowarm") if base and other in results}
 
 
 def variable_lengths(n: int, shortest: int, longest: int) -> list[int]:
@@ -347,7 +350,8 @@ def main() -> int:
         results[mode] = res
         save()
         print(f"  {mode:<12} steady {res['steady_tok_s_all']:>10,.0f} tok/s   epochs {[round(x) for x in res['epoch_tok_s']]}"
-              f"   graphs after epoch 1: {sorted(set(res.get('graphs_after_epoch1', [])))}   "
+              f"   graphs from step 1: {sorted(set(res.get('graphs', [])))}, after epoch 1: "
+              f"{sorted(set(res.get('graphs_after_epoch1', [])))}   warm-up {(res.get('warmup') or {}).get('seconds', 0):.0f} s   "
               f"MFU {res['mfu'] or float('nan'):.1%}", file=sys.stderr, flush=True)
     meta["ratios"] = ratios(results)
     save()

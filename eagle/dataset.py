@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -128,6 +129,26 @@ def check_lengths(lengths: list[int], rows: list[int], budget: int, where: str) 
                          f"(the longest, row {row} of the dataset, has {worst} tokens after the shift); training would cut "
                          f"them. Pass --batch-tokens {worst} or more (GPUs: 4096-16384), or drop the long rows "
                          "when preparing the data")
+
+
+def grid_shape(batch: list[int], lengths: list[int], budget: int, multiple: int = 1) -> tuple[int, int]:
+    """(documents, width) of a pack's per-document attention grid, the [B, Lmax] of
+    eagle/doc_attention.layout, from the samples' lengths alone (no tensors): B is the pack's sample
+    count, Lmax its longest shifted sample rounded up to `multiple`."""
+    docs = [min(max(lengths[i] - 1, 0), budget) for i in batch]
+    m = max(1, multiple)
+    return len(docs), -(-max(docs) // m) * m
+
+
+def first_of_each_shape(batches: Iterable[list[int]], lengths: list[int], budget: int,
+                        multiple: int = 1) -> dict[tuple[int, int], list[int]]:
+    """The first pack of each distinct grid shape among `batches`, in order of appearance: with every
+    pack padded to `budget` (train's shape buckets) the grid shape is all that varies between steps,
+    so these packs exercise every shape the run will compile."""
+    first: dict[tuple[int, int], list[int]] = {}
+    for batch in batches:
+        first.setdefault(grid_shape(batch, lengths, budget, multiple), batch)
+    return first
 
 
 def shard(batches: list[list[int]], rank: int, world: int) -> list[list[int]]:

@@ -67,6 +67,7 @@ class TrainArgs(BaseModel):
     world_size: int = 1
     shape_buckets: bool | None = None  # None: on for CUDA (pad packs to batch_tokens, widths to 256)
     layout_multiple: int | None = None  # per-document attention width rounded up to this (None: by buckets)
+    warm_shapes: bool | None = None  # run every pack shape of the run once before step 1 (None: with shape buckets)
     online: bool = False  # hidden states from the target on the fly (eagle/online.py), not from files
     layer_ids: list[int] | None = None  # --online: aux layers (None: eagle extract's default)
     draft_shape: DraftShape = DraftShape()  # the drafter layer's shape where it differs from the target's
@@ -91,10 +92,19 @@ class EpochRecord(BaseModel):
     target_s: float | None = None  # --online: the target's forwards (GPU time on CUDA), part of `seconds`
 
 
+class Warmup(BaseModel):
+    """What the warm-up before step 1 ran (warm_shapes): one pack of each attention shape this process
+    meets in its epochs (forward + backward, no optimizer step) and in validation (forward)."""
+    train_shapes: int
+    val_shapes: int
+    seconds: float  # on CUDA mostly compilation, which the epochs' tok/s then no longer carry
+
+
 class TrainLog(BaseModel):
     args: TrainArgs
     epochs: list[EpochRecord] = []
     best_epoch: int | None = None
+    warmup: Warmup | None = None  # of the last process that trained (a resumed run warms up again)
 
 
 def default_lr(hidden_size: int) -> float:
@@ -233,6 +243,62 @@ def compile_settings(recompile_limit: int = 64) -> None:
         inductor.loop_reindexing_after_fusion = False
 
 
+def epoch_batches(train_idx: list[int], lengths: list[int], args: TrainArgs, dist: distributed.Topology,
+                  epoch: int) -> list[list[int]]:
+    """This process's packs of one epoch (seeded by --seed and the epoch: a resumed run sees the same)."""
+    from eagle import dataset
+
+    return dataset.shard(dataset.pack_batches(train_idx, lengths, args.batch_tokens, args.seed, epoch), dist.rank, dist.world)
+
+
+def val_batches(val_idx: list[int], lengths: list[int], args: TrainArgs, dist: distributed.Topology) -> list[list[int]]:
+    """This process's validation packs (unshuffled: the same at every validation)."""
+    from eagle import dataset
+
+    return dataset.pack_batches(val_idx, lengths, args.batch_tokens, seed=None)[dist.rank::dist.world]
+
+
+def warm_up(model: Any, make: Any, train_packs: list[list[int]], val_packs: list[list[int]], lengths: list[int],
+            args: TrainArgs, losses: Any, autocast: Any, show: bool = True) -> Warmup:
+    """Run one pack of each attention-grid shape before step 1 (--warm-shapes): forward and backward in
+    training mode for the training packs, forward without gradients for validation's.
+
+    With shape buckets every pack has --batch-tokens tokens and only its grid [documents, width]
+    varies, so on CUDA this is where the step is compiled for every shape the run will meet (all its
+    epochs' packs are known from the seed); a shape first met in a later epoch otherwise compiles
+    mid-training (an 8-epoch H200 run lost 21 s in epoch 4, docs/benchmarks.md). Gradients are
+    cleared and the random state restored: weights, optimizer and data order are untouched, so the
+    losses are those of a run without it."""
+    import torch
+
+    from eagle import dataset
+
+    t0 = time.perf_counter()
+    multiple = args.layout_multiple or 1
+    train_first = dataset.first_of_each_shape(train_packs, lengths, args.batch_tokens, multiple)
+    val_first = dataset.first_of_each_shape(val_packs, lengths, args.batch_tokens, multiple)
+    rng = torch.get_rng_state(), (torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+    bar = progress(total=len(train_first) + len(val_first), desc="warm-up", unit="shape", disable=None if show else True)
+    model.train()
+    for idx in train_first.values():
+        backward_step(model, make(idx), args.ttt_steps, losses, autocast, args.loss_decay)
+        for p in model.parameters():
+            p.grad = None
+        bar.update(1)
+    model.eval()
+    with torch.no_grad(), autocast:
+        for idx in val_first.values():
+            forward(model, make(idx), args.ttt_steps, losses, args.loss_decay)
+            bar.update(1)
+    model.train()
+    bar.close()
+    torch.set_rng_state(rng[0])
+    if rng[1] is not None:
+        torch.cuda.set_rng_state_all(rng[1])
+        torch.cuda.synchronize()
+    return Warmup(train_shapes=len(train_first), val_shapes=len(val_first), seconds=time.perf_counter() - t0)
+
+
 def use_doc_attention(model: Any) -> None:
     """Switch the drafter to per-document attention (same results, attention cost per document)."""
     from eagle import doc_attention, drafter
@@ -338,8 +404,12 @@ def resolve_args(args: TrainArgs, hidden_size: int, device: Any) -> TrainArgs:
     so the compiled step sees a few shapes instead of one per batch)."""
     buckets = device.type == "cuda" if args.shape_buckets is None else args.shape_buckets
     multiple = args.layout_multiple or (BUCKET_MULTIPLE if buckets else 1)
+    warm = buckets if args.warm_shapes is None else args.warm_shapes
+    if warm and not buckets:
+        raise EagleError("--warm-shapes needs shape buckets (--shape-buckets): without them every pack has its own "
+                         "length, so warming each shape would run the whole data once more", code=2)
     return args.model_copy(update={"lr": args.lr or default_lr(hidden_size), "shape_buckets": buckets,
-                                   "layout_multiple": multiple})
+                                   "layout_multiple": multiple, "warm_shapes": warm})
 
 
 def _check_args(args: TrainArgs) -> None:
@@ -428,8 +498,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     if not train_idx:
         raise EagleError(f"{data_dir}: no training samples left after the validation split")
     accum = args.grad_accum
-    batches_per_epoch = len(dataset.shard(dataset.pack_batches(train_idx, data.lengths, args.batch_tokens,
-                                                                args.seed, 0), dist.rank, dist.world))
+    batches_per_epoch = len(epoch_batches(train_idx, data.lengths, args, dist, 0))
     if batches_per_epoch == 0:
         raise EagleError(f"{len(train_idx)} training samples make fewer batches than the {dist.world} processes; "
                          "lower --batch-tokens or use fewer processes")
@@ -474,6 +543,34 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
         shutil.rmtree(out / "checkpoints")
     distributed.barrier(dist)
 
+    losses = drafter.loss_config()
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    hdt = torch.bfloat16 if device.type == "cuda" else torch.float32
+    pad_to = args.batch_tokens if args.shape_buckets else None
+
+    layout_multiple = args.layout_multiple
+    assert layout_multiple is not None  # resolved before training, with the shape buckets
+
+    def make(idx: list[int]) -> dict[str, Any]:
+        return data.batch(idx, device, hdt, layout=True, layout_multiple=layout_multiple, pad_to=pad_to)
+
+    k, decay = args.ttt_steps, args.loss_decay
+    say(f"training {sum(p.numel() for p in params):,} parameters on {device} x{dist.world}: "
+        f"{len(train_idx)} train / {len(val_idx)} val samples, {steps_per_epoch} steps/epoch"
+        f"{f' of {accum} batches' if accum > 1 else ''}, epochs {start_epoch}..{args.epochs}, lr {args.lr:.3g}, "
+        f"global batch {global_batch_text(args.batch_tokens, accum, dist.world)}"
+        f"{f', shape buckets (packs of {pad_to}, widths x{args.layout_multiple})' if args.shape_buckets else ''}")
+
+    if args.warm_shapes:
+        log.warmup = warm_up(model, make, [b for e in range(start_epoch, args.epochs + 1)
+                                           for b in epoch_batches(train_idx, data.lengths, args, dist, e)],
+                             val_batches(val_idx, data.lengths, args, dist), data.lengths, args, losses, autocast,
+                             show=dist.main)
+        data.take_target_seconds()  # --online: the warm-up's target forwards are not training time
+        say(f"warm-up: {log.warmup.train_shapes} training and {log.warmup.val_shapes} validation pack shapes run once "
+            f"before step 1 in {log.warmup.seconds:.1f} s{' (their compilation)' if device.type == 'cuda' else ''}")
+
+    tb = StepLog(out / "tensorboard" if (args.tensorboard and dist.main) else None, k, decay, series=dist.main)
     ddp_model: Any = model
     if dist.world > 1:
         import torch._dynamo
@@ -487,24 +584,6 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
         torch._dynamo.config.optimize_ddp = False
         ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                             broadcast_buffers=False)
-    losses = drafter.loss_config()
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
-    hdt = torch.bfloat16 if device.type == "cuda" else torch.float32
-    pad_to = args.batch_tokens if args.shape_buckets else None
-
-    layout_multiple = args.layout_multiple
-    assert layout_multiple is not None  # resolved before training, with the shape buckets
-
-    def make(idx: list[int]) -> dict[str, Any]:
-        return data.batch(idx, device, hdt, layout=True, layout_multiple=layout_multiple, pad_to=pad_to)
-
-    k, decay = args.ttt_steps, args.loss_decay
-    tb = StepLog(out / "tensorboard" if (args.tensorboard and dist.main) else None, k, decay, series=dist.main)
-    say(f"training {sum(p.numel() for p in params):,} parameters on {device} x{dist.world}: "
-        f"{len(train_idx)} train / {len(val_idx)} val samples, {steps_per_epoch} steps/epoch"
-        f"{f' of {accum} batches' if accum > 1 else ''}, epochs {start_epoch}..{args.epochs}, lr {args.lr:.3g}, "
-        f"global batch {global_batch_text(args.batch_tokens, accum, dist.world)}"
-        f"{f', shape buckets (packs of {pad_to}, widths x{args.layout_multiple})' if args.shape_buckets else ''}")
 
     def validate(opt_step: int) -> tuple[float | None, list[float]]:
         val_loss, val_acc = evaluate(model, data, val_idx, args, dist, device, losses, autocast, make)
@@ -516,8 +595,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     opt_step = (start_epoch - 1) * steps_per_epoch
     try:
         for epoch in range(start_epoch, args.epochs + 1):
-            batches = dataset.shard(dataset.pack_batches(train_idx, data.lengths, args.batch_tokens, args.seed, epoch),
-                                    dist.rank, dist.world)
+            batches = epoch_batches(train_idx, data.lengths, args, dist, epoch)
             model.train()
             t0, tokens, loss_sum, side_s, target_s = time.perf_counter(), 0, 0.0, 0.0, 0.0
             bar = progress(total=len(batches), desc=f"epoch {epoch}/{args.epochs}", unit="batch",
@@ -617,12 +695,11 @@ def evaluate(model: Any, data: DataSource, val_idx: list[int], args: TrainArgs, 
     `make(indices) -> batch` builds batches as training does (same shapes: no recompiles)."""
     import torch
 
-    from eagle import dataset
 
     if not val_idx:
         return None, []
     make = make or (lambda idx: data.batch(idx, device))
-    batches = dataset.pack_batches(val_idx, data.lengths, args.batch_tokens, seed=None)[dist.rank::dist.world]
+    batches = val_batches(val_idx, data.lengths, args, dist)
     k = args.ttt_steps
     sums = [0.0] * (2 + 2 * k)  # batches, loss, correct_0..k-1, total_0..k-1
     model.eval()
@@ -721,6 +798,10 @@ def summary_metrics(log: TrainLog) -> dict[str, float]:
 @click.option("--layout-multiple", default=None, type=int,
               help=f"The per-document attention width's multiple [default: {BUCKET_MULTIPLE} with shape "
                    "buckets, else 1].")
+@click.option("--warm-shapes/--no-warm-shapes", default=None,
+              help="Before step 1, run one pack of each attention shape the run's epochs and validation will meet "
+                   "(known from --seed): on CUDA every shape compiles there, not mid-epoch, and the epochs' tok/s "
+                   "is the step's own. Same losses [default: on with shape buckets].")
 @click.option("--draft-config", type=click.Path(path_type=Path), default=None,
               help="JSON file with the drafter layer's shape (any of intermediate_size, num_attention_heads, "
                    "num_key_value_heads, head_dim; a published drafter's config.json works too). Flags below "
@@ -743,7 +824,8 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
             tensorboard: bool, resume: bool, init_from: Path | None, norm_before_residual: bool | None,
             norm_before_fc: bool | None, norm_output: bool | None, keep_float32: bool, online: bool,
             layer_ids: str | None,
-            shape_buckets: bool | None, layout_multiple: int | None, draft_config: Path | None,
+            shape_buckets: bool | None, layout_multiple: int | None, warm_shapes: bool | None,
+            draft_config: Path | None,
             draft_intermediate_size: int | None, draft_heads: int | None, draft_kv_heads: int | None,
             draft_head_dim: int | None, seed: int, device: str, trust_remote_code: bool, as_json: bool) -> None:
     """Train the EAGLE-3 drafter (speculators' Eagle3 draft model, our own loop).
@@ -773,7 +855,8 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
                          tensorboard=tensorboard, seed=seed, init_from=str(init_from) if init_from else None,
                          device=device, resume=resume, online=online,
                          layer_ids=None if layer_ids is None else split_layer_ids(layer_ids),
-                         shape_buckets=shape_buckets, layout_multiple=layout_multiple, draft_shape=shape,
+                         shape_buckets=shape_buckets, layout_multiple=layout_multiple, warm_shapes=warm_shapes,
+                         draft_shape=shape,
                          trust_remote_code=trust_remote_code, norm_before_residual=norm_before_residual,
                          norm_before_fc=norm_before_fc, norm_output=norm_output, keep_float32=keep_float32)
         log = train(args)

@@ -62,8 +62,9 @@ def markov_sequences(n: int, length: int, seed: int) -> list[list[int]]:
 
 @torch.no_grad()
 def make_data(target: Path, out: Path, n: int = 24, length: int = 40, seed: int = 0,
-              draft_vocab: int = DRAFT_VOCAB) -> Path:
-    """hidden states of `target` on n Markov sequences, + vocab.safetensors (top draft_vocab tokens)."""
+              draft_vocab: int = DRAFT_VOCAB, lengths: list[int] | None = None) -> Path:
+    """hidden states of `target` on n Markov sequences, + vocab.safetensors (top draft_vocab tokens).
+    `lengths` gives each sequence its own length (n of them; `length` is then unused)."""
     import datasets
     from safetensors.torch import save_file
     from transformers import LlamaForCausalLM
@@ -73,7 +74,8 @@ def make_data(target: Path, out: Path, n: int = 24, length: int = 40, seed: int 
     model = LlamaForCausalLM.from_pretrained(str(target)).eval()
     captured = {}
     model.model.norm.register_forward_pre_hook(lambda m, a: captured.__setitem__("last", a[0]))
-    seqs = markov_sequences(n, length, seed)
+    sizes = lengths if lengths is not None else [length] * n
+    seqs = [seq[:size] for seq, size in zip(markov_sequences(n, max(sizes), seed), sizes, strict=True)]
     (out / "hidden_states").mkdir(parents=True, exist_ok=True)
     masks = []
     counts = torch.zeros(VOCAB, dtype=torch.long)
@@ -82,7 +84,7 @@ def make_data(target: Path, out: Path, n: int = 24, length: int = 40, seed: int 
         hs = model(ids, output_hidden_states=True).hidden_states
         stack = torch.stack([hs[k][0] for k in LAYER_IDS] + [captured["last"][0]], dim=1)
         hidden_io.write_sample(out, i, stack, ids[0])
-        mask = [0] * 4 + [1] * (length - 4)
+        mask = [0] * 4 + [1] * (len(seq) - 4)
         masks.append(mask)
         counts += torch.bincount(ids[0], minlength=VOCAB)
     datasets.Dataset.from_dict({"input_ids": seqs, "loss_mask": masks, "seq_len": [len(s) for s in seqs]}).save_to_disk(str(out))
