@@ -12,6 +12,9 @@ What it does (every mode in its own process: fresh compile caches, its own warm-
   real     `eagle train` on V as a user runs it (defaults: shape buckets on CUDA)     [eagle.train.train]
   nobuckets  the same with --no-shape-buckets (the loop before shape buckets)
   nowarm   the real loop with --no-warm-shapes (shapes first met in a later epoch compile there)
+  dynb     nowarm with the attention grid's dimensions [documents, width] marked dynamic for dynamo
+           (torch._dynamo.maybe_mark_dynamic): one graph for every grid instead of one per shape, the
+           alternative to warming each shape (an experiment of this bench, not an eagle option)
   fixed    `eagle train` on F: every pack 4 x 2047 tokens, one shape (the fixed-shape step's figure)
   speculators  speculators' own training CLI (`python -m speculators.train`, its data loader, packing and
            Trainer; sdpa attention and the eager loss, as on torch 2.11) on V's files
@@ -34,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODES = ("real", "fixed", "speculators", "nobuckets", "nowarm")
+MODES = ("real", "fixed", "speculators", "nobuckets", "nowarm", "dynb")
 TTT = 3
 VAL_FRACTION = 0.05
 BATCH_TOKENS = {"gpu": 8192, "smoke": 96}
@@ -56,11 +59,21 @@ def child_eagle(mode: str, target: str, data: str, out: str, epochs: int, batch_
         graphs.append(int(counters["stats"]["unique_graphs"]))
 
     train_mod.optimizer_step = counted
+    if mode == "dynb":
+        plain_forward = train_mod.forward
+
+        def forward(model: Any, batch: dict[str, Any], *a: Any, **k: Any) -> Any:
+            for key in ("doc_index", "doc_mask"):
+                for dim in (0, 1):
+                    torch._dynamo.maybe_mark_dynamic(batch[key], dim)
+            return plain_forward(model, batch, *a, **k)
+
+        train_mod.forward = forward  # backward_step and evaluate call the module's forward
     t0 = time.perf_counter()
     log = train_mod.train(train_mod.TrainArgs(
         model=target, data=data, out=out, epochs=epochs, batch_tokens=batch_tokens, lr=lr, val_fraction=VAL_FRACTION,
         ttt_steps=TTT, shape_buckets=False if mode == "nobuckets" else None,
-        warm_shapes=False if mode in ("nobuckets", "nowarm") else None,
+        warm_shapes=False if mode in ("nobuckets", "nowarm", "dynb") else None,
         device="cuda" if torch.cuda.is_available() else "cpu"), echo=True)
     steps = [r.steps for r in log.epochs]
     return {"mode": mode, "epoch_tok_s": [r.train_tok_s for r in log.epochs], "steps": steps,
@@ -202,10 +215,10 @@ def steady(res: dict) -> float:
 
 
 def ratios(results: dict[str, dict]) -> dict[str, float]:
-    """The real loop's steady tok/s over each other mode's (fixed, speculators, nobuckets, nowarm)."""
+    """The real loop's steady tok/s over each other mode's (fixed, speculators, nobuckets, nowarm, dynb)."""
     base = results.get("real", {}).get("steady_tok_s_all")
     return {f"real / {other}": base / results[other]["steady_tok_s_all"]
-            for other in ("fixed", "speculators", "nobuckets", "nowarm") if base and other in results}
+            for other in ("fixed", "speculators", "nobuckets", "nowarm", "dynb") if base and other in results}
 
 
 def variable_lengths(n: int, shortest: int, longest: int) -> list[int]:
