@@ -16,6 +16,11 @@ only the time left and is skipped when too little is):
   capture  compute only: the capture engine (hidden_capture.CapturePipeline, compiled layers, no sink)
            in one process per GPU after a warm-up pass; rank 0 alone on all rows, then all N ranks at
            once on their shards (a file barrier starts them together).
+  allreduce  what DDP adds to each optimizer step: an all-reduce of the drafter's gradients (its trainable
+           parameters' count, float32, and in bfloat16 as a compression hook would send them) between
+           N processes (NCCL on GPUs, NCCL_DEBUG=INFO: the transport it picked, in logs/allreduce-*.log),
+           ms per all-reduce and bus bandwidth; with every gradient ready only at the backward's end
+           (eagle/train.py), it adds to the step time one to one.
   train    `eagle train` under torchrun (DDP over NCCL; gloo on CPU) on bench/train_real_loop.py's
            variable-length data, against 1 process on the same data, epochs and arguments (its `real`
            mode's result with --train-baseline, else run here).
@@ -61,7 +66,7 @@ TARGET_1B = {"hidden_size": 2048, "num_hidden_layers": 22, "intermediate_size": 
 SMOKE = {"hidden_size": 32, "num_hidden_layers": 8, "intermediate_size": 64, "vocab_size": 128,
          "num_attention_heads": 4, "num_key_value_heads": 2}
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-PARTS = ("disk", "extract", "capture", "train", "online1", "online")
+PARTS = ("disk", "extract", "capture", "allreduce", "train", "online1", "online")
 WRITERS = 8  # hidden_capture.extract_rows' writer threads per process
 EXTRACT_BATCH = {"gpu": 16384, "smoke": 96}
 
@@ -255,6 +260,40 @@ def child_disk(data: str, out: str, rank: int, world: int, layers: int, hidden: 
         written = sum(pool.map(lambda i: write_safetensors(hidden_io.hs_path(out, i), {
             "hidden_states": buf[: lengths[i]], "token_ids": tid[: lengths[i]]}), mine))
     return {"start": t0, "end": time.time(), "bytes": written, "files": len(mine)}
+
+
+def child_allreduce(numel: int, rank: int, world: int, port: int, gpu: bool, reps: int) -> dict[str, Any]:
+    """Time all-reduces of `numel` elements (float32, then bfloat16) in a process group of `world`."""
+    import torch
+    import torch.distributed as td
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    device = torch.device(f"cuda:{rank}" if gpu else "cpu")
+    if gpu:
+        torch.cuda.set_device(device)
+    td.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world,
+                          **({"device_id": device} if gpu else {}))
+    res: dict[str, Any] = {"rank": rank, "numel": numel}
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        try:
+            x = torch.ones(numel, dtype=dtype, device=device)
+            for _ in range(3):
+                td.all_reduce(x)
+            if gpu:
+                torch.cuda.synchronize(device)
+            td.barrier()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                td.all_reduce(x)
+            if gpu:
+                torch.cuda.synchronize(device)
+            res[f"{name}_ms"] = 1000 * (time.perf_counter() - t0) / reps
+            res[f"{name}_bytes"] = numel * x.element_size()
+        except Exception as e:  # gloo may lack bfloat16: say so, keep the float32 figure
+            res[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    td.destroy_process_group()
+    return res
 
 
 def child_capture(target: str, data: str, sync: str, rank: int, world: int, reps: int, gpu: bool) -> dict[str, Any]:
@@ -452,6 +491,40 @@ class Bench:
             f"tok/s({self.n}) / ({self.n} x tok/s(1))")
 
     # -------------------------------------------------------- train / online
+    # -------------------------------------------------------- allreduce
+    def allreduce(self, target: Path, data: Path) -> None:
+        import torch
+
+        from eagle import dataset, drafter
+
+        d2t, t2d = dataset.read_vocab(data)
+        model = drafter.build_drafter(target, layer_ids=dataset.read_layer_ids(data), d2t=d2t, t2d=t2d, ttt_steps=3)
+        numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        del model
+        port, reps = free_port(), 20 if self.gpu else 3
+        old = os.environ.get("NCCL_DEBUG")
+        os.environ["NCCL_DEBUG"] = "INFO"  # the transport NCCL picked (P2P/CUMEM, SHM, ...) goes to the logs
+        try:
+            res = self.children("allreduce", "allreduce", [[numel, k, self.n, port, self.gpu, reps] for k in range(self.n)],
+                                cap=120)
+        finally:
+            if old is None:
+                os.environ.pop("NCCL_DEBUG", None)
+            else:
+                os.environ["NCCL_DEBUG"] = old
+        transports = sorted({line.split(" via ", 1)[1].split()[0] for k in range(self.n)
+                             for line in (self.logs / f"allreduce-{k}.log").read_text().splitlines() if " via " in line})
+        for dtype in ("float32", "bfloat16"):
+            if f"{dtype}_ms" not in res[0]:
+                row(self.out, "allreduce", f"all-reduce {dtype}: FAILED", res[0].get(f"{dtype}_error", "?"))
+                continue
+            ms = max(r[f"{dtype}_ms"] for r in res)
+            nbytes = res[0][f"{dtype}_bytes"]
+            bus = nbytes / (ms / 1000) * 2 * (self.n - 1) / self.n / 1e9
+            row(self.out, "allreduce", f"all-reduce of the drafter's gradients, {dtype}, {self.n} processes", ms, "ms",
+                f"{numel:,} trainable parameters = {nbytes / 1e6:.0f} MB; bus bandwidth {bus:.1f} GB/s; "
+                f"NCCL transport: {', '.join(transports) or 'not logged'}; torch {torch.__version__}")
+
     def train_args(self, target: Path, data: Path, epochs: int) -> list[str]:
         from bench.train_real_loop import BATCH_TOKENS, LR, TTT, VAL_FRACTION
 
@@ -546,7 +619,7 @@ def table(rows: list[dict[str, Any]] | None = None) -> str:
     return "\n".join(lines)
 
 
-MIN_SECONDS = {"disk": 15, "extract": 45, "capture": 40, "train": 90, "online1": 80, "online": 80}
+MIN_SECONDS = {"disk": 15, "extract": 45, "capture": 40, "allreduce": 30, "train": 90, "online1": 80, "online": 80}
 
 
 def main() -> int:
@@ -571,7 +644,8 @@ def main() -> int:
     a = p.parse_args()
     if a.child:
         args = json.loads(a.child)
-        res = child_disk(*args[1:]) if args[0] == "disk" else child_capture(*args[1:])
+        kinds = {"disk": child_disk, "capture": child_capture, "allreduce": child_allreduce}
+        res = kinds[args[0]](*args[1:])
         print("RESULT " + json.dumps(res), flush=True)
         return 0
     a.samples = a.samples or (24 if a.smoke else 192)
@@ -623,6 +697,8 @@ def main() -> int:
                     bench.extract(target, ext, disk, data_v if a.extract_data == "v" else None)
                 elif part == "capture":
                     bench.capture(target, ext)
+                elif part == "allreduce":
+                    bench.allreduce(target, data_v)
                 elif part == "train":
                     bench.train(target, data_v)
                 elif part == "online1":
