@@ -695,7 +695,6 @@ def evaluate(model: Any, data: DataSource, val_idx: list[int], args: TrainArgs, 
     `make(indices) -> batch` builds batches as training does (same shapes: no recompiles)."""
     import torch
 
-
     if not val_idx:
         return None, []
     make = make or (lambda idx: data.batch(idx, device))
