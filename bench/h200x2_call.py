@@ -16,7 +16,15 @@ Phase A, two lanes at once:
 Phase B, both GPUs: bench/multi_gpu_scaling.py --workdir W (disk bound 1 and 2 writers, 2-process
 extraction against the lane's 1-process one, DDP training against the lane's real mode, compute-only
 capture, --online)                                                -> multi_gpu_scaling.json, scaling.log
-Then summary.txt (the tables), env.txt (machine), logs.tar.gz (every child's log): 8 files at most.
+Then summary.txt (the tables), env.txt (machine), logs.tar.gz (every child's log, the lanes' too) and
+compile-cache.tar.gz: 7 files at most (a call returns 8).
+
+Compilation: a fresh machine compiles the 1.1B drafter's step in 81-105 s a process (22 s with the
+caches of an earlier call on the same machine), which cost two calls their modes on 2026-11-30. Every
+child shares one inductor and triton cache (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR under
+--workdir); at the end it is packed into OUT/compile-cache.tar.gz (when at most 15 MB), and
+`--compile-cache FILE` unpacks such a file first: carry it to the next call (same torch, triton and GPU
+kind, or the caches simply miss).
 Every piece runs in its own process group with a timeout taken from the budget; the group is
 killed when it runs out, and what was written so far stays.
 """
@@ -38,6 +46,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 TIMES: dict[str, float] = {}
+CACHE_LIMIT = 15 * 10**6  # a returned file may be 16 MB
 
 
 def run_logged(name: str, cmd: list[str], env: dict[str, str], timeout: float, log: Path) -> int:
@@ -57,6 +66,32 @@ def run_logged(name: str, cmd: list[str], env: dict[str, str], timeout: float, l
     TIMES[name] = round(time.time() - t0, 1)
     TIMES[f"{name}_rc"] = rc
     return rc
+
+
+def use_compile_cache(packed: Path | None, where: Path) -> dict[str, str]:
+    """The environment that points inductor's and triton's caches at `where`, first filled from
+    `packed` (an earlier call's compile-cache.tar.gz) when given."""
+    where.mkdir(parents=True, exist_ok=True)
+    if packed is not None:
+        with tarfile.open(packed) as tar:
+            tar.extractall(where, filter="data")
+    return {"TORCHINDUCTOR_CACHE_DIR": str(where / "inductor"), "TRITON_CACHE_DIR": str(where / "triton")}
+
+
+def save_compile_cache(where: Path, dest: Path, limit: int = CACHE_LIMIT) -> str:
+    """Pack `where` into `dest` (.tar.gz) when the result is at most `limit` bytes; says what it did."""
+    if not where.is_dir() or not any(where.rglob("*")):
+        return f"compile cache: {where} is empty, nothing packed"
+    part = dest.with_name(dest.name + ".part")
+    with tarfile.open(part, "w:gz") as tar:
+        for sub in sorted(where.iterdir()):
+            tar.add(sub, arcname=sub.name)
+    size = part.stat().st_size
+    if size > limit:
+        part.unlink()
+        return f"compile cache: {size / 1e6:.1f} MB packed, over the {limit / 1e6:.0f} MB limit: not returned"
+    part.rename(dest)
+    return f"compile cache: {dest} ({size / 1e6:.1f} MB); pass it as --compile-cache next call"
 
 
 def machine(out: Path) -> None:
@@ -132,6 +167,8 @@ def main() -> int:
                    help="train_real_loop modes run on GPU 1 after the tests (taken out of --modes; merged).")
     p.add_argument("--parts", default="online1,disk,extract,train,capture,online",
                    help="multi_gpu_scaling parts (online1 runs in lane 1 after the tests, when time is left).")
+    p.add_argument("--compile-cache", type=Path, default=None,
+                   help="A compile-cache.tar.gz from an earlier call's OUT: unpacked into the shared caches first.")
     p.add_argument("--smoke", action="store_true")
     a = p.parse_args()
     start = time.time()
@@ -140,7 +177,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (work / "logs").mkdir(parents=True, exist_ok=True)
     py = sys.executable
-    base = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1"}
+    base = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1", **use_compile_cache(a.compile_cache, work / "compile-cache")}
     samples = a.samples or (24 if a.smoke else 192)
     smoke = ["--smoke"] if a.smoke else []
     machine(out)
@@ -169,7 +206,7 @@ def main() -> int:
                                                 str(work / "lane1"), "--samples", str(samples), "--epochs", "3",
                                                 "--modes", ",".join(lane1_modes), "--deadline", str(lane_end - 20),
                                                 *smoke],
-                       {**base, **gpu1}, lane_end - time.time(), out / "lane1.log")
+                       {**base, **gpu1}, lane_end - time.time(), work / "logs" / "lane1.log")
         while "online1" in a.parts and lane_end - time.time() > 100 and not prepared():
             time.sleep(2)
         if "online1" in a.parts and lane_end - time.time() > 100:
@@ -184,7 +221,7 @@ def main() -> int:
             "train_real_loop", [py, "-m", "bench.train_real_loop", "--workdir", str(work), "--out", str(out), "--samples",
                                 str(samples), "--epochs", "3", "--modes", ",".join(lane0_modes),
                                 "--deadline", str(lane_end - 20), *smoke, *(["--prepare-fixed"] * ("fixed" in lane1_modes))],
-            {**base, **gpu0}, lane_end - time.time(), out / "lane0.log")))
+            {**base, **gpu0}, lane_end - time.time(), work / "logs" / "lane0.log")))
     for t in lanes:
         t.start()
     for t in lanes:
@@ -199,7 +236,7 @@ def main() -> int:
                                          "--train-baseline", str(out / "train_real_loop.json"),
                                          "--parts", ",".join(phase_b),
                                          "--deadline", str(deadline - 40), *smoke],
-                   base, deadline - 12 - time.time(), out / "scaling.log")
+                   base, deadline - 12 - time.time(), work / "logs" / "scaling.log")
     TIMES["total"] = round(time.time() - start, 1)
     text = summary(out)
     (out / "summary.txt").write_text(text)
@@ -208,6 +245,7 @@ def main() -> int:
         for f in sorted((work / "logs").glob("*.log")):
             if f.stat().st_size < 4 << 20:
                 tar.add(f, arcname=f.name)
+    print(save_compile_cache(work / "compile-cache", out / "compile-cache.tar.gz"))
     return 0
 
 
