@@ -6,7 +6,8 @@ speculators' own training on the SAME data, side by side in one run.
     python -m bench.train_real_loop --workdir W ...   # keep the target and data in W (reused when there;
                                                       # bench/multi_gpu_scaling.py trains on W/data-v)
 
-What it does (every mode in its own process: fresh compile caches, its own warm-up):
+What it does (every mode in its own process with its own warm-up; the on-disk inductor cache is shared, so
+a later mode may find kernels compiled: steady figures leave epoch 1 out):
   data     a random 1.1B-shape target; V = rows of 1024-2048 tokens (variable), F = rows of exactly
            2048 tokens (fixed); `eagle extract` writes both to files, `eagle vocab` a draft vocab of 8000
   real     `eagle train` on V as a user runs it (defaults: shape buckets on CUDA)     [eagle.train.train]
