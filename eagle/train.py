@@ -304,6 +304,7 @@ def use_doc_attention(model: Any) -> None:
     from eagle import doc_attention, drafter
 
     drafter.set_attn_impl(model, doc_attention.register())
+    model._create_mask_fn = doc_attention.no_mask  # the batch's layout replaces speculators' dense mask
 
 
 # ---------------------------------------------------------------- states

@@ -169,3 +169,18 @@ def test_ddp_two_processes(toy_target: Path, toy_data: Path, tmp_path: Path) -> 
     assert all(e["train_loss"] == e["train_loss"] for e in log["epochs"])  # finite, not NaN
     if torch.cuda.device_count() < 2:
         assert "share GPUs over gloo" in res.stderr
+
+
+def test_doc_attention_runs_on_the_flash_kernel_and_equals_its_definition() -> None:
+    """The training attention (eagle/doc_attention.py, the anchor form) on CUDA in bfloat16: SDPA
+    restricted to the flash kernel accepts it (no mask, head size padded to a multiple of 8), and
+    the output is within 1.5 bfloat16 ulps of the attention by definition for 0-2 earlier draft steps."""
+    import torch
+    from test_doc_attention import bf16_ulp, worst_error_against_the_definition
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        for blocks in (1, 2, 3):
+            for amplitude in (1.0, 6.0):
+                err, size = worst_error_against_the_definition("cuda", torch.bfloat16, amplitude, blocks)
+                assert err <= 1.5 * bf16_ulp(size), (blocks, amplitude, err, size)
