@@ -3,7 +3,7 @@
 Triton decides interpreted vs compiled when it is first imported (its own `tl.max`, `tl.sum`
 are jitted then), so TRITON_INTERPRET=1 must be set before anything in the process imports
 triton; a pytest worker may have imported it already. The test starts
-`python tests/_triton_cases.py kernels` (or `decoder TARGET DRAFT PROMPTS NEW_TOKENS K`) with the variable set and reads
+`python tests/_triton_cases.py kernels` (or `compile`, or `decoder TARGET DRAFT PROMPTS NEW_TOKENS K`) with the variable set and reads
 one JSON object from stdout: for each case the largest |triton - reference| (or the tokens).
 """
 
@@ -136,10 +136,40 @@ def decoder_outputs(target: str, draft: str, prompts: str, new_tokens: int, k: i
     return out
 
 
+def compile_for_sm90() -> dict[str, object]:
+    """Both kernels compiled (not run) for an H100/H200 (sm_90) by this machine's triton and its
+    bundled ptxas: catches what the interpreter forgives (dot shapes and dtypes, loop-carried
+    types, shared memory) without a GPU. Per dtype: the partial kernel's shared memory in bytes."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    from eagle.triton_attention import BLOCK_N, _kernels
+
+    partial, combine = _kernels(False)
+    target = GPUTarget("cuda", 90, 32)
+    ints = ("T", "ROWS", "D", "SPLITS", "SPLIT")
+    out: dict[str, object] = {}
+    for dt in ("bf16", "fp16", "fp32"):
+        sig = {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "slots_ptr": "*i64", "m_ptr": "*fp32",
+               "l_ptr": "*fp32", "acc_ptr": "*fp32", **dict.fromkeys(ints, "i32"),
+               **dict.fromkeys(("sq_h", "sq_r", "sk_h", "sk_s", "sv_h", "sv_s"), "i32"), "qk_scale": "fp32"}
+        const = {"ROWS_P": 16, "D_P": 128, "T_P": 8, "BLOCK": BLOCK_N, "F32_DOT": dt == "fp32",
+                 "ROUND_P": dt != "fp32"}
+        kernel = compile(ASTSource(partial, {**sig, **dict.fromkeys(const, "constexpr")}, const), target=target)
+        csig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "slots_ptr": "*i64", "o_ptr": f"*{dt}",
+                **dict.fromkeys(ints, "i32"), "so_h": "i32", "so_r": "i32"}
+        cconst = {"ROWS_P": 16, "D_P": 128}
+        compile(ASTSource(combine, {**csig, **dict.fromkeys(cconst, "constexpr")}, cconst), target=target)
+        out[dt] = {"shared": kernel.metadata.shared, "cubin_bytes": len(kernel.asm["cubin"])}
+    return out
+
+
 if __name__ == "__main__":
     what = sys.argv[1]
     if what == "kernels":
         result = kernel_cases()
+    elif what == "compile":
+        result = compile_for_sm90()
     else:
         target, draft, prompts, new_tokens, k = sys.argv[2:7]
         result = decoder_outputs(target, draft, prompts, int(new_tokens), int(k))

@@ -30,8 +30,9 @@ TOL = {"fp32": 1e-5, "bf16": 2e-2}
 CASES = Path(cases.__file__)
 
 
-def _interpreted(*args: str, timeout: int = 600) -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+def _child(*args: str, interpret: bool = True, timeout: int = 600) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update({"OMP_NUM_THREADS": "1", **({"TRITON_INTERPRET": "1"} if interpret else {})})
     res = subprocess.run([sys.executable, str(CASES), *args], capture_output=True, text=True, env=env,
                          timeout=timeout)
     assert res.returncode == 0, res.stderr[-4000:]
@@ -40,7 +41,7 @@ def _interpreted(*args: str, timeout: int = 600) -> dict:
 
 @pytest.fixture(scope="module")
 def kernels() -> dict:
-    return _interpreted("kernels")
+    return _child("kernels")
 
 
 @pytest.mark.parametrize("last", list(cases.LASTS))
@@ -71,6 +72,16 @@ def test_a_layer_over_a_triton_cache_equals_sdpa(kernels: dict) -> None:
     prefill, step = kernels["err_layer"]
     assert prefill == 0.0  # the same SDPA call
     assert step <= TOL["fp32"]
+
+
+def test_kernels_compile_for_the_h200() -> None:
+    """Compiled (not run) for sm_90 by triton's own ptxas, no GPU needed: what the interpreter
+    would forgive (dot shapes and dtypes, loop-carried types) fails here; shared memory fits the
+    H200's 227 KiB per block."""
+    out = _child("compile", interpret=False)
+    for dtype in ("bf16", "fp16", "fp32"):
+        assert out[dtype]["cubin_bytes"] > 0
+        assert out[dtype]["shared"] <= 227 * 1024, out
 
 
 def test_chunk_size_grows_only_for_long_caches() -> None:
@@ -122,7 +133,7 @@ def test_fast_decoder_with_triton_attention_equals_sdpa(toy_target: Path, tmp_pa
     attention kernel."""
     prompts = helpers.write_prompts(tmp_path / "p.jsonl", 1)
     draft = helpers.make_random_drafter(toy_target, tmp_path / "draft")
-    out = _interpreted("decoder", str(toy_target), str(draft), str(prompts), "8", "2")
+    out = _child("decoder", str(toy_target), str(draft), str(prompts), "8", "2")
     assert out["triton"]["attention"] == out["triton"]["cache"] == "triton"
     assert out["sdpa"]["greedy"] == out["sdpa"]["speculative"] and len(out["sdpa"]["greedy"]) == 8
     assert out["triton"]["greedy"] == out["sdpa"]["greedy"]
