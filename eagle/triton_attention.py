@@ -84,7 +84,7 @@ def _kernels(interpret: bool) -> tuple[Any, Any]:
     import triton.language as tl
 
     @triton.jit
-    def partial_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, m_ptr, l_ptr, acc_ptr,
+    def decode_attention_partial(q_ptr, k_ptr, v_ptr, slots_ptr, m_ptr, l_ptr, acc_ptr,
                        T, ROWS, D, SPLITS, SPLIT,
                        sq_h, sq_r, sk_h, sk_s, sv_h, sv_s,
                        qk_scale,
@@ -137,7 +137,7 @@ def _kernels(interpret: bool) -> tuple[Any, Any]:
             tl.store(acc_ptr + out[:, None] * D_P + dims[None, :], acc)
 
     @triton.jit
-    def combine_kernel(m_ptr, l_ptr, acc_ptr, slots_ptr, o_ptr,
+    def decode_attention_combine(m_ptr, l_ptr, acc_ptr, slots_ptr, o_ptr,
                        T, ROWS, D, SPLITS, SPLIT, so_h, so_r,
                        ROWS_P: tl.constexpr, D_P: tl.constexpr):
         head = tl.program_id(0)
@@ -161,7 +161,7 @@ def _kernels(interpret: bool) -> tuple[Any, Any]:
         out = acc / l_run
         tl.store(o_ptr + head * so_h + row * so_r + dims, out.to(o_ptr.dtype.element_ty), mask=dims < D)
 
-    return partial_kernel, combine_kernel
+    return decode_attention_partial, decode_attention_combine
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
