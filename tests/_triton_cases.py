@@ -44,7 +44,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Te
     """softmax(q k^T / sqrt(d)) v in float64, row r = j*t + i seeing the slots <= slots[i]."""
     scores = q.double() @ k.double().transpose(1, 2) / q.shape[-1] ** 0.5
     row_last = slots.repeat(g)  # row r -> slots[r % t]
-    allowed = torch.arange(k.shape[1])[None, :] <= row_last[:, None]
+    allowed = torch.arange(k.shape[1], device=k.device)[None, :] <= row_last[:, None]
     return torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ v.double()
 
 
