@@ -85,6 +85,12 @@ def kernel_cases() -> dict[str, object]:
     slots = torch.tensor([130, 5, 64])
     out["err_unordered"] = _err(decode_attention(q, k, v, slots, 2), reference(q, k, v, slots, 2))
 
+    # a head_dim that is not a power of two (padded to 128 inside the kernel, masked)
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, n, 96, generator=gen) for n in (4, S, S))
+    slots = _slots(1, 100)
+    out["err_head_dim_96"] = _err(decode_attention(q, k, v, slots, 4), reference(q, k, v, slots, 4))
+
     # a chunk of 128 slots (two tiles per program) gives the same result as 64
     q, k, v = _inputs(2, 4, torch.float32, seed=3)
     slots = _slots(2, 150)

@@ -62,8 +62,9 @@ def test_slots_past_the_last_row_are_never_read(kernels: dict) -> None:
     assert kernels["nan_past_last_unchanged"] is True
 
 
-def test_slots_in_any_order_and_larger_chunks(kernels: dict) -> None:
+def test_slots_in_any_order_larger_chunks_and_odd_head_dims(kernels: dict) -> None:
     assert kernels["err_unordered"] <= TOL["fp32"]
+    assert kernels["err_head_dim_96"] <= TOL["fp32"]
     assert kernels["err_split128"] <= 1e-6
 
 
