@@ -33,6 +33,7 @@ from eagle.common import EagleError
 BLOCK_N = 64  # slots per tile inside a chunk
 MAX_SPLITS = 256  # a longer cache uses larger chunks (a multiple of BLOCK_N), not more of them
 MAX_ROWS = 64  # g*t rows handled in one program; more rows (a prefill) take the SDPA path
+COMBINE_GROUP = 16  # chunks the combine kernel merges per iteration
 
 
 def _interpreting() -> bool:
@@ -138,8 +139,8 @@ def _kernels(interpret: bool) -> tuple[Any, Any]:
 
     @triton.jit
     def decode_attention_combine(m_ptr, l_ptr, acc_ptr, slots_ptr, o_ptr,
-                       T, ROWS, D, SPLITS, SPLIT, so_h, so_r,
-                       ROWS_P: tl.constexpr, D_P: tl.constexpr):
+                                 T, ROWS, D, SPLITS, SPLIT, so_h, so_r,
+                                 ROWS_P: tl.constexpr, D_P: tl.constexpr, GROUP: tl.constexpr):
         head = tl.program_id(0)
         row = tl.program_id(1)
         dims = tl.arange(0, D_P)
@@ -147,16 +148,18 @@ def _kernels(interpret: bool) -> tuple[Any, Any]:
         m_run = tl.full([], float("-inf"), tl.float32)
         l_run = tl.zeros([], tl.float32)
         acc = tl.zeros([D_P], tl.float32)
-        for split in range(0, n):
-            at = (head * SPLITS + split) * ROWS_P + row
-            m_s = tl.load(m_ptr + at)
-            l_s = tl.load(l_ptr + at)
-            a_s = tl.load(acc_ptr + at * D_P + dims)
-            m_new = tl.maximum(m_run, m_s)
+        for first in range(0, n, GROUP):  # GROUP chunks per iteration: few dependent round trips
+            idx = first + tl.arange(0, GROUP)
+            ok = idx < n
+            at = (head * SPLITS + idx) * ROWS_P + row
+            m_s = tl.load(m_ptr + at, mask=ok, other=float("-inf"))
+            l_s = tl.load(l_ptr + at, mask=ok, other=0.0)
+            a_s = tl.load(acc_ptr + at[:, None] * D_P + dims[None, :], mask=ok[:, None], other=0.0)
+            m_new = tl.maximum(m_run, tl.max(m_s, axis=0))  # finite: chunk `first` holds a slot of this row
             old = tl.exp2(m_run - m_new)
-            new = tl.exp2(m_s - m_new)
-            l_run = l_run * old + l_s * new
-            acc = acc * old + a_s * new
+            w = tl.exp2(m_s - m_new)  # 0 for the masked chunks
+            l_run = l_run * old + tl.sum(w * l_s, axis=0)
+            acc = acc * old + tl.sum(w[:, None] * a_s, axis=0)
             m_run = m_new
         out = acc / l_run
         tl.store(o_ptr + head * so_h + row * so_r + dims, out.to(o_ptr.dtype.element_ty), mask=dims < D)
@@ -206,5 +209,5 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         F32_DOT=f32_dot, ROUND_P=q.dtype != torch.float32)
     combine_kernel[(hkv, rows)](
         m, lse, acc, slots, out, t, rows, d, splits, split, out.stride(0), out.stride(1),
-        ROWS_P=rows_p, D_P=d_p)
+        ROWS_P=rows_p, D_P=d_p, GROUP=COMBINE_GROUP)
     return out

@@ -85,6 +85,12 @@ def kernel_cases() -> dict[str, object]:
     slots = torch.tensor([130, 5, 64])
     out["err_unordered"] = _err(decode_attention(q, k, v, slots, 2), reference(q, k, v, slots, 2))
 
+    # more chunks than the combine kernel merges per iteration (20 chunks of 64 slots; groups of 16)
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(2, n, HEAD_DIM, generator=gen) for n in (12, 1280, 1280))
+    out["err_many_chunks"] = [_err(decode_attention(q, k, v, sl, 4), reference(q, k, v, sl, 4))
+                              for sl in (_slots(3, 1279), _slots(3, 1030), torch.tensor([1279, 2, 1024]))]
+
     # a head_dim that is not a power of two (padded to 128 inside the kernel, masked)
     gen = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(2, n, 96, generator=gen) for n in (4, S, S))
@@ -149,7 +155,7 @@ def compile_for_sm90() -> dict[str, object]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile
 
-    from eagle.triton_attention import BLOCK_N, _kernels
+    from eagle.triton_attention import BLOCK_N, COMBINE_GROUP, _kernels
 
     partial, combine = _kernels(False)
     target = GPUTarget("cuda", 90, 32)
@@ -164,7 +170,7 @@ def compile_for_sm90() -> dict[str, object]:
         kernel = compile(ASTSource(partial, {**sig, **dict.fromkeys(const, "constexpr")}, const), target=target)
         csig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "slots_ptr": "*i64", "o_ptr": f"*{dt}",
                 **dict.fromkeys(ints, "i32"), "so_h": "i32", "so_r": "i32"}
-        cconst = {"ROWS_P": 16, "D_P": 128}
+        cconst = {"ROWS_P": 16, "D_P": 128, "GROUP": COMBINE_GROUP}
         compile(ASTSource(combine, {**csig, **dict.fromkeys(cconst, "constexpr")}, cconst), target=target)
         out[dt] = {"shared": kernel.metadata.shared, "cubin_bytes": len(kernel.asm["cubin"])}
     return out
