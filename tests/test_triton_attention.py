@@ -142,3 +142,12 @@ def test_fast_decoder_with_triton_attention_equals_sdpa(toy_target: Path, tmp_pa
     assert out["triton"]["speculative"] == out["sdpa"]["speculative"]
     assert out["triton"]["verify_steps"] >= 3
     assert out["sdpa"]["kernel_calls"] == 0 and out["triton"]["kernel_calls"] > 8 * 7  # more than the 7 greedy steps x 8 layers
+
+
+@pytest.mark.slow  # toy_target
+def test_the_generic_decoder_refuses_triton(toy_target: Path) -> None:
+    from eagle.decode import load_decoder
+
+    with pytest.raises(EagleError, match="--attention triton: only the fast decoder.*use --attention sdpa") as exc:
+        load_decoder(toy_target, max_len=64, path="generic", attention="triton")
+    assert exc.value.code == 2
