@@ -34,6 +34,7 @@ BLOCK_N = 64  # slots per tile inside a chunk
 MAX_SPLITS = 256  # a longer cache uses larger chunks (a multiple of BLOCK_N), not more of them
 MAX_ROWS = 64  # g*t rows handled in one program; more rows (a prefill) take the SDPA path
 COMBINE_GROUP = 16  # chunks the combine kernel merges per iteration
+MAX_HEAD_DIM = 128
 
 
 def _interpreting() -> bool:
@@ -62,8 +63,9 @@ def require(device: torch.device | str, flag: str = "--attention triton") -> Non
 
 
 def supports(rows: int, head_dim: int) -> bool:
-    """Whether `decode_attention` takes `rows` = g*t query rows per kv head of `head_dim`."""
-    return rows <= MAX_ROWS and head_dim <= 256
+    """Whether `decode_attention` takes `rows` = g*t query rows per kv head of `head_dim` (up to
+    128: Llama's and Qwen3's; the tiles compiled for sm_90 fit its shared memory up to there)."""
+    return rows <= MAX_ROWS and head_dim <= MAX_HEAD_DIM
 
 
 def split_size(cache_len: int) -> int:
@@ -175,11 +177,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     `split` (a multiple of BLOCK_N) overrides the chunk size; rows must satisfy `supports`."""
     hkv, rows, d = q.shape
     t = slots.shape[0]
-    if rows != groups * t or k_cache.shape[0] != hkv or k_cache.shape != v_cache.shape or k_cache.shape[2] != d:
-        raise ValueError(f"decode_attention: q {tuple(q.shape)}, caches {tuple(k_cache.shape)} / "
-                         f"{tuple(v_cache.shape)}, {t} slots, groups {groups} do not fit")
+    if (rows != groups * t or k_cache.shape[0] != hkv or k_cache.shape != v_cache.shape or k_cache.shape[2] != d
+            or not q.dtype == k_cache.dtype == v_cache.dtype):
+        raise ValueError(f"decode_attention: q {tuple(q.shape)} {q.dtype}, caches {tuple(k_cache.shape)} "
+                         f"{k_cache.dtype} / {tuple(v_cache.shape)} {v_cache.dtype}, {t} slots, groups {groups} "
+                         "do not fit")
     if not supports(rows, d):
-        raise ValueError(f"decode_attention: {rows} rows of head_dim {d}; at most {MAX_ROWS} rows, head_dim <= 256")
+        raise ValueError(f"decode_attention: {rows} rows of head_dim {d}; at most {MAX_ROWS} rows, head_dim "
+                         f"<= {MAX_HEAD_DIM}")
     partial_kernel, combine_kernel = _kernels(_interpreting())
     cache_len = k_cache.shape[1]
     split = split or split_size(cache_len)
@@ -187,6 +192,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError(f"decode_attention: split {split} is not a multiple of {BLOCK_N}")
     splits = -(-cache_len // split)
     q = q if q.stride(-1) == 1 else q.contiguous()
+    slots = slots.contiguous()  # (a no-op for the decoder's slots)
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("decode_attention: the caches' last dimension must be contiguous")
     rows_p, d_p = _pow2(rows), _pow2(d)
