@@ -151,11 +151,12 @@ def decoder_outputs(target: str, draft: str, prompts: str, new_tokens: int, k: i
 def compile_for_sm90() -> dict[str, object]:
     """Both kernels compiled (not run) for an H100/H200 (sm_90) by this machine's triton and its
     bundled ptxas: catches what the interpreter forgives (dot shapes and dtypes, loop-carried
-    types, shared memory) without a GPU. Per dtype: the partial kernel's shared memory in bytes."""
+    types, shared memory) without a GPU. Per dtype: the partial kernel's largest shared memory in
+    bytes (at MAX_ROWS rows of MAX_HEAD_DIM)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile
 
-    from eagle.triton_attention import BLOCK_N, COMBINE_GROUP, _kernels
+    from eagle.triton_attention import BLOCK_N, COMBINE_GROUP, MAX_HEAD_DIM, MAX_ROWS, _kernels
 
     partial, combine = _kernels(False)
     target = GPUTarget("cuda", 90, 32)
@@ -165,14 +166,17 @@ def compile_for_sm90() -> dict[str, object]:
         sig = {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "slots_ptr": "*i64", "m_ptr": "*fp32",
                "l_ptr": "*fp32", "acc_ptr": "*fp32", **dict.fromkeys(ints, "i32"),
                **dict.fromkeys(("sq_h", "sq_r", "sk_h", "sk_s", "sv_h", "sv_s"), "i32"), "qk_scale": "fp32"}
-        const = {"ROWS_P": 16, "D_P": 128, "T_P": 8, "BLOCK": BLOCK_N, "F32_DOT": dt == "fp32",
-                 "ROUND_P": dt != "fp32"}
-        kernel = compile(ASTSource(partial, {**sig, **dict.fromkeys(const, "constexpr")}, const), target=target)
+        shared = 0
+        for rows_p in (16, MAX_ROWS):  # a decode step's tile, and the largest (most shared memory)
+            const = {"ROWS_P": rows_p, "D_P": MAX_HEAD_DIM, "T_P": 8, "BLOCK": BLOCK_N, "F32_DOT": dt == "fp32",
+                     "ROUND_P": dt != "fp32"}
+            kernel = compile(ASTSource(partial, {**sig, **dict.fromkeys(const, "constexpr")}, const), target=target)
+            shared = max(shared, kernel.metadata.shared)
         csig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "slots_ptr": "*i64", "o_ptr": f"*{dt}",
                 **dict.fromkeys(ints, "i32"), "so_h": "i32", "so_r": "i32"}
-        cconst = {"ROWS_P": 16, "D_P": 128, "GROUP": COMBINE_GROUP}
+        cconst = {"ROWS_P": 16, "D_P": MAX_HEAD_DIM, "GROUP": COMBINE_GROUP}
         compile(ASTSource(combine, {**csig, **dict.fromkeys(cconst, "constexpr")}, cconst), target=target)
-        out[dt] = {"shared": kernel.metadata.shared, "cubin_bytes": len(kernel.asm["cubin"])}
+        out[dt] = {"shared": shared, "cubin_bytes": len(kernel.asm["cubin"])}
     return out
 
 
