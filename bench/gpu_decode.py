@@ -3,6 +3,7 @@
     python -m bench.gpu_decode                                   # 8B Llama shape, random bf16 weights
     python -m bench.gpu_decode --target work/target --draft work/draft --prompts plans/data/prompts-heldout.jsonl
     python -m bench.gpu_decode --smoke [--target ... --draft ... --prompts ...]   # tiny, on the CPU
+    python -m bench.gpu_decode --attention sdpa,triton --skip-part2             # both kernels, side by side
 
 Part 1 (speed only, random weights): plain greedy tok/s of the CUDA-graph decode step against the
 memory-bandwidth bound (weight bytes read per token / measured device copy bandwidth; target >=
@@ -15,6 +16,11 @@ acceptance): a check that the fast decoder's greedy output equals transformers' 
 this device, then plain tok/s and for each k speculative tok/s, accept_len, the measured cost
 ratio, the Leviathan bound and the fraction of it reached (target >= 80%), where the cycle's time
 goes, and whether the output equals plain greedy.
+`--attention sdpa,triton` (issue 27): parts 1 and 2 run once per attention kernel of the fast
+decoder (llama_ops.ATTENTION_KERNELS; the rows of the second say `[triton]`), then a sweep puts
+the decode step and the (k+1)-token verify of each kernel side by side at several positions in one
+large static cache (`--sweep-len` slots): SDPA reads the whole cache at every position, the split-KV
+kernel only the slots written so far. On the CPU (--smoke) triton needs TRITON_INTERPRET=1.
 
 `--json PATH` writes every number. Needs only torch, transformers and safetensors (no
 speculators, vLLM, click or pydantic).
@@ -119,9 +125,10 @@ def kernel_profile(fn, device: torch.device, steps: int = 5) -> dict:
 
 
 def part1(shape: dict, device: torch.device, dtype: torch.dtype, prompt_len: int, new_tokens: int,
-          copy_bytes: int, out: dict) -> Rows:
-    model = random_target(shape, device, dtype)
-    dec = Decoder(model, None, max_len=required_len(prompt_len, new_tokens, 7))  # fuses q/k/v, gate/up
+          copy_bytes: int, out: dict, attention: str = "sdpa", model: TargetModel | None = None) -> Rows:
+    model = model or random_target(shape, device, dtype)
+    dec = Decoder(model, None, max_len=required_len(prompt_len, new_tokens, 7),  # fuses q/k/v, gate/up
+                  attention=attention)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     weight_bytes -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
     bandwidth = copy_bandwidth(device, copy_bytes)
@@ -141,8 +148,8 @@ def part1(shape: dict, device: torch.device, dtype: torch.dtype, prompt_len: int
         verify[k] = st["verify"]
     dec.prefill(prompt, speculative=False)
     prof = kernel_profile(dec._timed_target_step, device)
-    variants = attention_variants(model, prompt, prompt_len, new_tokens, device)
-    out["part1"] = {"shape": shape, "dtype": str(dtype), "weight_bytes": weight_bytes, "copy_bandwidth": bandwidth,
+    variants = attention_variants(model, prompt, prompt_len, new_tokens, device) if attention == "sdpa" else {}
+    out["part1"] = {"attention": attention, "shape": shape, "dtype": str(dtype), "weight_bytes": weight_bytes, "copy_bandwidth": bandwidth,
                     "bound_tok_s": bound, "step_s": step, "step_tok_s": 1 / step, "step_fraction": 1 / step / bound,
                     "e2e_tok_s": e2e, "e2e_fraction": e2e / bound, "cuda_graphs": dec.use_graphs,
                     "verify_s": verify, "verify_ratio": {k: v / step for k, v in verify.items()}, "profile": prof,
@@ -151,6 +158,7 @@ def part1(shape: dict, device: torch.device, dtype: torch.dtype, prompt_len: int
     rows = [("shape", f"hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, inter "
                       f"{shape['intermediate_size']}, vocab {shape['vocab_size']}, {str(dtype).replace('torch.', '')}"),
             ("cuda graphs", str(dec.use_graphs)),
+            ("attention", attention),
             ("weight bytes / token", f"{weight_bytes / 1e9:.2f} GB"),
             ("device copy bandwidth", f"{bandwidth / 1e12:.2f} TB/s"),
             ("bandwidth bound", f"{bound:.0f} tok/s"),
@@ -201,6 +209,32 @@ def attention_variants(model: TargetModel, prompt: list[int], prompt_len: int, n
     return results
 
 
+def attention_sweep(model: TargetModel, kernels: list[str], cache_len: int, positions: list[int], k: int,
+                    vocab: int) -> tuple[Rows, dict]:
+    """The decode step and the (k+1)-token verify (each a CUDA graph on a GPU) of every attention
+    kernel at each position of one static cache of `cache_len` slots, side by side."""
+    results: dict[str, dict[int, dict[str, float]]] = {}
+    for kernel in kernels:
+        dec = Decoder(model, None, max_len=cache_len, attention=kernel)
+        results[kernel] = {}
+        for pos in positions:
+            prompt = torch.randint(0, vocab, (pos,), generator=torch.Generator().manual_seed(pos)).tolist()
+            st = dec.time_stages(k, prompt, iters=30)
+            results[kernel][pos] = {"step_s": st["target_step"], "verify_s": st["verify"]}
+        del dec
+    first = kernels[0]
+    rows: Rows = [("sweep", f"static cache of {cache_len} slots (S = {-(-cache_len // 64) * 64}), verify k={k}")]
+    for pos in positions:
+        cells = []
+        for kernel in kernels:
+            r = results[kernel][pos]
+            ratio = "" if kernel == first else f" ({results[first][pos]['step_s'] / r['step_s']:.2f}x {first})"
+            cells.append(f"{kernel} step {r['step_s'] * 1e3:.3f} ms{ratio}, verify {r['verify_s'] * 1e3:.3f} ms "
+                         f"= {r['verify_s'] / r['step_s']:.2f} x step")
+        rows.append((f"position {pos}", " | ".join(cells)))
+    return rows, {"cache_len": cache_len, "k": k, "positions": positions, "results": results}
+
+
 def hf_greedy(model_dir: Path, prompts: list[list[int]], new_tokens: int, device: torch.device,
               dtype: torch.dtype) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
@@ -240,7 +274,7 @@ def run_pass(dec: Decoder, prompts: list[list[int]], new_tokens: int, k: int | N
 
 
 def part2(target: Path, draft: Path, prompts_file: Path, ks: list[int], new_tokens: int, limit: int,
-          device: torch.device, dtype: torch.dtype, out: dict) -> Rows:
+          device: torch.device, dtype: torch.dtype, out: dict, attention: str = "sdpa") -> Rows:
     from eagle.prompts import load_prompt_token_ids
 
     prompts = load_prompt_token_ids(target, prompts_file, limit)
@@ -248,21 +282,22 @@ def part2(target: Path, draft: Path, prompts_file: Path, ks: list[int], new_toke
     check = prompts[:4]
     ref = hf_greedy(target, check, 64, device, torch.float32)
     dec32 = load_decoder(target, None, max_len=required_len(max(map(len, check)), 64), device=device,
-                         dtype=torch.float32)
+                         dtype=torch.float32, attention=attention)
     hf_match = sum(dec32.generate_greedy(p, 64) == r for p, r in zip(check, ref, strict=True))
     del dec32
 
     dec = load_decoder(target, draft, max_len=required_len(max(map(len, prompts)), new_tokens, max(ks)),
-                       device=device, dtype=dtype)
+                       device=device, dtype=dtype, attention=attention)
     for k in [None, *ks]:  # warm-up: graph capture and any per-shape setup, every prompt length
         run_pass(dec, prompts, new_tokens, k)
     plain = run_pass(dec, prompts, new_tokens, None)
     rows: Rows = [("target / draft", f"{target} / {draft}"),
+                  ("attention", attention),
                   ("prompts, new tokens", f"{len(prompts)}, <= {new_tokens} (stops at EOS; {plain['tokens']} in all)"),
                   ("fast greedy == HF greedy", f"{hf_match}/{len(check)} prompts (float32, 64 tokens, {device.type})"),
                   ("plain greedy", f"{plain['decode_tok_s']:.0f} tok/s decoding ({plain['e2e_tok_s']:.0f} tok/s "
                                    f"with prefill)")]
-    out["part2"] = {"prompts": len(prompts), "new_tokens": new_tokens, "hf_match": hf_match, "hf_checked": len(check),
+    out["part2"] = {"attention": attention, "prompts": len(prompts), "new_tokens": new_tokens, "hf_match": hf_match, "hf_checked": len(check),
                     "plain": {k: v for k, v in plain.items() if k not in ("outs", "accepted")}, "k": {}}
     for k in ks:
         spec = run_pass(dec, prompts, new_tokens, k)
@@ -309,6 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--skip-8b", action="store_true", help="only part 2")
+    ap.add_argument("--skip-part2", action="store_true", help="only part 1 (and the sweep)")
+    ap.add_argument("--attention", default="sdpa",
+                    help="comma-separated attention kernels of the fast decoder, each measured in turn "
+                         "(sdpa, triton; default sdpa); two or more add the side-by-side sweep")
+    ap.add_argument("--sweep-len", type=int, default=8192, help="static cache slots of the sweep")
     ap.add_argument("--json", type=Path, help="write every number here")
     args = ap.parse_args(argv)
     try:
@@ -318,9 +358,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print(f"error: --ks {args.ks!r}: expected comma-separated draft lengths >= 1, e.g. 2,3,4", file=sys.stderr)
         return 2
+    kernels = list(dict.fromkeys(a.strip() for a in args.attention.split(",")))
+    if not kernels or any(a not in llama_ops.ATTENTION_KERNELS for a in kernels):
+        print(f"error: --attention {args.attention!r}: expected comma-separated kernels out of "
+              f"{', '.join(llama_ops.ATTENTION_KERNELS)}", file=sys.stderr)
+        return 2
     if args.smoke:
         device, dtype, shape = torch.device("cpu"), torch.float32, SMOKE
         args.prompt_len, args.new_tokens, copy_bytes = 16, 16, 1 << 24
+        args.sweep_len = 256
     else:
         if not torch.cuda.is_available():
             print("error: no CUDA device; use --smoke for a CPU check", file=sys.stderr)
@@ -333,22 +379,42 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {out['torch']}, transformers {out['transformers']}, {out['device']}")
     failed = False
     if not args.skip_8b:
-        print("\n== plain greedy and verify cost, random weights ==", flush=True)
-        try:
-            print(table(part1(shape, device, dtype, args.prompt_len, args.new_tokens, copy_bytes, out)), flush=True)
-        except Exception:  # noqa: BLE001 -- keep part 2 running; the traceback says what broke
-            traceback.print_exc()
-            failed = True
+        model = None
+        for i, kernel in enumerate(kernels):
+            print(f"\n== plain greedy and verify cost, random weights, attention {kernel} ==", flush=True)
+            try:
+                model = model or random_target(shape, device, dtype)
+                sub: dict = {}
+                rows = part1(shape, device, dtype, args.prompt_len, args.new_tokens, copy_bytes, sub, kernel, model)
+                out["part1" if i == 0 else f"part1_{kernel}"] = sub["part1"]
+                print(table(rows), flush=True)
+            except Exception:  # noqa: BLE001 -- keep the other kernels and part 2 running; the traceback says what broke
+                traceback.print_exc()
+                failed = True
+        if len(kernels) > 1 and model is not None:
+            print(f"\n== attention side by side: {', '.join(kernels)} ==", flush=True)
+            positions = sorted({p for p in (128, 1024, 4096, args.sweep_len - 64) if 0 < p <= args.sweep_len - 16})
+            try:
+                rows, out["sweep"] = attention_sweep(model, kernels, args.sweep_len, positions, 3, shape["vocab_size"])
+                print(table(rows), flush=True)
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+                failed = True
+        del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    if args.target and args.draft and args.prompts:
-        print("\n== speculative decoding, trained target + drafter ==", flush=True)
-        try:
-            print(table(part2(args.target, args.draft, args.prompts, ks, min(args.new_tokens, 128), args.limit,
-                              device, dtype, out)), flush=True)
-        except Exception:  # noqa: BLE001
-            traceback.print_exc()
-            failed = True
+    if args.target and args.draft and args.prompts and not args.skip_part2:
+        for i, kernel in enumerate(kernels):
+            print(f"\n== speculative decoding, trained target + drafter, attention {kernel} ==", flush=True)
+            try:
+                sub = {}
+                rows = part2(args.target, args.draft, args.prompts, ks, min(args.new_tokens, 128), args.limit,
+                             device, dtype, sub, kernel)
+                out["part2" if i == 0 else f"part2_{kernel}"] = sub["part2"]
+                print(table(rows), flush=True)
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+                failed = True
     if args.json:
         args.json.write_text(json.dumps(out, indent=1, default=str))
     return 1 if failed else 0

@@ -18,7 +18,15 @@ from pathlib import Path
 import click
 from pydantic import BaseModel
 
-from eagle.command import device_option, dtype_option, finish, json_option, refusals, trust_remote_code_option
+from eagle.command import (
+    attention_option,
+    device_option,
+    dtype_option,
+    finish,
+    json_option,
+    refusals,
+    trust_remote_code_option,
+)
 from eagle.common import quiet_hf, warn
 from eagle.evaluate import decoder_option, load_inputs
 from eagle.leviathan import acceptance_from_accept_len, expected_tokens, leviathan_speedup  # noqa: F401
@@ -29,6 +37,7 @@ class BenchReport(BaseModel):
     prompts: int
     device: str
     decoder: str = "fast"
+    attention: str = "sdpa"  # the fast decoder's attention kernel (--attention)
     plain_tokens: int
     spec_tokens: int
     plain_tok_s: float
@@ -53,14 +62,16 @@ class BenchReport(BaseModel):
 
 
 def run_bench(model_dir: Path, draft_dir: Path, prompts: list[list[int]], k: int, max_new_tokens: int,
-              device, dtype, repeats: int = 1, decoder: str = "auto", trust_remote_code: bool = False) -> BenchReport:
+              device, dtype, repeats: int = 1, decoder: str = "auto", trust_remote_code: bool = False,
+              attention: str = "sdpa") -> BenchReport:
     import torch
 
     from eagle.decode import load_decoder, required_len
 
     longest = max(len(p) for p in prompts)
     dec = load_decoder(model_dir, draft_dir, max_len=required_len(longest, max_new_tokens, k),
-                       device=device, dtype=dtype, path=decoder, trust_remote_code=trust_remote_code)
+                       device=device, dtype=dtype, path=decoder, trust_remote_code=trust_remote_code,
+                       attention=attention)
 
     def sync() -> None:
         if dec.device.type == "cuda":
@@ -96,7 +107,8 @@ def run_bench(model_dir: Path, draft_dir: Path, prompts: list[list[int]], k: int
     bound = leviathan_speedup(a, k, c)
     speedup = spec_tok_s / plain_tok_s
     return BenchReport(
-        k=k, prompts=len(prompts), device=str(dec.device), decoder=dec.path, plain_tokens=plain_tokens, spec_tokens=spec_tokens,
+        k=k, prompts=len(prompts), device=str(dec.device), decoder=dec.path, attention=attention,
+        plain_tokens=plain_tokens, spec_tokens=spec_tokens,
         plain_tok_s=plain_tok_s, spec_tok_s=spec_tok_s, speedup=speedup, accept_len=accept_len,
         per_token_accept=a, target_step_ms=1e3 * step, verify_ms=1e3 * stages["verify"],
         draft_step_ms=1e3 * stages["draft_step"], catchup_ms=1e3 * stages["catchup"], cost_ratio=c,
@@ -115,10 +127,12 @@ def run_bench(model_dir: Path, draft_dir: Path, prompts: list[list[int]], k: int
 @device_option()
 @dtype_option()
 @decoder_option
+@attention_option
 @trust_remote_code_option
 @json_option("Print the full report as JSON.")
 def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens: int, limit: int | None,
-            repeats: int, device: str, dtype: str, decoder: str, trust_remote_code: bool, as_json: bool) -> None:
+            repeats: int, device: str, dtype: str, decoder: str, attention: str, trust_remote_code: bool,
+            as_json: bool) -> None:
     """tok/s of plain greedy vs speculative decoding, cost ratio, Leviathan bound.
 
     \b
@@ -133,13 +147,13 @@ def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens
     """
     quiet_hf()
     with refusals(ValueError, FileNotFoundError):
-        prompts, dev, dt = load_inputs(model, prompts_file, limit, draft, trust_remote_code, device, dtype)
+        prompts, dev, dt = load_inputs(model, prompts_file, limit, draft, trust_remote_code, device, dtype, attention)
         report = run_bench(model, draft, prompts, k, max_new_tokens, dev, dt, repeats,
-                           decoder, trust_remote_code)
+                           decoder, trust_remote_code, attention)
     if not report.spec_matches_plain:
         warn("speculative output differs from plain greedy output (see `eagle evaluate`)")
     finish(report, as_json, metrics=report.metrics(), table={
-        "device": report.device, "decoder": report.decoder, "k": k, "prompts": report.prompts,
+        "device": report.device, "decoder": report.decoder, "attention": report.attention, "k": k, "prompts": report.prompts,
         "plain_tok_s": report.plain_tok_s, "spec_tok_s": report.spec_tok_s, "speedup": report.speedup,
         "accept_len": report.accept_len, "per_token_accept": report.per_token_accept,
         "target_step_ms": report.target_step_ms, "verify_ms": report.verify_ms,

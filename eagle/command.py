@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import click
 from pydantic import BaseModel
 
-from eagle.common import DTYPES, EagleError, fail, print_kv
+from eagle.common import ATTENTION_KERNELS, DTYPES, EagleError, fail, print_kv
 from eagle.metrics import write_metrics
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -52,6 +52,15 @@ def device_option(help: str = "auto, cpu or cuda[:N].") -> Callable[[F], F]:
 def dtype_option(help: str = "auto (bf16 on GPU, fp32 on CPU), " + ", ".join(DTYPES[1:]) + ".") -> Callable[[F], F]:
     """`--dtype` (default auto; common.pick_dtype)."""
     return click.option("--dtype", default="auto", show_default=True, help=help)
+
+
+def attention_option(fn: F) -> F:
+    """`--attention sdpa|triton`: the fast decoder's attention kernel (decode.load_decoder)."""
+    return click.option("--attention", type=click.Choice(list(ATTENTION_KERNELS)), default="sdpa",
+                        show_default=True,
+                        help="The fast decoder's attention: sdpa (torch's SDPA over the whole static cache) or "
+                             "triton (split-KV kernels reading only the slots written so far; CUDA with triton "
+                             "installed; not yet measured on a GPU, see docs/benchmarks.md).")(fn)
 
 
 # ---------------------------------------------------------------- errors and the ending

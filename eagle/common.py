@@ -142,6 +142,10 @@ def concrete_device(device: str | torch.device) -> torch.device:
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
+# The fast decoder's attention kernels (eagle/llama_ops.py dispatches on them; `--attention`):
+# torch's SDPA over the whole static cache, or eagle/triton_attention.py's split-KV kernels.
+ATTENTION_KERNELS = ("sdpa", "triton")
+
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     """`auto` -> bfloat16 on GPU, float32 on CPU (bf16 matmuls are slow on most CPUs)."""

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import torch
 from torch import nn
 
-from eagle.common import EagleError
+from eagle.common import ATTENTION_KERNELS, EagleError
 from eagle.llama_ops import (
     DecoderLayer,
     KVCache,
@@ -97,9 +97,10 @@ class TargetModel(nn.Module):
     def num_layers(self) -> int:
         return len(self.layers)
 
-    def new_cache(self, max_len: int) -> KVCache:
+    def new_cache(self, max_len: int, attention: str = "sdpa") -> KVCache:
         c, w = self.config, self.lm_head.weight
-        return KVCache(c.num_hidden_layers, c.num_key_value_heads, head_dim_of(c), max_len, w.device, w.dtype)
+        return KVCache(c.num_hidden_layers, c.num_key_value_heads, head_dim_of(c), max_len, w.device, w.dtype,
+                       attention)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 aux_ids: Sequence[int] = (), last_only: bool = False
@@ -130,7 +131,7 @@ class Proposer(Protocol):
     @property
     def hidden_size(self) -> int: ...
 
-    def new_cache(self, max_len: int) -> KVCache: ...
+    def new_cache(self, max_len: int, attention: str = "sdpa") -> KVCache: ...
 
     def propose_rows(self, aux: torch.Tensor, tokens: torch.Tensor, slots: torch.Tensor,
                      cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]: ...
@@ -173,8 +174,14 @@ class Decoder:
 
     def __init__(self, target: TargetModel, proposer: Proposer | None = None, *, max_len: int,
                  layer_ids: Sequence[int] | None = None, eos_ids: Sequence[int] = (),
-                 use_graphs: bool | None = None, sync_every: int = 2) -> None:
+                 use_graphs: bool | None = None, sync_every: int = 2, attention: str = "sdpa") -> None:
         device = target.lm_head.weight.device
+        if attention not in ATTENTION_KERNELS:
+            raise ValueError(f"attention {attention!r}: use one of {', '.join(ATTENTION_KERNELS)}")
+        if attention == "triton":
+            from eagle.triton_attention import require
+
+            require(device)
         fuse_projections(target)  # one q/k/v and one gate/up matrix per layer (fewer, larger reads)
         if isinstance(proposer, nn.Module):
             fuse_projections(proposer)
@@ -190,8 +197,9 @@ class Decoder:
         self.last_timing: dict[str, float] = {}
         self._t_start = 0.0
         long: dict[str, Any] = {"dtype": torch.long, "device": device}
-        self.cache = target.new_cache(max_len)
-        self.dcache = proposer.new_cache(max_len) if proposer is not None else None
+        self.attention = attention  # how both caches' layers attend (llama_ops.ATTENTION_KERNELS)
+        self.cache = target.new_cache(max_len, attention)
+        self.dcache = proposer.new_cache(max_len, attention) if proposer is not None else None
         self.seq = torch.zeros(max_len + 1, **long)
         self.n = torch.zeros(1, **long)
         self.counter = torch.zeros(1, **long)
@@ -445,13 +453,15 @@ def eos_ids_of(model_dir: str | Path) -> list[int]:
 def load_decoder(model_dir: str | Path, draft_dir: str | Path | None = None, *, max_len: int,
                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  layer_ids: Sequence[int] | None = None, use_graphs: bool | None = None,
-                 path: str = "auto", trust_remote_code: bool = False) -> Decoder | GenericDecoder:
+                 path: str = "auto", trust_remote_code: bool = False,
+                 attention: str = "sdpa") -> Decoder | GenericDecoder:
     """Target (+ drafter) from their directories, ready to decode.
 
     path: "fast" (this module: static cache, CUDA graphs; Llama and Qwen3 text models), "generic"
     (eagle/generic_decode.py: the target's own transformers forward with a KV cache; any
     architecture) or "auto" (fast when it implements the target, else generic). The decoder's
-    `path` attribute says which ran."""
+    `path` attribute says which ran. attention: the fast decoder's attention kernel, "sdpa" or
+    "triton" (llama_ops.ATTENTION_KERNELS; the generic decoder takes only "sdpa")."""
     from eagle.draft_infer import load_drafter
     from eagle.generic_decode import GenericDecoder
     from eagle.target import open_target
@@ -463,6 +473,16 @@ def load_decoder(model_dir: str | Path, draft_dir: str | Path | None = None, *, 
         raise EagleError(f"--decoder fast: the fast decoder implements {', '.join(FAST_DECODER_TYPES)} text models; "
                          f"{model_dir} is {target.text_model_type!r} (use --decoder generic or auto)", code=2)
     fast = path == "fast" or (path == "auto" and target.fast_decoder)
+    if attention not in ATTENTION_KERNELS:
+        raise ValueError(f"--attention {attention!r}: use one of {', '.join(ATTENTION_KERNELS)}")
+    if attention != "sdpa" and not fast:
+        raise EagleError(f"--attention {attention}: only the fast decoder has a choice of attention kernel; "
+                         f"{model_dir} decodes with the generic one (use --attention sdpa, or --decoder fast "
+                         "for a Llama or Qwen3 target)", code=2)
+    if attention == "triton":
+        from eagle.triton_attention import require
+
+        require(device)  # before loading any weights
     model = TargetModel.from_pretrained(model_dir, device=device, dtype=dtype) if fast else None
     if model is None:
         model = target.load_model(device, dtype)
@@ -481,5 +501,5 @@ def load_decoder(model_dir: str | Path, draft_dir: str | Path | None = None, *, 
             raise ValueError(f"{draft_dir}: drafter's fc takes {drafter.spec.num_aux} aux layers, got layer ids {ids}")
     if fast:
         return Decoder(model, drafter, max_len=max_len, layer_ids=ids, eos_ids=target.eos_ids(),
-                       use_graphs=use_graphs)
+                       use_graphs=use_graphs, attention=attention)
     return GenericDecoder(model, drafter, max_len=max_len, layer_ids=ids, eos_ids=target.eos_ids())

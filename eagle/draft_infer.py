@@ -173,11 +173,11 @@ class Drafter(nn.Module):
     def hidden_size(self) -> int:
         return self.spec.hidden_size
 
-    def new_cache(self, max_len: int) -> KVCache:
+    def new_cache(self, max_len: int, attention: str = "sdpa") -> KVCache:
         cfg = self.spec.layer_config
         w = self.fc.weight
         kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads  # (the config fills it in so)
-        return KVCache(cfg.num_hidden_layers, kv_heads, head_dim_of(cfg), max_len, w.device, w.dtype)
+        return KVCache(cfg.num_hidden_layers, kv_heads, head_dim_of(cfg), max_len, w.device, w.dtype, attention)
 
     # -- the forward -------------------------------------------------------------------------
     def combine(self, aux: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,15 @@ from typing import TYPE_CHECKING, Any
 import click
 from pydantic import BaseModel
 
-from eagle.command import device_option, dtype_option, finish, json_option, refusals, trust_remote_code_option
+from eagle.command import (
+    attention_option,
+    device_option,
+    dtype_option,
+    finish,
+    json_option,
+    refusals,
+    trust_remote_code_option,
+)
 from eagle.common import EagleError, pick_device, pick_dtype, progress, quiet_hf, warn
 
 if TYPE_CHECKING:
@@ -47,6 +55,7 @@ class EvalReport(BaseModel):
     k: int
     prompts: int
     decoder: str = "fast"  # which path decoded: fast (eagle/decode.py) or generic (transformers forward)
+    attention: str = "sdpa"  # the fast decoder's attention kernel (--attention)
     dtype: str = "float32"
     accept_len: float
     accept_rates: list[float]
@@ -111,7 +120,7 @@ def reference_greedy(model_dir: str | Path, prompts: list[list[int]], max_new_to
 
 def run_evaluate(model_dir: str | Path, draft_dir: str | Path, prompts: list[list[int]], k: int,
                  max_new_tokens: int, device: Any, dtype: Any, check: bool | None = True, decoder: str = "auto",
-                 trust_remote_code: bool = False) -> EvalReport:
+                 trust_remote_code: bool = False, attention: str = "sdpa") -> EvalReport:
     """check: compare with transformers' generate (True), skip it (False), or do it in float32 only (None)."""
     import torch
 
@@ -119,7 +128,8 @@ def run_evaluate(model_dir: str | Path, draft_dir: str | Path, prompts: list[lis
 
     longest = max(len(p) for p in prompts)
     dec = load_decoder(model_dir, draft_dir, max_len=required_len(longest, max_new_tokens, k),
-                       device=device, dtype=dtype, path=decoder, trust_remote_code=trust_remote_code)
+                       device=device, dtype=dtype, path=decoder, trust_remote_code=trust_remote_code,
+                       attention=attention)
     outputs, all_accepted, per_prompt = [], [], []
     for ids in progress(prompts, desc=f"speculative ({dec.path})", unit="prompt"):
         res = dec.generate_speculative(ids, max_new_tokens, k)
@@ -142,19 +152,24 @@ def run_evaluate(model_dir: str | Path, draft_dir: str | Path, prompts: list[lis
             row.matches_reference = row.first_mismatch is None
         generate_match = int(all(r.matches_reference for r in per_prompt))
     accept_len, rates = acceptance_stats(all_accepted, k)
-    return EvalReport(k=k, prompts=len(prompts), decoder=path, dtype=str(dtype).removeprefix("torch."),
+    return EvalReport(k=k, prompts=len(prompts), decoder=path, attention=attention, dtype=str(dtype).removeprefix("torch."),
                       accept_len=accept_len, accept_rates=rates,
                       greedy_match=int(all(r.matches_greedy for r in per_prompt)), generate_match=generate_match,
                       per_prompt=per_prompt)
 
 
 def load_inputs(model: Path, prompts_file: Path, limit: int | None, draft: Path | None, trust_remote_code: bool,
-                device: str, dtype: str) -> tuple[list[list[int]], torch.device, torch.dtype]:
+                device: str, dtype: str, attention: str = "sdpa") -> tuple[list[list[int]], torch.device, torch.dtype]:
     """The shared inputs of evaluate / bench / probe: the prompts' token ids, the device and the dtype,
-    after checking the target and the drafter; raises EagleError with a fix."""
+    after checking the attention kernel can run on the device (first: it needs no file), the target
+    and the drafter; raises EagleError with a fix."""
     from eagle.prompts import PromptFileError, load_prompt_token_ids
     from eagle.target import open_target
 
+    if attention == "triton":
+        from eagle.triton_attention import require
+
+        require(pick_device(device))
     open_target(model, trust_remote_code)
     if draft is not None and not (draft / "config.json").is_file():
         raise EagleError(f"{draft}: not a drafter checkpoint (no config.json); pass `eagle train --out` DIR")
@@ -189,10 +204,12 @@ def decoder_option(fn: Any) -> Any:
               help="Compare the output with transformers' generate token for token (generate_match) "
                    "[default: in float32 only].")
 @decoder_option
+@attention_option
 @trust_remote_code_option
 @json_option("Print the full report as JSON.")
 def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens: int, limit: int | None,
-            device: str, dtype: str, check: bool | None, decoder: str, trust_remote_code: bool, as_json: bool) -> None:
+            device: str, dtype: str, check: bool | None, decoder: str, attention: str, trust_remote_code: bool,
+            as_json: bool) -> None:
     """Greedy speculative decoding: acceptance length, per-position acceptance, exactness.
 
     \b
@@ -208,9 +225,9 @@ def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens
     """
     quiet_hf()
     with refusals(ValueError, FileNotFoundError):
-        prompts, dev, dt = load_inputs(model, prompts_file, limit, draft, trust_remote_code, device, dtype)
+        prompts, dev, dt = load_inputs(model, prompts_file, limit, draft, trust_remote_code, device, dtype, attention)
         report = run_evaluate(model, draft, prompts, k, max_new_tokens, dev, dt, check=check,
-                              decoder=decoder, trust_remote_code=trust_remote_code)
+                              decoder=decoder, trust_remote_code=trust_remote_code, attention=attention)
 
     def mismatches() -> None:
         if report.greedy_match == 0:
@@ -222,5 +239,6 @@ def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens
             warn(f"output differs from transformers' generate on prompts {bad[:10]}")
 
     finish(report, as_json, metrics=report.metrics(), show=mismatches,
-           table={"prompts": report.prompts, "k": k, "decoder": report.decoder, "dtype": report.dtype,
+           table={"prompts": report.prompts, "k": k, "decoder": report.decoder, "attention": report.attention,
+                  "dtype": report.dtype,
                   **{m: v for m, v in report.metrics().items() if m != "fast_decoder"}})

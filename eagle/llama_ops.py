@@ -15,12 +15,20 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from eagle.common import ATTENTION_KERNELS
+
 # Attention kernels the layers may use (None: torch's own choice). cuDNN's is left out: on the H200
 # (torch 2.11) it was the kernel torch picked for the decode step and took 14 us per layer call,
 # and it builds its kernel per new sequence length (a cost on every new prompt length). The
 # memory-efficient kernel takes the additive mask; CPUs use flash or math.
 SDPA_BACKENDS: list[SDPBackend] | None = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION,
                                           SDPBackend.MATH]
+
+# How a cache's layers attend (common.ATTENTION_KERNELS; the decoder picks one per cache,
+# `KVCache(attention=...)`): "sdpa": torch's SDPA (SDPA_BACKENDS) over all S slots under the
+# additive mask; "triton": eagle/triton_attention.py's split-KV kernels, reading only the slots up
+# to the last row's, for steps of at most triton_attention.MAX_ROWS query rows per kv head
+# (decode, verify, draft steps), SDPA for longer ones (prefill).
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -81,15 +89,26 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
 
 
 class AttnMask:
-    """Additive attention mask [T, S] (0 where row t may attend slot s, i.e. s <= slots[t], -inf
-    elsewhere) in the activation dtype, built once per forward; `grouped(g)` is the same mask for
-    g query heads stacked per kv head (rows g*T + t), also built once per forward and shared by
-    every layer."""
+    """Which slots each row may attend in one forward: row t sees every slot <= slots[t].
 
-    def __init__(self, allowed: torch.Tensor, dtype: torch.dtype) -> None:
-        zero = torch.zeros((), dtype=dtype, device=allowed.device)
-        self.additive = torch.where(allowed, zero, float("-inf"))
+    `additive` is that as an additive mask [T, S] (0 allowed, -inf not) in the activation dtype,
+    built on first use and shared by every layer; `grouped(g)` is the same for g query heads
+    stacked per kv head (rows g*T + t). The Triton kernel reads `slots` itself and never builds
+    the mask. `kernel` is the cache's attention (one of ATTENTION_KERNELS)."""
+
+    def __init__(self, slot_ids: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype,
+                 kernel: str = "sdpa") -> None:
+        self.slot_ids, self.slots, self.dtype, self.kernel = slot_ids, slots, dtype, kernel
+        self._additive: torch.Tensor | None = None
         self._grouped: dict[int, torch.Tensor] = {}
+
+    @property
+    def additive(self) -> torch.Tensor:
+        if self._additive is None:
+            allowed = self.slot_ids[None, :] <= self.slots[:, None]
+            zero = torch.zeros((), dtype=self.dtype, device=allowed.device)
+            self._additive = torch.where(allowed, zero, float("-inf"))
+        return self._additive
 
     def grouped(self, groups: int) -> torch.Tensor:
         if groups not in self._grouped:
@@ -99,18 +118,40 @@ class AttnMask:
 
 class KVCache:
     """Static per-layer key/value buffers [kv_heads, S, head_dim]; S is max_len rounded up to a
-    multiple of 64 (aligned rows for the fused attention kernels' masks)."""
+    multiple of 64 (aligned rows for the fused attention kernels' masks). `attention` (one of
+    ATTENTION_KERNELS) is how the layers attend over it."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, max_len: int, device, dtype) -> None:
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, max_len: int, device, dtype,
+                 attention: str = "sdpa") -> None:
+        if attention not in ATTENTION_KERNELS:
+            raise ValueError(f"attention {attention!r}: use one of {', '.join(ATTENTION_KERNELS)}")
         self.max_len = -(-max_len // 64) * 64
         self.dtype = dtype
+        self.attention = attention
         self.k = [torch.zeros(kv_heads, self.max_len, head_dim, device=device, dtype=dtype) for _ in range(layers)]
         self.v = [torch.zeros(kv_heads, self.max_len, head_dim, device=device, dtype=dtype) for _ in range(layers)]
         self.slot_ids = torch.arange(self.max_len, device=device)
 
     def mask(self, slots: torch.Tensor) -> AttnMask:
         """Row t may attend to every slot <= slots[t]."""
-        return AttnMask(self.slot_ids[None, :] <= slots[:, None], self.dtype)
+        return AttnMask(self.slot_ids, slots, self.dtype, self.attention)
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: AttnMask,
+           groups: int) -> torch.Tensor:
+    """q [hkv, g*t, d] (the g query heads of each kv head as rows) over the caches [hkv, S, d],
+    row r = j*t + i seeing the slots <= mask.slots[i] -> [hkv, g*t, d], by the mask's kernel."""
+    if mask.kernel == "triton":
+        from eagle import triton_attention
+
+        if triton_attention.supports(q.shape[1], q.shape[2]):
+            return triton_attention.decode_attention(q, k_cache, v_cache, mask.slots, groups)
+    if SDPA_BACKENDS is None:
+        return F.scaled_dot_product_attention(q[None], k_cache[None], v_cache[None],
+                                              attn_mask=mask.grouped(groups)[None, None])[0]
+    with sdpa_kernel(SDPA_BACKENDS):
+        return F.scaled_dot_product_attention(q[None], k_cache[None], v_cache[None],
+                                              attn_mask=mask.grouped(groups)[None, None])[0]
 
 
 def linear_add_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
@@ -175,14 +216,8 @@ class Attention(nn.Module):
         # g*t query rows of that head (a view when t == 1), under a mask repeated g times.
         g = hq // hkv
         q = qk[:, :hq].transpose(0, 1).reshape(hkv, g * t, d)
-        if SDPA_BACKENDS is None:
-            out = F.scaled_dot_product_attention(q[None], k_cache[None], v_cache[None],
-                                                 attn_mask=mask.grouped(g)[None, None])
-        else:
-            with sdpa_kernel(SDPA_BACKENDS):
-                out = F.scaled_dot_product_attention(q[None], k_cache[None], v_cache[None],
-                                                     attn_mask=mask.grouped(g)[None, None])
-        out = out[0].view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq * d)
+        out = attend(q, k_cache, v_cache, mask, g)
+        out = out.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq * d)
         if residual is None:
             return self.o_proj(out)
         return linear_add_(residual, out, self.o_proj.weight, self.o_proj.bias)

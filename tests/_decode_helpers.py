@@ -65,7 +65,7 @@ class OracleProposer:
         self.vocab = vocab
         self.wrong_every = wrong_every
 
-    def new_cache(self, max_len: int) -> None:
+    def new_cache(self, max_len: int, attention: str = "sdpa") -> None:
         return None
 
     def _at(self, slots: torch.Tensor) -> torch.Tensor:
