@@ -133,6 +133,7 @@ def merge_lanes(main: Path, other: Path) -> None:
 
 
 def summary(out: Path) -> str:
+    from bench import step_times
     from bench.multi_gpu_scaling import table
 
     text = ["# times (s) and exit codes", json.dumps(TIMES), "", "# make test-gpu", test_summary(out / "test_gpu.log"), ""]
@@ -144,6 +145,8 @@ def summary(out: Path) -> str:
             text.append(f"{mode:<12} steady {r['steady_tok_s_all']:>10,.0f} tok/s  epochs "
                         f"{[round(x) for x in r['epoch_tok_s']]}  MFU {r.get('mfu') or 0:.1%}  graphs after epoch 1 "
                         f"{sorted(set(r.get('graphs_after_epoch1', [])))}  process {r.get('process_s', 0):.0f} s")
+            if r.get("step_times"):
+                text.append(f"{'':<12} {step_times.describe(r['step_times'])}")
         text.append(f"ratios {json.dumps(d['meta'].get('ratios', {}))}  prepare {d['meta'].get('prepare_s', 0):.0f} s  "
                     f"skipped {d['meta'].get('skipped', [])}  failed {d['meta'].get('failed', [])}")
         text.append("")

@@ -349,9 +349,19 @@ class Bench:
         self.logs = work / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.layers = 3 + 1  # default layer ids [2, N//2, N-3] + the last layer
+        self.reserve = 0.0  # seconds the parts after the running one need (set by main)
 
     def left(self) -> float:
         return float("inf") if self.a.deadline is None else self.a.deadline - time.time() - 3
+
+    def share(self, runs: int) -> float:
+        """The seconds one of the `runs` training runs still to do in this part may take: an equal
+        share of what the deadline leaves after the later parts' minimum. A fixed cap killed a 2-GPU
+        run in its last epoch on a fresh machine, its warm-up having compiled for 136 s, while
+        the next part had minutes to spare (2026-12-01)."""
+        if self.a.deadline is None:
+            return 1800.0
+        return max(1.0, (self.left() - self.reserve) / runs)
 
     def env(self, nproc: int, metrics: Path | None = None) -> dict[str, str]:
         env = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1"}
@@ -375,13 +385,16 @@ class Bench:
                                f"after {time.perf_counter() - t0:.0f} s; logs/{name}.log ends:\n{tail}")
         return res
 
-    def eagle(self, name: str, args: list[str], nproc: int, cap: float, metrics: Path | None = None) -> float:
-        """Run `eagle ARGS` with 1 process or under torchrun; the wall seconds."""
+    def eagle(self, name: str, args: list[str], nproc: int, cap: float, metrics: Path | None = None,
+              step_times: Path | None = None) -> float:
+        """Run `eagle ARGS` with 1 process or under torchrun; the wall seconds. With `step_times`, eagle's
+        CLI runs inside bench/step_times.py, which writes each rank's step times there."""
+        module = ["bench.step_times", "--out", str(step_times), "--"] if step_times else ["eagle.cli"]
         if nproc == 1:
-            cmd = [sys.executable, "-m", "eagle.cli", *args]
+            cmd = [sys.executable, "-m", *module, *args]
         else:
             torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
-            cmd = [torchrun, "--nproc-per-node", str(nproc), "--master-port", str(free_port()), "-m", "eagle.cli", *args]
+            cmd = [torchrun, "--nproc-per-node", str(nproc), "--master-port", str(free_port()), "-m", *module, *args]
         t0 = time.perf_counter()
         self.run(name, cmd, self.env(nproc, metrics), cap)
         return time.perf_counter() - t0
@@ -534,11 +547,13 @@ class Bench:
                 str(VAL_FRACTION)] + ([] if self.gpu else ["--device", "cpu"])
 
     def train_run(self, name: str, args: list[str], nproc: int, cap: float) -> dict[str, Any]:
+        from bench import step_times
         from bench.train_real_loop import steady
 
-        out, metrics = self.work / name, self.work / f"{name}.metrics.json"
+        out, metrics, times = self.work / name, self.work / f"{name}.metrics.json", self.work / f"{name}.step-times"
         shutil.rmtree(out, ignore_errors=True)
-        wall = self.eagle(name, [*args, "--out", str(out)], nproc, cap, metrics)
+        shutil.rmtree(times, ignore_errors=True)
+        wall = self.eagle(name, [*args, "--out", str(out)], nproc, cap, metrics, step_times=times)
         log = json.loads((out / "train_log.json").read_text())
         ep = log["epochs"]
         res = {"epoch_tok_s": [e["train_tok_s"] for e in ep], "epoch_s": [e["seconds"] for e in ep],
@@ -546,10 +561,13 @@ class Bench:
                "val_acc": ep[-1]["val_acc"], "world_size": log["args"]["world_size"], "wall_s": wall,
                "data_wait_s": [e["data_wait_s"] for e in ep], "target_s": [e.get("target_s") for e in ep]}
         res["steady_tok_s_all"] = steady(res)
+        res["step_times"] = step_times.summarise(step_times.read(times))
         shutil.rmtree(out, ignore_errors=True)
         return res
 
     def compare(self, part: str, one: dict[str, Any], many: dict[str, Any], source: str) -> None:
+        from bench import step_times
+
         n = self.n
         row(self.out, part, f"{part} tok/s, 1 process", float(one["steady_tok_s_all"]), "tok/s",
             f"epochs after the first: {[round(x) for x in one['epoch_tok_s']]} ({source})")
@@ -558,6 +576,11 @@ class Bench:
             f"CLI wall {many['wall_s']:.0f} s")
         row(self.out, part, f"{part} scaling efficiency", many["steady_tok_s_all"] / (n * one["steady_tok_s_all"]), "x",
             f"tok/s({n}) / ({n} x tok/s(1))")
+        for procs, res in ((1, one), (n, many)):
+            if res.get("step_times"):
+                st = res["step_times"]
+                row(self.out, part, f"{part} step, {procs} process(es): slowest rank's compute", st["slowest_compute_ms"],
+                    "ms", step_times.describe(st))
         row(self.out, part, f"{part} val_loss by epoch, 1 / {n} processes",
             f"{' '.join(f'{x:.4f}' for x in one['val_loss'] if x is not None)} / "
             f"{' '.join(f'{x:.4f}' for x in many['val_loss'] if x is not None)}")
@@ -574,15 +597,15 @@ class Bench:
             if same:
                 one = {**real, "val_loss": real.get("val_loss", [float("nan")]), "wall_s": real.get("process_s", 0.0)}
                 source = f"{self.a.train_baseline.name}: its real mode, same data, epochs and arguments"
-        many = self.train_run(f"train-{self.n}", args, self.n, cap=170)
+        many = self.train_run(f"train-{self.n}", args, self.n, cap=self.share(1 if one else 2))
         if one is None:
-            one = self.train_run("train-1", args, 1, cap=240)
+            one = self.train_run("train-1", args, 1, cap=self.share(1))
         self.compare("train", one, many, source)
 
     def online1(self, target: Path, data: Path) -> dict[str, Any]:
         """`eagle train --online` with 1 process; kept in WORKDIR/online-1.json with its arguments."""
         args = [*self.train_args(target, data, self.a.online_epochs), "--online"]
-        one = self.train_run("online-1", args, 1, cap=200)
+        one = self.train_run("online-1", args, 1, cap=self.share(1))
         (self.work / "online-1.json").write_text(json.dumps({"args": args, "result": one}) + "\n")
         row(self.out, "online", "online tok/s, 1 process", float(one["steady_tok_s_all"]), "tok/s",
             f"epochs {[round(x) for x in one['epoch_tok_s']]}, kept in online-1.json")
@@ -594,9 +617,9 @@ class Bench:
         saved = json.loads(kept.read_text()) if kept.is_file() else {}
         one, source = (saved["result"], "online-1.json: an earlier run of part online1") \
             if saved.get("args") == args else (None, "run here")
-        many = self.train_run(f"online-{self.n}", args, self.n, cap=200)
+        many = self.train_run(f"online-{self.n}", args, self.n, cap=self.share(1 if one else 2))
         if one is None:
-            one = self.train_run("online-1", args, 1, cap=200)
+            one = self.train_run("online-1", args, 1, cap=self.share(1))
         self.compare("online", one, many, source)
         row(self.out, "online", f"online target seconds per epoch, 1 / {self.n} processes",
             f"{' '.join(f'{x or 0:.1f}' for x in one['target_s'])} / {' '.join(f'{x or 0:.1f}' for x in many['target_s'])}")
@@ -685,7 +708,8 @@ def main() -> int:
         META["prepare_s"] = time.perf_counter() - t0
         save(out)
         disk: dict[int, dict[str, float]] = {}
-        for part in parts:
+        for i, part in enumerate(parts):
+            bench.reserve = sum(MIN_SECONDS[p] for p in parts[i + 1:])
             if bench.left() < MIN_SECONDS[part]:
                 row(out, part, f"{part}: skipped", "no time", "", f"{bench.left():.0f} s left, {MIN_SECONDS[part]} s needed")
                 continue

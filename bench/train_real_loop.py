@@ -70,6 +70,10 @@ def child_eagle(mode: str, target: str, data: str, out: str, epochs: int, batch_
             return plain_forward(model, batch, *a, **k)
 
         train_mod.forward = forward  # backward_step and evaluate call the module's forward
+    from bench.step_times import StepTimes, summarise
+
+    times = StepTimes()
+    times.install(train_mod)
     t0 = time.perf_counter()
     log = train_mod.train(train_mod.TrainArgs(
         model=target, data=data, out=out, epochs=epochs, batch_tokens=batch_tokens, lr=lr, val_fraction=VAL_FRACTION,
@@ -83,6 +87,7 @@ def child_eagle(mode: str, target: str, data: str, out: str, epochs: int, batch_
             "val_acc": log.epochs[-1].val_acc, "graphs": graphs, "graphs_after_epoch1": graphs[steps[0]:],
             "shape_buckets": log.args.shape_buckets, "layout_multiple": log.args.layout_multiple,
             "warmup": log.warmup.model_dump() if log.warmup else None,
+            "step_times": summarise([times.rows()]),
             "process_s": time.perf_counter() - t0, "peak_gib": (torch.cuda.max_memory_allocated() / 2**30
                                                                  if torch.cuda.is_available() else 0.0)}
 
