@@ -5,6 +5,8 @@
                                                              # gloo, make test-gpu skips without CUDA)
 
 Phase A, two lanes at once:
+  GPU 1   with --decode first `bench/gpu_decode.py --attention sdpa,triton --skip-part2` (issue 27)
+          -> attention.json, its table in summary.txt
   GPU 1   `make test-gpu PY=python3` (tests/test_gpu.py; CUDA_VISIBLE_DEVICES=1, so its DDP test runs
           2 processes sharing one GPU over gloo)                                      -> test_gpu.log
           then the --lane1-modes of train_real_loop on the same prepared data (e.g. fixed: the
@@ -17,7 +19,7 @@ Phase B, both GPUs: bench/multi_gpu_scaling.py --workdir W (disk bound 1 and 2 w
 extraction against the lane's 1-process one, DDP training against the lane's real mode, compute-only
 capture, --online)                                                -> multi_gpu_scaling.json, scaling.log
 Then summary.txt (the tables), env.txt (machine), logs.tar.gz (every child's log, the lanes' too) and
-compile-cache.tar.gz: 7 files at most (a call returns 8).
+compile-cache.tar.gz: 8 files at most with attention.json (a call returns 8).
 
 Compilation: a fresh machine compiles the 1.1B drafter's step in 81-105 s a process (22 s with the
 caches of an earlier call on the same machine), which cost two calls their modes on 2026-11-30. Every
@@ -132,7 +134,7 @@ def merge_lanes(main: Path, other: Path) -> None:
     main.write_text(json.dumps(a, indent=1) + "\n")
 
 
-def summary(out: Path) -> str:
+def summary(out: Path, log_dir: Path) -> str:
     from bench import step_times
     from bench.multi_gpu_scaling import table
 
@@ -150,6 +152,10 @@ def summary(out: Path) -> str:
         text.append(f"ratios {json.dumps(d['meta'].get('ratios', {}))}  prepare {d['meta'].get('prepare_s', 0):.0f} s  "
                     f"skipped {d['meta'].get('skipped', [])}  failed {d['meta'].get('failed', [])}")
         text.append("")
+    decode_log = log_dir / "decode.log"
+    if decode_log.is_file():
+        lines = [x for x in decode_log.read_text(errors="replace").splitlines() if "Warning" not in x and x.strip()]
+        text += ["# gpu_decode --attention sdpa,triton (attention.json; the log's last lines)", *lines[-45:], ""]
     mgs = out / "multi_gpu_scaling.json"
     if mgs.is_file():
         text += ["# multi_gpu_scaling", table(json.loads(mgs.read_text())["rows"])]
@@ -170,6 +176,9 @@ def main() -> int:
                    help="train_real_loop modes run on GPU 1 after the tests (taken out of --modes; merged).")
     p.add_argument("--parts", default="online1,disk,extract,train,capture,online",
                    help="multi_gpu_scaling parts (online1 runs in lane 1 after the tests, when time is left).")
+    p.add_argument("--decode", action="store_true",
+                   help="Lane 1 first runs bench/gpu_decode.py --attention sdpa,triton --skip-part2 (issue 27: "
+                        "the 8B decode step under both attention kernels) -> attention.json, decode.log.")
     p.add_argument("--compile-cache", type=Path, default=None,
                    help="A compile-cache.tar.gz from an earlier call's OUT: unpacked into the shared caches first.")
     p.add_argument("--smoke", action="store_true")
@@ -196,7 +205,13 @@ def main() -> int:
         return marker.is_file() and ("fixed" not in lane1_modes or json.loads(marker.read_text()).get("fixed"))
 
     def lane1() -> None:
-        """GPU 1: make test-gpu, then (time left, data ready) the 1-process --online baseline."""
+        """GPU 1: the decode bench, make test-gpu, lane 1's train_real_loop modes, then (time left,
+        data ready) the 1-process --online baseline."""
+        if a.decode:
+            smoke_env = {"TRITON_INTERPRET": "1"} if a.smoke else {}
+            run_logged("decode", [py, "-m", "bench.gpu_decode", "--attention", "sdpa,triton", "--skip-part2",
+                                  "--json", str(out / "attention.json"), *smoke],
+                       {**base, **gpu1, **smoke_env}, min(300.0, lane_end - time.time()), work / "logs" / "decode.log")
         if a.tests == "make":
             cmd = ["make", "test-gpu", f"PY={py}"] if shutil.which("make") else [
                 py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "--durations=0", "tests/test_gpu.py"]
@@ -241,7 +256,7 @@ def main() -> int:
                                          "--deadline", str(deadline - 40), *smoke],
                    base, deadline - 12 - time.time(), work / "logs" / "scaling.log")
     TIMES["total"] = round(time.time() - start, 1)
-    text = summary(out)
+    text = summary(out, work / "logs")
     (out / "summary.txt").write_text(text)
     print(text)
     with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
