@@ -176,6 +176,9 @@ def main() -> int:
                    help="train_real_loop modes run on GPU 1 after the tests (taken out of --modes; merged).")
     p.add_argument("--parts", default="online1,disk,extract,train,capture,online",
                    help="multi_gpu_scaling parts (online1 runs in lane 1 after the tests, when time is left).")
+    p.add_argument("--extract-samples", type=int, default=None,
+                   help="Phase B's disk and extraction parts on their own N rows (default: the training rows; "
+                        "1024 of them gave ranks' runs too short to overlap on 2026-12-01).")
     p.add_argument("--decode", action="store_true",
                    help="Lane 1 first runs bench/gpu_decode.py --attention sdpa,triton --skip-part2 (issue 27: "
                         "the 8B decode step under both attention kernels) -> attention.json, decode.log.")
@@ -250,7 +253,9 @@ def main() -> int:
     phase_b = [x for x in a.parts.split(",") if x and x != "online1"]
     if phase_b:
         run_logged("multi_gpu_scaling", [py, "-m", "bench.multi_gpu_scaling", "--workdir", str(work), "--out", str(out),
-                                         "--samples", str(samples), "--epochs", "3", "--extract-data", "v",
+                                         "--samples", str(samples), "--epochs", "3",
+                                         *(["--extract-data", "e", "--extract-samples", str(a.extract_samples)]
+                                           if a.extract_samples else ["--extract-data", "v"]),
                                          "--train-baseline", str(out / "train_real_loop.json"),
                                          "--parts", ",".join(phase_b),
                                          "--deadline", str(deadline - 40), *smoke],
