@@ -91,9 +91,23 @@ def save_compile_cache(where: Path, dest: Path, limit: int = CACHE_LIMIT) -> str
     size = part.stat().st_size
     if size > limit:
         part.unlink()
-        return f"compile cache: {size / 1e6:.1f} MB packed, over the {limit / 1e6:.0f} MB limit: not returned"
+        return (f"compile cache: {size / 1e6:.1f} MB packed, over the {limit / 1e6:.0f} MB limit: not returned; "
+                f"unpacked, by kind: {cache_breakdown(where)}")
     part.rename(dest)
     return f"compile cache: {dest} ({size / 1e6:.1f} MB); pass it as --compile-cache next call"
+
+
+def cache_breakdown(where: Path, top: int = 10) -> str:
+    """What fills a compile cache, largest first: MB by top-level folder and file suffix (e.g.
+    `triton .ptx`), to learn what could be left out of a returned cache."""
+    sizes: dict[str, int] = {}
+    for f in where.rglob("*"):
+        if f.is_file():
+            rel = f.relative_to(where)
+            key = f"{rel.parts[0] if len(rel.parts) > 1 else '.'} {f.suffix or '(none)'}"
+            sizes[key] = sizes.get(key, 0) + f.stat().st_size
+    ranked = sorted(sizes.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{k} {v / 1e6:.1f}" for k, v in ranked[:top]) or "(empty)"
 
 
 def machine(out: Path) -> None:

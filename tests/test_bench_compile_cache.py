@@ -27,3 +27,5 @@ def test_the_cache_round_trips_and_an_oversized_one_is_not_returned(tmp_path: Pa
     big = out / "big.tar.gz"
     said = save_compile_cache(cache, big, limit=100)
     assert "over the" in said and not big.exists() and not list(out.glob("*.part"))
+    # and it says what filled it, largest first (the next session learns what to leave out)
+    assert said.endswith("by kind: triton .cubin 0.0, inductor (none) 0.0")
