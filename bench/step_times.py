@@ -40,12 +40,11 @@ class Marks:
         import torch
 
         self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self._event = torch.cuda.Event
 
     def mark(self) -> Any:
-        import torch
-
         if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
+            ev = self._event(enable_timing=True)
             ev.record()
             return ev
         return time.perf_counter()
@@ -73,7 +72,8 @@ class StepTimes:
         import torch
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        plain_backward, plain_opt, times = train_mod.backward_step, train_mod.optimizer_step, self
+        plain_backward, plain_opt, plain_warm_up, times = (train_mod.backward_step, train_mod.optimizer_step,
+                                                           train_mod.warm_up, self)
 
         def backward_step(model: Any, batch: dict[str, Any], *a: Any, **k: Any) -> Any:
             times._bucket = None
@@ -81,6 +81,11 @@ class StepTimes:
             out = plain_backward(model, batch, *a, **k)
             grid = list(batch["doc_index"].shape[-2:]) if "doc_index" in batch else []
             times._bw.append((start, times._bucket, times._m(), grid))
+            return out
+
+        def warm_up(*a: Any, **k: Any) -> Any:
+            out = plain_warm_up(*a, **k)
+            times._bw = []  # its backward passes (no optimizer step follows them) are not step 1's
             return out
 
         def optimizer_step(*a: Any, **k: Any) -> Any:
@@ -102,7 +107,7 @@ class StepTimes:
                 super().__init__(*a, **k)
                 self.register_comm_hook(None, hook)
 
-        train_mod.backward_step, train_mod.optimizer_step = backward_step, optimizer_step
+        train_mod.backward_step, train_mod.optimizer_step, train_mod.warm_up = backward_step, optimizer_step, warm_up
         torch.nn.parallel.DistributedDataParallel = TimedDDP  # eagle.train imports it inside train()
 
     def rows(self) -> list[dict[str, Any]]:

@@ -88,3 +88,18 @@ def test_step_times_bench_keeps_ddp_math_and_times_every_step(ddp_run: tuple[Pat
     summary = step_times.summarise(ranks)
     assert summary["world"] == 2 and summary["slowest_compute_ms"] >= summary["per_rank"][0]["compute_ms"]
     assert "ranks' compute apart" in step_times.describe(summary)
+
+
+@pytest.mark.slow
+def test_step_times_leave_the_shape_warm_up_out_of_step_one(ddp_run: tuple[Path, list[str], dict]) -> None:
+    """The warm-up runs a backward per pack shape before step 1 and no optimizer step follows them:
+    their marks must not be counted as step 1's (its compute once held the warm-up's too)."""
+    from bench import step_times
+
+    tmp_path, args, _ = ddp_run
+    times = tmp_path / "warm-times"
+    cmd = [sys.executable, "-m", "bench.step_times", "--out", str(times), "--", *args, "--shape-buckets", "--warm-shapes"]
+    _train(cmd, tmp_path / "warm", tmp_path / "warm.json")
+    assert json.loads((tmp_path / "warm" / "train_log.json").read_text())["warmup"] is not None
+    (rows,) = step_times.read(times)
+    assert rows and all(s["batches"] == 1 for s in rows)
