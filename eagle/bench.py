@@ -37,7 +37,7 @@ class BenchReport(BaseModel):
     prompts: int
     device: str
     decoder: str = "fast"
-    attention: str = "sdpa"  # the fast decoder's attention kernel (--attention)
+    attention: str = "sdpa"  # the fast decoder's kernels that ran (--attention, auto resolved)
     plain_tokens: int
     spec_tokens: int
     plain_tok_s: float
@@ -63,7 +63,7 @@ class BenchReport(BaseModel):
 
 def run_bench(model_dir: Path, draft_dir: Path, prompts: list[list[int]], k: int, max_new_tokens: int,
               device, dtype, repeats: int = 1, decoder: str = "auto", trust_remote_code: bool = False,
-              attention: str = "sdpa") -> BenchReport:
+              attention: str = "auto") -> BenchReport:
     import torch
 
     from eagle.decode import load_decoder, required_len
@@ -107,7 +107,7 @@ def run_bench(model_dir: Path, draft_dir: Path, prompts: list[list[int]], k: int
     bound = leviathan_speedup(a, k, c)
     speedup = spec_tok_s / plain_tok_s
     return BenchReport(
-        k=k, prompts=len(prompts), device=str(dec.device), decoder=dec.path, attention=attention,
+        k=k, prompts=len(prompts), device=str(dec.device), decoder=dec.path, attention=dec.attention,
         plain_tokens=plain_tokens, spec_tokens=spec_tokens,
         plain_tok_s=plain_tok_s, spec_tok_s=spec_tok_s, speedup=speedup, accept_len=accept_len,
         per_token_accept=a, target_step_ms=1e3 * step, verify_ms=1e3 * stages["verify"],

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import torch
 from torch import nn
 
-from eagle.common import ATTENTION_KERNELS, EagleError
+from eagle.common import ATTENTION_CHOICES, ATTENTION_KERNELS, EagleError
 from eagle.llama_ops import (
     DecoderLayer,
     KVCache,
@@ -118,10 +118,10 @@ class TargetModel(nn.Module):
         aux = []
         for i, layer in enumerate(self.layers):
             if i in wanted:
-                aux.append(x.clone())  # layers update x in place
-            x = layer(x, cos, sin, positions, cache.k[i], cache.v[i], mask)
+                aux.append(x)  # the layer leaves its input as it was (keep_input)
+            x = layer(x, cos, sin, positions, cache.k[i], cache.v[i], mask, keep_input=i in wanted)
         rows = x[-1:] if last_only else x
-        logits = self.lm_head(self.norm(rows))
+        logits = self.lm_head(self.norm(rows, mask.fused))
         return logits, (torch.cat(aux, dim=-1) if aux else None), x
 
 
@@ -200,8 +200,10 @@ class Decoder:
         self.attention = attention  # how both caches' layers attend (llama_ops.ATTENTION_KERNELS)
         self.cache = target.new_cache(max_len, attention)
         self.dcache = proposer.new_cache(max_len, attention) if proposer is not None else None
-        self.seq = torch.zeros(max_len + 1, **long)
-        self.n = torch.zeros(1, **long)
+        # n (tokens in the target's cache) and seq (the tokens) in one tensor: the host's snapshot
+        # of both after a launch is one device-to-host copy
+        self.state = torch.zeros(max_len + 2, **long)
+        self.n, self.seq = self.state[:1], self.state[1:]
         self.counter = torch.zeros(1, **long)
         self.hist_m = torch.zeros(max_len, **long)
         self.hist_n = torch.zeros(max_len, **long)
@@ -246,6 +248,14 @@ class Decoder:
     def _spec_cycle(self, k: int) -> None:
         drafts = self._draft(k)
         greedy, aux, pos = self._verify(drafts)
+        if self.cache.attention == "triton":  # the bookkeeping below in one kernel (triton_ops.accept)
+            from eagle import triton_ops
+
+            proposer, dcache = self._drafting()
+            ids, feats = proposer.propose_rows(aux, greedy, pos, dcache)
+            triton_ops.accept(drafts, greedy, ids, feats, self.state, self.counter, self.hist_m, self.hist_n,
+                              self.d1, self.feat)
+            return
         m = torch.cumprod((drafts == greedy[:k]).long(), 0).sum().view(1)
         self.seq.index_copy_(0, pos + 1, greedy)
         proposer, dcache = self._drafting()
@@ -310,28 +320,26 @@ class Decoder:
             while len(pending) < self.sync_every and launched < max_launches:
                 launch()
                 slot = launched % len(ring)
-                n_buf, seq_buf, event = ring[slot]
-                n_buf.copy_(self.n, non_blocking=True)
-                seq_buf.copy_(self.seq, non_blocking=True)
+                state_buf, event = ring[slot]
+                state_buf.copy_(self.state, non_blocking=True)
                 if event is not None:
                     event.record()
                 pending.append(slot)
                 launched += 1
             if not pending:
                 break
-            n_buf, seq_buf, event = ring[pending.pop(0)]
+            state_buf, event = ring[pending.pop(0)]
             if event is not None:
                 event.synchronize()
-            done, new = self._finished(p, max_new, int(n_buf[0]), seq_buf)
+            done, new = self._finished(p, max_new, int(state_buf[0]), state_buf[1:])
         _sync(self.device)
         self.last_timing = {"prefill_s": t1 - self._t_start, "decode_s": time.perf_counter() - t1}
         return new
 
-    def _snapshot_ring(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.cuda.Event | None]]:
+    def _snapshot_ring(self) -> list[tuple[torch.Tensor, torch.cuda.Event | None]]:
         if not hasattr(self, "_ring"):
             cuda = self.device.type == "cuda"
-            self._ring = [(torch.empty(1, dtype=torch.long, pin_memory=cuda),
-                           torch.empty(self.seq.shape[0], dtype=torch.long, pin_memory=cuda),
+            self._ring = [(torch.empty(self.state.shape[0], dtype=torch.long, pin_memory=cuda),
                            torch.cuda.Event() if cuda else None) for _ in range(self.sync_every + 1)]
         return self._ring
 
@@ -402,7 +410,9 @@ class Decoder:
 
     @torch.inference_mode()
     def _timed_target_step(self) -> None:
-        self.target(self.seq.index_select(0, self.n), self.n, self.cache)
+        """What plain greedy does a token, less the commit of it: the forward and the argmax (the
+        verify step timed against it takes its argmax too)."""
+        self.target(self.seq.index_select(0, self.n), self.n, self.cache)[0].argmax(-1)
 
     @torch.inference_mode()
     def _timed_verify(self, k: int) -> None:
@@ -419,6 +429,15 @@ class Decoder:
         aux = self.feat.new_zeros(k + 1, self.target.config.hidden_size * len(self.layer_ids))
         proposer, dcache = self._drafting()
         proposer.propose_rows(aux, self.seq.index_select(0, pos), pos, dcache)
+
+
+def resolve_attention(device: str | torch.device, fast: bool = True) -> str:
+    """What `--attention auto` runs: "triton" for the fast decoder on a CUDA device where the Triton
+    kernels run, else "sdpa" (the CPU, where Triton only interprets; the generic decoder)."""
+    from eagle.triton_attention import unavailable_reason
+
+    dev = torch.device(device)
+    return "triton" if fast and dev.type == "cuda" and unavailable_reason(dev) is None else "sdpa"
 
 
 def required_len(prompt_len: int, max_new_tokens: int, k: int = 0, sync_every: int = 4) -> int:
@@ -454,14 +473,15 @@ def load_decoder(model_dir: str | Path, draft_dir: str | Path | None = None, *, 
                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  layer_ids: Sequence[int] | None = None, use_graphs: bool | None = None,
                  path: str = "auto", trust_remote_code: bool = False,
-                 attention: str = "sdpa") -> Decoder | GenericDecoder:
+                 attention: str = "auto") -> Decoder | GenericDecoder:
     """Target (+ drafter) from their directories, ready to decode.
 
     path: "fast" (this module: static cache, CUDA graphs; Llama and Qwen3 text models), "generic"
     (eagle/generic_decode.py: the target's own transformers forward with a KV cache; any
     architecture) or "auto" (fast when it implements the target, else generic). The decoder's
-    `path` attribute says which ran. attention: the fast decoder's attention kernel, "sdpa" or
-    "triton" (llama_ops.ATTENTION_KERNELS; the generic decoder takes only "sdpa")."""
+    `path` attribute says which ran. attention: the fast decoder's kernels, "sdpa" or "triton"
+    (llama_ops.ATTENTION_KERNELS; the generic decoder takes only "sdpa"), or "auto"
+    (`resolve_attention`); the decoder's `attention` attribute says which ran."""
     from eagle.draft_infer import load_drafter
     from eagle.generic_decode import GenericDecoder
     from eagle.target import open_target
@@ -473,8 +493,10 @@ def load_decoder(model_dir: str | Path, draft_dir: str | Path | None = None, *, 
         raise EagleError(f"--decoder fast: the fast decoder implements {', '.join(FAST_DECODER_TYPES)} text models; "
                          f"{model_dir} is {target.text_model_type!r} (use --decoder generic or auto)", code=2)
     fast = path == "fast" or (path == "auto" and target.fast_decoder)
-    if attention not in ATTENTION_KERNELS:
-        raise ValueError(f"--attention {attention!r}: use one of {', '.join(ATTENTION_KERNELS)}")
+    if attention not in ATTENTION_CHOICES:
+        raise ValueError(f"--attention {attention!r}: use one of {', '.join(ATTENTION_CHOICES)}")
+    if attention == "auto":
+        attention = resolve_attention(device, fast)
     if attention != "sdpa" and not fast:
         raise EagleError(f"--attention {attention}: only the fast decoder has a choice of attention kernel; "
                          f"{model_dir} decodes with the generic one (use --attention sdpa, or --decoder fast "

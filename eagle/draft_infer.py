@@ -138,11 +138,12 @@ class _FirstLayer(nn.Module):
         self.mlp = MLP(h, config.intermediate_size, False, device, dtype)
 
     def forward(self, embeds, hidden, cos, sin, slots, k_cache, v_cache, mask):
-        normed = self.hidden_norm(hidden)
+        f = mask.fused
+        normed = self.hidden_norm(hidden, f)
         residual = normed if self.norm_before_residual else hidden
-        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
+        x = torch.cat([self.input_layernorm(embeds, f), normed], dim=-1)
         h = residual + self.self_attn(x, cos, sin, slots, k_cache, v_cache, mask)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return h + self.mlp(self.post_attention_layernorm(h, f), fused=f)
 
 
 class Drafter(nn.Module):
@@ -198,7 +199,7 @@ class Drafter(nn.Module):
         x = self.layers[0](self.embed_tokens(tokens), hidden, cos, sin, slots, cache.k[0], cache.v[0], mask)
         for i in range(1, len(self.layers)):
             x = self.layers[i](x, cos, sin, slots, cache.k[i], cache.v[i], mask)
-        normed = self.norm(x)
+        normed = self.norm(x, mask.fused)
         return self.lm_head(normed), (normed if self.spec.norm_output else x)
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -55,7 +55,7 @@ class EvalReport(BaseModel):
     k: int
     prompts: int
     decoder: str = "fast"  # which path decoded: fast (eagle/decode.py) or generic (transformers forward)
-    attention: str = "sdpa"  # the fast decoder's attention kernel (--attention)
+    attention: str = "sdpa"  # the fast decoder's kernels that ran (--attention, auto resolved)
     dtype: str = "float32"
     accept_len: float
     accept_rates: list[float]
@@ -120,7 +120,7 @@ def reference_greedy(model_dir: str | Path, prompts: list[list[int]], max_new_to
 
 def run_evaluate(model_dir: str | Path, draft_dir: str | Path, prompts: list[list[int]], k: int,
                  max_new_tokens: int, device: Any, dtype: Any, check: bool | None = True, decoder: str = "auto",
-                 trust_remote_code: bool = False, attention: str = "sdpa") -> EvalReport:
+                 trust_remote_code: bool = False, attention: str = "auto") -> EvalReport:
     """check: compare with transformers' generate (True), skip it (False), or do it in float32 only (None)."""
     import torch
 
@@ -140,7 +140,7 @@ def run_evaluate(model_dir: str | Path, draft_dir: str | Path, prompts: list[lis
         per_prompt.append(PromptResult(prompt_tokens=len(ids), new_tokens=len(res.tokens),
                                        verify_steps=len(res.accepted), accepted=sum(res.accepted),
                                        matches_greedy=miss is None, first_greedy_mismatch=miss))
-    path = dec.path
+    path, attention = dec.path, dec.attention
     del dec
     generate_match = None
     if check is None:
@@ -159,7 +159,7 @@ def run_evaluate(model_dir: str | Path, draft_dir: str | Path, prompts: list[lis
 
 
 def load_inputs(model: Path, prompts_file: Path, limit: int | None, draft: Path | None, trust_remote_code: bool,
-                device: str, dtype: str, attention: str = "sdpa") -> tuple[list[list[int]], torch.device, torch.dtype]:
+                device: str, dtype: str, attention: str = "auto") -> tuple[list[list[int]], torch.device, torch.dtype]:
     """The shared inputs of evaluate / bench / probe: the prompts' token ids, the device and the dtype,
     after checking the attention kernel can run on the device (first: it needs no file), the target
     and the drafter; raises EagleError with a fix."""

@@ -37,6 +37,7 @@ class GenericDecoder:
     """Greedy and speculative decoding with a transformers model (`model(input_ids, past_key_values)`)."""
 
     path = "generic"
+    attention = "sdpa"  # (the fast decoder's choice of kernels; this decoder has one)
 
     def __init__(self, model: Any, proposer: Proposer | None = None, *, max_len: int,
                  layer_ids: Sequence[int] | None = None, eos_ids: Sequence[int] = ()) -> None:

@@ -26,15 +26,22 @@ SDPA_BACKENDS: list[SDPBackend] | None = [SDPBackend.EFFICIENT_ATTENTION, SDPBac
 
 # How a cache's layers attend (common.ATTENTION_KERNELS; the decoder picks one per cache,
 # `KVCache(attention=...)`): "sdpa": torch's SDPA (SDPA_BACKENDS) over all S slots under the
-# additive mask; "triton": eagle/triton_attention.py's split-KV kernels, reading only the slots up
-# to the last row's, for steps of at most triton_attention.MAX_ROWS query rows per kv head
-# (decode, verify, draft steps), SDPA for longer ones (prefill).
+# additive mask, rope and norms in torch; "triton": eagle/triton_attention.py's split-KV kernels,
+# reading only the slots up to the last row's, for steps of at most triton_attention.MAX_ROWS query
+# rows per kv head (decode, verify, draft steps; SDPA for longer ones: prefill), with rope + cache
+# write in one kernel before them, and eagle/triton_ops.py's RMSNorm and SwiGLU kernels in every
+# step of the layers.
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm. On CUDA torch's fused kernel (one launch instead of eight; it
-    applies the weight before the cast back, one rounding fewer, so bf16 results may differ from
-    transformers in the last bit); elsewhere transformers' exact formula."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool = False) -> torch.Tensor:
+    """transformers' LlamaRMSNorm. With `fused` (a "triton" cache's layers) triton_ops' kernel; on
+    CUDA torch's fused kernel (one launch instead of eight; both apply the weight before the cast
+    back, one rounding fewer, so bf16 results may differ from transformers in the last bit);
+    elsewhere transformers' exact formula."""
+    if fused and x.dim() == 2:
+        from eagle import triton_ops
+
+        return triton_ops.rms_norm(x, weight, eps)
     if x.is_cuda:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     dtype = x.dtype
@@ -49,8 +56,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps, fused)
 
 
 def rope_inv_freq(config) -> tuple[torch.Tensor, float]:
@@ -94,11 +101,13 @@ class AttnMask:
     `additive` is that as an additive mask [T, S] (0 allowed, -inf not) in the activation dtype,
     built on first use and shared by every layer; `grouped(g)` is the same for g query heads
     stacked per kv head (rows g*T + t). The Triton kernel reads `slots` itself and never builds
-    the mask. `kernel` is the cache's attention (one of ATTENTION_KERNELS)."""
+    the mask. `kernel` is the cache's attention (one of ATTENTION_KERNELS); `fused` says whether the
+    layers use triton_ops' kernels (a "triton" cache)."""
 
     def __init__(self, slot_ids: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype,
                  kernel: str = "sdpa") -> None:
         self.slot_ids, self.slots, self.dtype, self.kernel = slot_ids, slots, dtype, kernel
+        self.fused = kernel == "triton"
         self._additive: torch.Tensor | None = None
         self._grouped: dict[int, torch.Tensor] = {}
 
@@ -201,25 +210,40 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, mask: AttnMask,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
+                residual: torch.Tensor | None = None, keep_residual: bool = False) -> torch.Tensor:
         """The attention output [T, hidden]; with `residual`, residual + output, written into
-        `residual` in place."""
+        `residual` in place (into a new tensor with `keep_residual`)."""
         t, hq, hkv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = self._qkv(x).view(t, hq + 2 * hkv, d)
         qk = qkv[:, : hq + hkv]
         if self.q_norm is not None and self.k_norm is not None:  # both or neither
             qk = torch.cat([self.q_norm(qk[:, :hq]), self.k_norm(qk[:, hq:])], dim=1)
+        g = hq // hkv
+        if mask.fused:
+            from eagle import triton_attention, triton_ops
+
+            if triton_attention.supports(g * t, d):  # rope + cache write, then split-KV attention
+                q = triton_ops.rope_write(qk, qkv[:, hq + hkv:], cos, sin, slots, k_cache, v_cache)
+                out = triton_attention.decode_attention(q.view(hkv, g * t, d), k_cache, v_cache, slots, g,
+                                                        token_major=True)
+                return self._out(out, residual, keep_residual)
         qk = apply_rope(qk, cos, sin)
         k_cache.index_copy_(1, slots, qk[:, hq:].transpose(0, 1))
         v_cache.index_copy_(1, slots, qkv[:, hq + hkv:].transpose(0, 1))
         # GQA without repeating the cache: the g = hq / hkv query heads of each kv head become
         # g*t query rows of that head (a view when t == 1), under a mask repeated g times.
-        g = hq // hkv
         q = qk[:, :hq].transpose(0, 1).reshape(hkv, g * t, d)
         out = attend(q, k_cache, v_cache, mask, g)
-        out = out.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq * d)
+        return self._out(out.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq * d), residual, keep_residual)
+
+    def _out(self, out: torch.Tensor, residual: torch.Tensor | None, keep_residual: bool) -> torch.Tensor:
+        """o_proj of the heads' outputs [T, hq*d] (+ residual: in place, or into a new tensor
+        with `keep_residual`)."""
         if residual is None:
             return self.o_proj(out)
+        if keep_residual:
+            return torch.addmm(residual, out, self.o_proj.weight.t()) if self.o_proj.bias is None else (
+                residual + self.o_proj(out))
         return linear_add_(residual, out, self.o_proj.weight, self.o_proj.bias)
 
 
@@ -240,13 +264,20 @@ class MLP(nn.Module):
             self.gate_up_weight, self.gate_up_bias = _cat_params([self.gate_proj, self.up_proj])
             del self.gate_proj, self.up_proj
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """The MLP output; with `residual`, residual + output, written into `residual` in place."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, fused: bool = False) -> torch.Tensor:
+        """The MLP output; with `residual`, residual + output, written into `residual` in place.
+        `fused`: silu(gate) * up in triton_ops' one kernel (needs the fused [gate; up] weight)."""
         if self.gate_up_weight is not None:
-            gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+            gate_up = F.linear(x, self.gate_up_weight, self.gate_up_bias)
+            if fused and gate_up.dim() == 2:
+                from eagle import triton_ops
+
+                h = triton_ops.silu_mul(gate_up)
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                h = F.silu(gate) * up
         else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        h = F.silu(gate) * up
+            h = F.silu(self.gate_proj(x)) * self.up_proj(x)
         if residual is None:
             return self.down_proj(h)
         return linear_add_(residual, h, self.down_proj.weight, self.down_proj.bias)
@@ -289,8 +320,9 @@ class DecoderLayer(nn.Module):
     """A standard Llama decoder layer (pre-norm attention + SwiGLU MLP, residuals); Qwen3's when
     the config says so (the same plus q/k norms).
 
-    The forward updates its input `x` in place (the residual stream) and returns it: callers that
-    keep a layer's input (the target's aux hidden states) must clone it first."""
+    The forward updates its input `x` in place (the residual stream) and returns it, unless
+    `keep_input`: then x is left as it was (the target's aux hidden states) and the stream goes on in
+    a new tensor, at no extra kernel (the attention's residual add writes out of place)."""
 
     def __init__(self, config, device=None, dtype=None) -> None:
         super().__init__()
@@ -304,9 +336,11 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(h, config.intermediate_size, False, device, dtype)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, mask: AttnMask) -> torch.Tensor:
-        x = self.self_attn(self.input_layernorm(x), cos, sin, slots, k_cache, v_cache, mask, residual=x)
-        return self.mlp(self.post_attention_layernorm(x), residual=x)
+                k_cache: torch.Tensor, v_cache: torch.Tensor, mask: AttnMask, keep_input: bool = False) -> torch.Tensor:
+        f = mask.fused
+        x = self.self_attn(self.input_layernorm(x, f), cos, sin, slots, k_cache, v_cache, mask, residual=x,
+                           keep_residual=keep_input)
+        return self.mlp(self.post_attention_layernorm(x, f), residual=x, fused=f)
 
 
 def load_safetensors_dir(path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:

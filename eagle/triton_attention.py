@@ -141,7 +141,7 @@ def _kernels(interpret: bool) -> tuple[Any, Any]:
 
     @triton.jit
     def decode_attention_combine(m_ptr, l_ptr, acc_ptr, slots_ptr, o_ptr,
-                                 T, ROWS, D, SPLITS, SPLIT, so_h, so_r,
+                                 T, ROWS, D, SPLITS, SPLIT, so_h, so_j, so_i,
                                  ROWS_P: tl.constexpr, D_P: tl.constexpr, GROUP: tl.constexpr):
         head = tl.program_id(0)
         row = tl.program_id(1)
@@ -164,15 +164,18 @@ def _kernels(interpret: bool) -> tuple[Any, Any]:
             acc = acc * old + tl.sum(w[:, None] * a_s, axis=0)
             m_run = m_new
         out = acc / l_run
-        tl.store(o_ptr + head * so_h + row * so_r + dims, out.to(o_ptr.dtype.element_ty), mask=dims < D)
+        at_out = o_ptr + head * so_h + (row // T) * so_j + (row % T) * so_i  # row = j*T + i
+        tl.store(at_out + dims, out.to(o_ptr.dtype.element_ty), mask=dims < D)
 
     return decode_attention_partial, decode_attention_combine
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                     groups: int, split: int | None = None) -> torch.Tensor:
+                     groups: int, split: int | None = None, token_major: bool = False) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + mask) v for q [hkv, g*t, d] over caches [hkv, S, d], where row
-    r = j*t + i sees the slots <= slots[i] (slots [t], int, on q's device); -> [hkv, g*t, d].
+    r = j*t + i sees the slots <= slots[i] (slots [t], int, on q's device); -> [hkv, g*t, d], or
+    with `token_major` [t, hkv*g*d] (row i holds query heads 0..hq-1 of step row i: what o_proj
+    reads, written so by the combine kernel instead of a transpose copy).
 
     `split` (a multiple of BLOCK_N) overrides the chunk size; rows must satisfy `supports`."""
     hkv, rows, d = q.shape
@@ -200,7 +203,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     m = torch.empty(hkv * splits * rows_p, device=dev, dtype=torch.float32)
     lse = torch.empty_like(m)
     acc = torch.empty(hkv * splits * rows_p, d_p, device=dev, dtype=torch.float32)
-    out = torch.empty(hkv, rows, d, device=dev, dtype=q.dtype)
+    if token_major:  # out[i, (head*g + j)*d + x]
+        out = torch.empty(t, hkv * rows * d // t, device=dev, dtype=q.dtype)
+        so = (groups * d, d, hkv * groups * d)
+    else:  # out[head, j*t + i, x]
+        out = torch.empty(hkv, rows, d, device=dev, dtype=q.dtype)
+        so = (rows * d, t * d, d)
     log2e = 1.4426950408889634
     # fp32 inputs: exact fp32 products (not tf32). Triton's interpreter cannot compute on bf16
     # (it multiplies the bit patterns; triton-lang/triton#11584), so there bf16 operands are
@@ -214,6 +222,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         ROWS_P=rows_p, D_P=d_p, T_P=_pow2(t, 2), BLOCK=BLOCK_N,
         F32_DOT=f32_dot, ROUND_P=q.dtype != torch.float32)
     combine_kernel[(hkv, rows)](
-        m, lse, acc, slots, out, t, rows, d, splits, split, out.stride(0), out.stride(1),
+        m, lse, acc, slots, out, t, rows, d, splits, split, *so,
         ROWS_P=rows_p, D_P=d_p, GROUP=COMBINE_GROUP)
     return out

@@ -3,7 +3,7 @@
 Triton decides interpreted vs compiled when it is first imported (its own `tl.max`, `tl.sum`
 are jitted then), so TRITON_INTERPRET=1 must be set before anything in the process imports
 triton; a pytest worker may have imported it already. The test starts
-`python tests/_triton_cases.py kernels` (or `compile`, or `decoder TARGET DRAFT PROMPTS NEW_TOKENS K`) with the variable set and reads
+`python tests/_triton_cases.py kernels` (or `ops`, `compile`, or `decoder TARGET DRAFT PROMPTS NEW_TOKENS K`) with the variable set and reads
 one JSON object from stdout: for each case the largest |triton - reference| (or the tokens).
 """
 
@@ -121,6 +121,85 @@ def kernel_cases() -> dict[str, object]:
     return out
 
 
+def ops_cases() -> dict[str, object]:
+    """eagle/triton_ops.py's kernels against the torch ops they replace, per dtype: the largest
+    |difference| and how many elements differ. (The interpreter rounds float32 -> bf16 toward zero,
+    where a GPU rounds to nearest even, so bf16 agrees here only to a bf16 step; tests/test_gpu.py
+    checks the compiled kernels' bits.)"""
+    import torch.nn.functional as F
+
+    from eagle import llama_ops, triton_ops
+    from eagle.triton_attention import decode_attention
+
+    gen = torch.Generator().manual_seed(3)
+    out: dict[str, object] = {}
+    for dname, dtype in DTYPES.items():
+        x = torch.randn(3, 1000, generator=gen).to(dtype)  # not a power of two: a masked tail
+        w = torch.randn(1000, generator=gen).to(dtype)
+        norm = triton_ops.rms_norm(x, w, 1e-5)
+        out[f"rms_norm-{dname}"] = _err(norm, F.rms_norm(x.float(), (1000,), w.float(), 1e-5).to(dtype))
+        out[f"rms_norm_shape-{dname}"] = [list(norm.shape), str(norm.dtype)]
+        gate_up = torch.randn(2, 2 * 1500, generator=gen).to(dtype)  # two programs a row, the second masked
+        gate, up = gate_up.chunk(2, dim=-1)
+        out[f"silu_mul-{dname}"] = _err(triton_ops.silu_mul(gate_up), F.silu(gate) * up)
+        for d in (16, 96):  # head_dim 96: half 48 padded to 64 inside the kernel
+            t, hq, hkv = 3, 4, 2
+            qkv = torch.randn(t, hq + 2 * hkv, d, generator=gen).to(dtype)
+            rope = llama_ops.Rope(1.0 / (10000 ** (torch.arange(0, d, 2).float() / d)))
+            slots = torch.tensor([9, 2, 40])  # any order, as a verify step's rows might be
+            cos, sin = rope(slots, dtype)
+            caches = [torch.full((hkv, 64, d), 7.0, dtype=dtype) for _ in range(4)]
+            q = triton_ops.rope_write(qkv[:, : hq + hkv], qkv[:, hq + hkv:], cos, sin, slots, caches[0], caches[1])
+            qk = llama_ops.apply_rope(qkv[:, : hq + hkv], cos, sin)
+            caches[2].index_copy_(1, slots, qk[:, hq:].transpose(0, 1))
+            caches[3].index_copy_(1, slots, qkv[:, hq + hkv:].transpose(0, 1))
+            out[f"rope_write-d{d}-{dname}"] = {
+                "q": _err(q, qk[:, :hq].transpose(0, 1)), "k": _err(caches[0], caches[2]),
+                "v_equal": bool(torch.equal(caches[1], caches[3])),
+                "untouched_equal": bool((caches[0][:, [0, 1, 63]] == 7).all() and (caches[1][:, [0, 1, 63]] == 7).all())}
+    # the accept stage against decode.Decoder's torch ops, for every number of accepted drafts
+    out["accept"] = [_accept_case(k, m) for k in (1, 3, 4) for m in range(k + 1)]
+    # the attention kernel's token-major output is its head-major output transposed, bit for bit
+    q, k, v = _inputs(3, 4, torch.float32, seed=9)
+    slots = _slots(3, 100)
+    heads = decode_attention(q, k, v, slots, 4)
+    tokens = decode_attention(q, k, v, slots, 4, token_major=True)
+    out["token_major_equal"] = bool(torch.equal(tokens, heads.view(KV_HEADS, 4, 3, HEAD_DIM).permute(2, 0, 1, 3)
+                                                .reshape(3, -1)))
+    return out
+
+
+def _accept_case(k: int, m: int) -> bool:
+    """triton_ops.accept == the torch ops of Decoder._spec_cycle, when the first m drafts match."""
+    from eagle import triton_ops
+
+    gen = torch.Generator().manual_seed(k * 10 + m)
+    greedy = torch.randint(0, 50, (k + 1,), generator=gen)
+    drafts = greedy[:k].clone()
+    if m < k:
+        drafts[m] += 1  # the first mismatch; later drafts may match again, and must not count
+    ids = torch.randint(0, 50, (k + 1,), generator=gen)
+    feats = torch.randn(k + 1, 40, generator=gen)
+    n0, c0 = 7, 2
+    mine = {"state": torch.arange(30) * 3, "counter": torch.tensor([c0]), "hist_m": torch.zeros(8, dtype=torch.long),
+            "hist_n": torch.zeros(8, dtype=torch.long), "d1": torch.zeros(1, dtype=torch.long),
+            "feat": torch.zeros(1, 40)}
+    mine["state"][0] = n0
+    ref = {name: t.clone() for name, t in mine.items()}
+    triton_ops.accept(drafts, greedy, ids, feats, mine["state"], mine["counter"], mine["hist_m"], mine["hist_n"],
+                      mine["d1"], mine["feat"])
+    n, seq = ref["state"][:1], ref["state"][1:]
+    mm = torch.cumprod((drafts == greedy[:k]).long(), 0).sum().view(1)
+    seq.index_copy_(0, n + torch.arange(k + 1) + 1, greedy)
+    ref["d1"].copy_(ids.index_select(0, mm))
+    ref["feat"].copy_(feats.index_select(0, mm))
+    ref["hist_m"].index_copy_(0, ref["counter"], mm)
+    ref["hist_n"].index_copy_(0, ref["counter"], n)
+    ref["counter"].add_(1)
+    n.add_(mm + 1)
+    return int(mm) == m and all(torch.equal(mine[name], ref[name]) for name in mine)
+
+
 def decoder_outputs(target: str, draft: str, prompts: str, new_tokens: int, k: int) -> dict[str, object]:
     """Greedy and speculative tokens of the fast decoder with each attention kernel (float32)."""
     from eagle import triton_attention
@@ -173,11 +252,40 @@ def compile_for_sm90() -> dict[str, object]:
             kernel = compile(ASTSource(partial, {**sig, **dict.fromkeys(const, "constexpr")}, const), target=target)
             shared = max(shared, kernel.metadata.shared)
         csig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "slots_ptr": "*i64", "o_ptr": f"*{dt}",
-                **dict.fromkeys(ints, "i32"), "so_h": "i32", "so_r": "i32"}
+                **dict.fromkeys(ints, "i32"), "so_h": "i32", "so_j": "i32", "so_i": "i32"}
         cconst = {"ROWS_P": 16, "D_P": MAX_HEAD_DIM, "GROUP": COMBINE_GROUP}
         compile(ASTSource(combine, {**csig, **dict.fromkeys(cconst, "constexpr")}, cconst), target=target)
         out[dt] = {"shared": shared, "cubin_bytes": len(kernel.asm["cubin"])}
+    out["ops"] = _compile_ops(target)
     return out
+
+
+def _compile_ops(target: object) -> dict[str, int]:
+    """eagle/triton_ops.py's kernels compiled for sm_90 in bf16: cubin bytes by kernel."""
+    from triton.compiler import ASTSource, compile
+
+    from eagle.triton_ops import SILU_BLOCK, _kernels
+
+    rms, silu, rope, accept = _kernels(False)
+    sizes = {}
+    kernel = compile(ASTSource(rms, {"x_ptr": "*bf16", "w_ptr": "*bf16", "o_ptr": "*bf16", "N": "i32", "sx": "i32",
+                                     "so": "i32", "eps": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 8192}), target=target)
+    sizes["rms_norm"] = len(kernel.asm["cubin"])
+    kernel = compile(ASTSource(silu, {"gu_ptr": "*bf16", "o_ptr": "*bf16", "N": "i32", "sg": "i32", "so": "i32",
+                                      "BLOCK": "constexpr"}, {"BLOCK": SILU_BLOCK}), target=target)
+    sizes["silu_mul"] = len(kernel.asm["cubin"])
+    ints = ("T", "HQ", "HKV", "HALF", "s_qk_t", "s_qk_h", "s_v_t", "s_v_h", "s_cs", "s_kc_h", "s_kc_s", "s_vc_h",
+            "s_vc_s")
+    sig = {**{p: "*bf16" for p in ("qk_ptr", "v_ptr", "cos_ptr", "sin_ptr")}, "slots_ptr": "*i64",
+           **{p: "*bf16" for p in ("q_ptr", "kc_ptr", "vc_ptr")}, **dict.fromkeys(ints, "i32"), "HALF_P": "constexpr"}
+    kernel = compile(ASTSource(rope, sig, {"HALF_P": 64}), target=target)
+    sizes["rope_write"] = len(kernel.asm["cubin"])
+    sig = {**{p: "*i64" for p in ("drafts_ptr", "greedy_ptr", "ids_ptr")}, "feats_ptr": "*bf16",
+           **{p: "*i64" for p in ("state_ptr", "counter_ptr", "hist_m_ptr", "hist_n_ptr", "d1_ptr")},
+           "feat_ptr": "*bf16", "K": "i32", "H": "i32", "s_feats": "i32", "K_P": "constexpr", "BLOCK_H": "constexpr"}
+    kernel = compile(ASTSource(accept, sig, {"K_P": 8, "BLOCK_H": 1024}), target=target)
+    sizes["accept"] = len(kernel.asm["cubin"])
+    return sizes
 
 
 if __name__ == "__main__":
@@ -186,6 +294,8 @@ if __name__ == "__main__":
         result = kernel_cases()
     elif what == "compile":
         result = compile_for_sm90()
+    elif what == "ops":
+        result = ops_cases()
     else:
         target, draft, prompts, new_tokens, k = sys.argv[2:7]
         result = decoder_outputs(target, draft, prompts, int(new_tokens), int(k))

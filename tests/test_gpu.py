@@ -3,7 +3,8 @@
 One call on the lent GPU machine runs all of it: the capture engine with and without a device
 index, extraction files against the CPU's (bf16 tolerance), `eagle train` offline and --online with
 shape buckets and no recompiles after warm-up, evaluate and bench on the fast decoder (CUDA graphs),
-the Triton decode attention (in a CUDA graph, and the fast decoder with --attention triton), and DDP across 2 processes (one per GPU, or sharing one GPU over gloo)."""
+the Triton decode attention and fused rope/norm/SwiGLU kernels (in CUDA graphs, and the fast
+decoder with --attention triton), and DDP across 2 processes (one per GPU, or sharing one GPU over gloo)."""
 
 from __future__ import annotations
 
@@ -185,6 +186,53 @@ def test_triton_attention_kernel_in_a_cuda_graph() -> None:
                 graph.replay()
                 err = (out.double() - reference(q, k, v, slots, g)).abs().max().item()
                 assert err <= tol, (dtype, t, last, err)
+
+
+def test_fused_triton_ops_in_a_cuda_graph() -> None:
+    """eagle/triton_ops.py compiled for the GPU, in bf16 on the 8B shape's rows, captured in one CUDA
+    graph and replayed at other slots: rope + cache write equal to apply_rope + index_copy_ bit for bit
+    (queries, keys and values), SwiGLU and RMSNorm within one bf16 rounding of torch's ops."""
+    import torch
+    import torch.nn.functional as F
+
+    from eagle import llama_ops, triton_ops
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    bf16, t, hq, hkv, d, hidden, inter = torch.bfloat16, 4, 32, 8, 128, 4096, 14336
+    rope = llama_ops.Rope(1.0 / (500000 ** (torch.arange(0, d, 2, device="cuda").float() / d)))
+    qkv = torch.randn(t, hq + 2 * hkv, d, device="cuda", generator=gen).to(bf16)
+    x = torch.randn(t, hidden, device="cuda", generator=gen).to(bf16)
+    w = torch.rand(hidden, device="cuda", generator=gen).to(bf16)
+    gate_up = (4 * torch.randn(t, 2 * inter, device="cuda", generator=gen)).to(bf16)
+    slots = torch.arange(t, device="cuda")
+    k_cache, v_cache = (torch.zeros(hkv, 1024, d, device="cuda", dtype=bf16) for _ in range(2))
+
+    def run():
+        cos, sin = rope(slots, bf16)
+        q = triton_ops.rope_write(qkv[:, : hq + hkv], qkv[:, hq + hkv:], cos, sin, slots, k_cache, v_cache)
+        return q, triton_ops.rms_norm(x, w, 1e-5), triton_ops.silu_mul(gate_up)
+
+    for _ in range(2):
+        run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q, norm, swiglu = run()
+    ulp = 2.0 ** -7  # one bf16 step, relative
+    for first in (0, 517, 1020):
+        slots.copy_(torch.arange(first, first + t))
+        graph.replay()
+        cos, sin = rope(slots, bf16)
+        qk = llama_ops.apply_rope(qkv[:, : hq + hkv], cos, sin)
+        assert torch.equal(q, qk[:, :hq].transpose(0, 1))
+        assert torch.equal(k_cache[:, slots], qk[:, hq:].transpose(0, 1))
+        assert torch.equal(v_cache[:, slots], qkv[:, hq + hkv:].transpose(0, 1))
+    ref = F.rms_norm(x.float(), (hidden,), w.float(), 1e-5)
+    assert ((norm.float() - ref).abs() <= ulp * ref.abs() + 1e-6).all()
+    gate, up = gate_up.chunk(2, dim=-1)
+    ref = F.silu(gate.float()) * up.float()
+    assert ((swiglu.float() - ref).abs() <= 2 * ulp * ref.abs() + 1e-6).all()
+    same = (swiglu == F.silu(gate) * up).float().mean().item()
+    print(f"SwiGLU bits equal to F.silu(gate) * up on {same:.4%} of elements")
 
 
 def test_fast_decoder_with_triton_attention_equals_sdpa(toy_target: Path, gpu_draft: Path, tmp_path: Path) -> None:

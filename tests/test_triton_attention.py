@@ -1,4 +1,5 @@
-"""eagle/triton_attention.py: the split-KV decode attention, in Triton's interpreter on the CPU.
+"""eagle/triton_attention.py: the split-KV decode attention, and eagle/triton_ops.py: the fused
+rope + cache write, RMSNorm and SwiGLU kernels, in Triton's interpreter on the CPU.
 
 The kernel cases run in a child process started with TRITON_INTERPRET=1 (tests/_triton_cases.py
 says why), against a float64 softmax and against the layers' SDPA path over the same cache. The
@@ -76,11 +77,50 @@ def test_a_layer_over_a_triton_cache_equals_sdpa(kernels: dict) -> None:
     assert step <= TOL["fp32"]
 
 
+@pytest.fixture(scope="module")
+def ops() -> dict:
+    return _child("ops")
+
+
+# triton_ops against torch: fp32 by summation order and FMA only; bf16 within one bf16 step of
+# the largest values here (|x| < 16), as the interpreter rounds to bf16 toward zero.
+OPS_TOL = {"fp32": 2e-6, "bf16": 0.07}
+
+
+@pytest.mark.parametrize("dtype", list(cases.DTYPES))
+def test_fused_norm_and_swiglu_equal_torch(ops: dict, dtype: str) -> None:
+    """RMSNorm over 1000 features (a masked tail) and silu(gate) * up over 1500 (two programs a row)."""
+    assert ops[f"rms_norm_shape-{dtype}"] == [[3, 1000], f"torch.{'float32' if dtype == 'fp32' else 'bfloat16'}"]
+    assert ops[f"rms_norm-{dtype}"] <= OPS_TOL[dtype]
+    assert ops[f"silu_mul-{dtype}"] <= OPS_TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", list(cases.DTYPES))
+@pytest.mark.parametrize("head_dim", [16, 96])
+def test_rope_write_equals_rope_then_cache_writes(ops: dict, head_dim: int, dtype: str) -> None:
+    """Queries and cached keys as apply_rope + index_copy_ give them, values copied exactly, at
+    slots in any order, and no other cache slot touched."""
+    case = ops[f"rope_write-d{head_dim}-{dtype}"]
+    assert case["q"] <= OPS_TOL[dtype] and case["k"] <= OPS_TOL[dtype]
+    assert case["v_equal"] is True and case["untouched_equal"] is True
+
+
+def test_accept_kernel_equals_the_torch_bookkeeping(ops: dict) -> None:
+    """k = 1, 3, 4 drafts with every number m = 0..k of them accepted (a later draft matching again
+    after the first miss must not count): n, seq, d1, feat, the history and the counter all equal."""
+    assert ops["accept"] == [True] * (2 + 4 + 5)
+
+
+def test_token_major_attention_output_is_the_transpose(ops: dict) -> None:
+    assert ops["token_major_equal"] is True
+
+
 def test_kernels_compile_for_the_h200() -> None:
     """Compiled (not run) for sm_90 by triton's own ptxas, no GPU needed: what the interpreter
     would forgive (dot shapes and dtypes, loop-carried types) fails here; shared memory fits the
     H200's 227 KiB per block."""
     out = _child("compile", interpret=False)
+    assert set(out["ops"]) == {"rms_norm", "silu_mul", "rope_write", "accept"} and min(out["ops"].values()) > 0
     for dtype in ("bf16", "fp16", "fp32"):
         assert out[dtype]["cubin_bytes"] > 0
         assert out[dtype]["shared"] <= 227 * 1024, out
@@ -151,3 +191,30 @@ def test_the_generic_decoder_refuses_triton(toy_target: Path) -> None:
     with pytest.raises(EagleError, match="--attention triton: only the fast decoder.*use --attention sdpa") as exc:
         load_decoder(toy_target, max_len=64, path="generic", attention="triton")
     assert exc.value.code == 2
+
+
+def test_auto_runs_triton_only_where_it_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--attention auto` (the default): triton for the fast decoder on CUDA with triton installed;
+    sdpa on the CPU (even under the interpreter: too slow to be a default), for the generic decoder,
+    and where triton is missing."""
+    from eagle.decode import resolve_attention
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert resolve_attention("cpu") == "sdpa"
+    assert resolve_attention("cuda") == "triton" and resolve_attention("cuda:1") == "triton"
+    assert resolve_attention("cuda", fast=False) == "sdpa"
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    assert resolve_attention("cuda") == "sdpa"
+
+
+@pytest.mark.slow  # toy_target
+def test_bench_reports_the_kernels_auto_ran(toy_target: Path, tmp_path: Path) -> None:
+    """On the CPU the default --attention auto runs sdpa, and the JSON report says so."""
+    prompts = helpers.write_prompts(tmp_path / "p.jsonl", 1)
+    draft = helpers.make_random_drafter(toy_target, tmp_path / "draft")
+    res = subprocess.run([sys.executable, "-m", "eagle.cli", "bench", "--model", str(toy_target), "--draft", str(draft),
+                          "--prompts", str(prompts), "--limit", "1", "--max-new-tokens", "8", "--device", "cpu",
+                          "--json"], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout)["attention"] == "sdpa"
