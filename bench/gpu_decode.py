@@ -92,7 +92,7 @@ def random_target(shape: dict, device: torch.device, dtype: torch.dtype) -> Targ
     return model.eval()
 
 
-def kernel_profile(fn, device: torch.device, steps: int = 5) -> dict:
+def kernel_profile(fn, device: torch.device, steps: int = 5, names: bool = False) -> dict:
     """Per-step kernel count and device time by kind, from torch.profiler over `steps` eager calls.
     Kernel durations are the same in and out of a CUDA graph; only the gaps between them differ."""
     from torch.autograd import DeviceType
@@ -117,6 +117,10 @@ def kernel_profile(fn, device: torch.device, steps: int = 5) -> dict:
         kinds[kind][0] += len(ts)
         kinds[kind][1] += sum(ts)
     top = sorted(per_name.items(), key=lambda kv: -sum(kv[1]))[:12]
+    if names:  # per kernel name: calls per step; and the device time of all
+        return {"kernels": sum(v[0] for v in kinds.values()) / steps,
+                "device_s": sum(v[1] for v in kinds.values()) / steps,
+                "counts": {n: len(ts) // steps for n, ts in per_name.items()}}
     return {"kernels": sum(v[0] for v in kinds.values()) / steps,
             **{f"{k}_kernels": v[0] / steps for k, v in kinds.items()},
             **{f"{k}_s": v[1] / steps for k, v in kinds.items()},
@@ -329,7 +333,25 @@ def part2(target: Path, draft: Path, prompts_file: Path, ks: list[int], new_toke
                                    f"(verify {st['verify'] * 1e3:.3f} ms = {st['verify'] / step:.2f} x step); "
                                    f"ideal (kc+1) x step {(k * c + 1) * step * 1e3:.3f} ms; plain step wall "
                                    f"{1e3 * plain['decode_s'] / (plain['tokens'] - len(prompts)):.3f} ms")]
+    rows += verify_vs_step(dec, prompts[0], ks[0], device, out["part2"])
     return rows
+
+
+def verify_vs_step(dec: Decoder, prompt: list[int], k: int, device: torch.device, out: dict) -> Rows:
+    """Why the (k+1)-token verify costs more than a decode step: both steps' kernels (count and
+    device time, eager: the durations are the graph's) and the kernels whose count differs."""
+    dec.prefill(prompt, speculative=True)
+    step = kernel_profile(dec._timed_target_step, device, names=True)
+    verify = kernel_profile(lambda: dec._timed_verify(k), device, names=True)
+    diff = {n: verify["counts"].get(n, 0) - step["counts"].get(n, 0)
+            for n in set(step["counts"]) | set(verify["counts"])}
+    extra = sorted(((n, d) for n, d in diff.items() if d), key=lambda nd: -abs(nd[1]))[:8]
+    out["verify_vs_step"] = {"k": k, "step": {"kernels": step["kernels"], "device_s": step["device_s"]},
+                             "verify": {"kernels": verify["kernels"], "device_s": verify["device_s"]},
+                             "count_diff": dict(extra)}
+    return [(f"k={k}: kernels step / verify", f"{step['kernels']:.0f} ({step['device_s'] * 1e6:.0f} us of kernels) / "
+                                             f"{verify['kernels']:.0f} ({verify['device_s'] * 1e6:.0f} us)"),
+            *((f"  verify {d:+d}", n[:90]) for n, d in extra)]
 
 
 def main(argv: list[str] | None = None) -> int:

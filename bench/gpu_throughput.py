@@ -199,6 +199,8 @@ def extraction(shape: dict[str, int], dev: torch.device, dtype: torch.dtype, cei
             row(name, st.tok_s, "tok/s", limit=("roofline", roof), peer=("naive", naive_tok_s),
                 note=f"warm-up {warm:.0f} s" if comp else "")
             results[label] = st.tok_s
+            if comp and dev.type == "cuda":  # where the compiled capture's time goes (issue 27: the gap to the roofline)
+                kernel_profile(lambda pipe=pipe: pipe.run(rows, batches[:1]), dev, top=12)
         except Exception as e:  # noqa: BLE001 - keep measuring the rest
             failed(name, e)
             if cap is not None:

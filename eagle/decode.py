@@ -118,8 +118,8 @@ class TargetModel(nn.Module):
         aux = []
         for i, layer in enumerate(self.layers):
             if i in wanted:
-                aux.append(x)  # the layer leaves its input as it was (keep_input)
-            x = layer(x, cos, sin, positions, cache.k[i], cache.v[i], mask, keep_input=i in wanted)
+                aux.append(x.clone())  # layers update x in place
+            x = layer(x, cos, sin, positions, cache.k[i], cache.v[i], mask)
         rows = x[-1:] if last_only else x
         logits = self.lm_head(self.norm(rows, mask.fused))
         return logits, (torch.cat(aux, dim=-1) if aux else None), x

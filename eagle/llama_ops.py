@@ -210,9 +210,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, mask: AttnMask,
-                residual: torch.Tensor | None = None, keep_residual: bool = False) -> torch.Tensor:
+                residual: torch.Tensor | None = None) -> torch.Tensor:
         """The attention output [T, hidden]; with `residual`, residual + output, written into
-        `residual` in place (into a new tensor with `keep_residual`)."""
+        `residual` in place."""
         t, hq, hkv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = self._qkv(x).view(t, hq + 2 * hkv, d)
         qk = qkv[:, : hq + hkv]
@@ -226,7 +226,7 @@ class Attention(nn.Module):
                 q = triton_ops.rope_write(qk, qkv[:, hq + hkv:], cos, sin, slots, k_cache, v_cache)
                 out = triton_attention.decode_attention(q.view(hkv, g * t, d), k_cache, v_cache, slots, g,
                                                         token_major=True)
-                return self._out(out, residual, keep_residual)
+                return self._out(out, residual)
         qk = apply_rope(qk, cos, sin)
         k_cache.index_copy_(1, slots, qk[:, hq:].transpose(0, 1))
         v_cache.index_copy_(1, slots, qkv[:, hq + hkv:].transpose(0, 1))
@@ -234,16 +234,12 @@ class Attention(nn.Module):
         # g*t query rows of that head (a view when t == 1), under a mask repeated g times.
         q = qk[:, :hq].transpose(0, 1).reshape(hkv, g * t, d)
         out = attend(q, k_cache, v_cache, mask, g)
-        return self._out(out.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq * d), residual, keep_residual)
+        return self._out(out.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq * d), residual)
 
-    def _out(self, out: torch.Tensor, residual: torch.Tensor | None, keep_residual: bool) -> torch.Tensor:
-        """o_proj of the heads' outputs [T, hq*d] (+ residual: in place, or into a new tensor
-        with `keep_residual`)."""
+    def _out(self, out: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """o_proj of the heads' outputs [T, hq*d] (+ residual, in place)."""
         if residual is None:
             return self.o_proj(out)
-        if keep_residual:
-            return torch.addmm(residual, out, self.o_proj.weight.t()) if self.o_proj.bias is None else (
-                residual + self.o_proj(out))
         return linear_add_(residual, out, self.o_proj.weight, self.o_proj.bias)
 
 
@@ -320,9 +316,9 @@ class DecoderLayer(nn.Module):
     """A standard Llama decoder layer (pre-norm attention + SwiGLU MLP, residuals); Qwen3's when
     the config says so (the same plus q/k norms).
 
-    The forward updates its input `x` in place (the residual stream) and returns it, unless
-    `keep_input`: then x is left as it was (the target's aux hidden states) and the stream goes on in
-    a new tensor, at no extra kernel (the attention's residual add writes out of place)."""
+    The forward updates its input `x` in place (the residual stream) and returns it: callers that
+    keep a layer's input (the target's aux hidden states) must clone it first. (Writing the residual
+    add out of place instead saves nothing: cuBLAS then copies the residual into the output itself.)"""
 
     def __init__(self, config, device=None, dtype=None) -> None:
         super().__init__()
@@ -336,10 +332,9 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(h, config.intermediate_size, False, device, dtype)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, mask: AttnMask, keep_input: bool = False) -> torch.Tensor:
+                k_cache: torch.Tensor, v_cache: torch.Tensor, mask: AttnMask) -> torch.Tensor:
         f = mask.fused
-        x = self.self_attn(self.input_layernorm(x, f), cos, sin, slots, k_cache, v_cache, mask, residual=x,
-                           keep_residual=keep_input)
+        x = self.self_attn(self.input_layernorm(x, f), cos, sin, slots, k_cache, v_cache, mask, residual=x)
         return self.mlp(self.post_attention_layernorm(x, f), residual=x, fused=f)
 
 
