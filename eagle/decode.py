@@ -114,15 +114,18 @@ class TargetModel(nn.Module):
         x = self.embed_tokens(tokens)
         cos, sin = self.rope(positions, x.dtype)
         mask = cache.mask(positions)
-        wanted = set(aux_ids)
-        aux = []
+        column = {layer: j for j, layer in enumerate(sorted(set(aux_ids)))}
+        if column and not 0 <= min(column) <= max(column) < len(self.layers):
+            raise ValueError(f"aux layer ids {sorted(column)}: the target has {len(self.layers)} layers")
+        h = x.shape[-1]
+        aux = x.new_empty(x.shape[0], len(column) * h) if column else None
         for i, layer in enumerate(self.layers):
-            if i in wanted:
-                aux.append(x.clone())  # layers update x in place
+            if aux is not None and i in column:  # layers update x in place: copy it into its columns
+                aux[:, column[i] * h:(column[i] + 1) * h].copy_(x)
             x = layer(x, cos, sin, positions, cache.k[i], cache.v[i], mask)
         rows = x[-1:] if last_only else x
         logits = self.lm_head(self.norm(rows, mask.fused))
-        return logits, (torch.cat(aux, dim=-1) if aux else None), x
+        return logits, aux, x
 
 
 class Proposer(Protocol):
@@ -227,27 +230,27 @@ class Decoder:
         self.n.add_(1)
 
     @torch.inference_mode()
-    def _draft(self, k: int) -> torch.Tensor:
-        """d1..dk as target ids [k]; d2..dk come from k-1 drafter steps at slots n..n+k-2."""
+    def _draft(self, k: int) -> list[torch.Tensor]:
+        """d1..dk as target ids ([1] each); d2..dk come from k-1 drafter steps at slots n..n+k-2."""
         proposer, dcache = self._drafting()
         drafts, feat = [self.d1], self.feat
         for j in range(1, k):
             tok, feat = proposer.propose_step(drafts[-1], feat, self.n + (j - 1), dcache)
             drafts.append(tok)
-        return torch.cat(drafts)
+        return drafts
 
     @torch.inference_mode()
-    def _verify(self, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        k = drafts.shape[0]
+    def _verify(self, drafts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (greedy g0..gk, aux states, positions n..n+k, the drafts as one tensor [k])."""
+        k = len(drafts)
         pos = self.n + self.arange[: k + 1]
-        tokens = torch.cat([self.seq.index_select(0, self.n), drafts])
+        tokens = torch.cat([self.seq.index_select(0, self.n), *drafts])  # one copy for all k+1 tokens
         logits, aux, _ = self.target(tokens, pos, self.cache, self.layer_ids)
-        return logits.argmax(-1), aux, pos
+        return logits.argmax(-1), aux, pos, tokens[1:]
 
     @torch.inference_mode()
     def _spec_cycle(self, k: int) -> None:
-        drafts = self._draft(k)
-        greedy, aux, pos = self._verify(drafts)
+        greedy, aux, pos, drafts = self._verify(self._draft(k))
         if self.cache.attention == "triton":  # the bookkeeping below in one kernel (triton_ops.accept)
             from eagle import triton_ops
 
@@ -416,7 +419,7 @@ class Decoder:
 
     @torch.inference_mode()
     def _timed_verify(self, k: int) -> None:
-        self._verify(self.d1.expand(k))
+        self._verify([self.d1] * k)
 
     @torch.inference_mode()
     def _timed_draft_step(self) -> None:
