@@ -92,9 +92,10 @@ def random_target(shape: dict, device: torch.device, dtype: torch.dtype) -> Targ
     return model.eval()
 
 
-def kernel_profile(fn, device: torch.device, steps: int = 5, names: bool = False) -> dict:
-    """Per-step kernel count and device time by kind, from torch.profiler over `steps` eager calls.
-    Kernel durations are the same in and out of a CUDA graph; only the gaps between them differ."""
+def kernel_profile(fn, device: torch.device, steps: int = 5) -> dict:
+    """Per-step kernel count and device time by kind and in all (`device_s`), calls per step of each
+    kernel (`counts`), from torch.profiler over `steps` eager calls. Kernel durations are the same
+    in and out of a CUDA graph; only the gaps between them differ."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -117,11 +118,9 @@ def kernel_profile(fn, device: torch.device, steps: int = 5, names: bool = False
         kinds[kind][0] += len(ts)
         kinds[kind][1] += sum(ts)
     top = sorted(per_name.items(), key=lambda kv: -sum(kv[1]))[:12]
-    if names:  # per kernel name: calls per step; and the device time of all
-        return {"kernels": sum(v[0] for v in kinds.values()) / steps,
-                "device_s": sum(v[1] for v in kinds.values()) / steps,
-                "counts": {n: len(ts) // steps for n, ts in per_name.items()}}
     return {"kernels": sum(v[0] for v in kinds.values()) / steps,
+            "device_s": sum(v[1] for v in kinds.values()) / steps,
+            "counts": {n: len(ts) // steps for n, ts in per_name.items()},
             **{f"{k}_kernels": v[0] / steps for k, v in kinds.items()},
             **{f"{k}_s": v[1] / steps for k, v in kinds.items()},
             "top": [{"name": n[:90], "per_step": len(ts) / steps, "us_per_step": 1e6 * sum(ts) / steps}
@@ -158,7 +157,7 @@ def part1(shape: dict, device: torch.device, dtype: torch.dtype, prompt_len: int
                     "e2e_tok_s": e2e, "e2e_fraction": e2e / bound, "cuda_graphs": dec.use_graphs,
                     "verify_s": verify, "verify_ratio": {k: v / step for k, v in verify.items()}, "profile": prof,
                     "attention_variants": variants}
-    kernel_sum = prof["matmul_s"] + prof["attention_s"] + prof["other_s"]
+    kernel_sum = prof["device_s"]
     rows = [("shape", f"hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, inter "
                       f"{shape['intermediate_size']}, vocab {shape['vocab_size']}, {str(dtype).replace('torch.', '')}"),
             ("cuda graphs", str(dec.use_graphs)),
@@ -341,8 +340,8 @@ def verify_vs_step(dec: Decoder, prompt: list[int], k: int, device: torch.device
     """Why the (k+1)-token verify costs more than a decode step: both steps' kernels (count and
     device time, eager: the durations are the graph's) and the kernels whose count differs."""
     dec.prefill(prompt, speculative=True)
-    step = kernel_profile(dec._timed_target_step, device, names=True)
-    verify = kernel_profile(lambda: dec._timed_verify(k), device, names=True)
+    step = kernel_profile(dec._timed_target_step, device)
+    verify = kernel_profile(lambda: dec._timed_verify(k), device)
     diff = {n: verify["counts"].get(n, 0) - step["counts"].get(n, 0)
             for n in set(step["counts"]) | set(verify["counts"])}
     extra = sorted(((n, d) for n, d in diff.items() if d), key=lambda nd: -abs(nd[1]))[:8]

@@ -4,7 +4,7 @@ eagle/triton_attention.py.
 
 Why: on the 8B shape a decode step spent 0.93 ms of its 5.5 ms in 339 small kernels (65 RMSNorms of
 5.9 us, rope in three kernels, two cache writes, SiLU and a product per layer): each reads a few KB
-and costs a launch slot in the graph. Three kernels replace them:
+and costs a launch slot in the graph. Four kernels replace them and the cycle's bookkeeping:
 
 - `rope_write`: the rope of every query and key head, the key and value written into the cache
   at the rows' slots, and the queries laid out for the attention kernel, in one launch (was five
@@ -18,8 +18,8 @@ and costs a launch slot in the graph. Three kernels replace them:
 
 Numerics: `rope_write` rounds `x * cos` to the activation dtype before the addcmul, as
 llama_ops.apply_rope does, so in bf16 and fp16 its output equals that path's bit for bit (in fp32
-to an FMA's rounding); `silu_mul` rounds silu's output likewise; `rms_norm` sums the squares in another order than torch (last-bit differences in
-bf16). All compute in float32, which also keeps them right in Triton's interpreter (it cannot
+to an FMA's rounding); `silu_mul` rounds silu's output likewise; `rms_norm` sums the squares in
+another order than torch (last-bit differences in bf16). All compute in float32, which also keeps them right in Triton's interpreter (it cannot
 compute on bf16: triton-lang/triton#11584), where the CPU tests run them (TRITON_INTERPRET=1).
 Triton is imported on first use only, as in eagle/triton_attention.py.
 """
