@@ -17,14 +17,16 @@ Verbs (gpt-fast style): `prefill`, `plain_step`, `spec_cycle`, and the host loop
 they run eagerly (same code).
 
 One speculative cycle, with n = tokens committed to the target's KV cache and seq[n] the next
-token (already decided, not yet in the cache):
+token (already decided, not yet in the cache), over two small persistent buffers: `tokens` =
+[seq[n], d1, .., dk] and `pos` = [n, .., n+k], which the previous cycle's accept stage left ready:
 1. draft: the drafter's first proposal d1 came from the previous cycle; k-1 more single-row steps
-   feed the drafter's own feature back;
-2. verify: one target forward over [seq[n], d1..dk] at positions n..n+k gives greedy g0..gk;
-3. accept: m = length of the prefix where d_j == g_{j-1}; seq[n+1..n+m+1] = g0..gm (m drafts plus
-   the bonus token); n += m + 1 -- all on the device;
-4. catch-up: the drafter re-reads rows n..n+k with the target's features and tokens g0..gk (rows
-   past m are junk that later writes overwrite); row m's proposal is the next cycle's d1.
+   feed the drafter's own feature back, each writing its draft into `tokens`;
+2. verify: one target forward over `tokens` at positions `pos` gives greedy g0..gk;
+3. catch-up: the drafter re-reads rows n..n+k with the target's features and tokens g0..gk (rows
+   past m are junk that later writes overwrite);
+4. accept (`accept_cycle`): m = length of the prefix where d_j == g_{j-1}; seq[n+1..n+m+1] =
+   g0..gm (m drafts plus the bonus token); n += m + 1; the catch-up's row m is the next d1 --
+   all on the device.
 """
 
 from __future__ import annotations
@@ -98,9 +100,10 @@ class TargetModel(nn.Module):
         return len(self.layers)
 
     def new_cache(self, max_len: int, attention: str = "sdpa") -> KVCache:
+        assert self.rope is not None
         c, w = self.config, self.lm_head.weight
         return KVCache(c.num_hidden_layers, c.num_key_value_heads, head_dim_of(c), max_len, w.device, w.dtype,
-                       attention)
+                       attention).attach_rope(self.rope)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 aux_ids: Sequence[int] = (), last_only: bool = False
@@ -112,7 +115,7 @@ class TargetModel(nn.Module):
         """
         assert self.rope is not None
         x = self.embed_tokens(tokens)
-        cos, sin = self.rope(positions, x.dtype)
+        cos, sin = cache.rope_of(self.rope, positions, x.dtype)
         mask = cache.mask(positions)
         column = {layer: j for j, layer in enumerate(sorted(set(aux_ids)))}
         if column and not 0 <= min(column) <= max(column) < len(self.layers):
@@ -120,9 +123,8 @@ class TargetModel(nn.Module):
         h = x.shape[-1]
         aux = x.new_empty(x.shape[0], len(column) * h) if column else None
         for i, layer in enumerate(self.layers):
-            if aux is not None and i in column:  # layers update x in place: copy it into its columns
-                aux[:, column[i] * h:(column[i] + 1) * h].copy_(x)
-            x = layer(x, cos, sin, positions, cache.k[i], cache.v[i], mask)
+            keep = aux[:, column[i] * h:(column[i] + 1) * h] if aux is not None and i in column else None
+            x = layer(x, cos, sin, positions, cache.k[i], cache.v[i], mask, keep)  # (x updated in place)
         rows = x[-1:] if last_only else x
         logits = self.lm_head(self.norm(rows, mask.fused))
         return logits, aux, x
@@ -140,7 +142,9 @@ class Proposer(Protocol):
                      cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def propose_step(self, token: torch.Tensor, feat: torch.Tensor, slot: torch.Tensor,
-                     cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]: ...
+                     cache: KVCache, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(target id [1], feature [1, H]); the id written into `out` when given."""
+        ...
 
 
 @dataclass
@@ -211,7 +215,9 @@ class Decoder:
         self.hist_m = torch.zeros(max_len, **long)
         self.hist_n = torch.zeros(max_len, **long)
         self.arange = torch.arange(max_len, **long)
-        self.d1 = torch.zeros(1, **long)
+        # the speculative cycle's rows (module docstring): tokens [seq[n], d1..dk], positions n..n+k
+        self.tokens = torch.zeros(SPEC_ROWS, **long)
+        self.pos = torch.zeros(SPEC_ROWS, **long)
         hidden = proposer.hidden_size if proposer is not None else 1
         self.feat = torch.zeros(1, hidden, device=device, dtype=target.lm_head.weight.dtype)
         self._steps: dict[str, Callable[[], None]] = {}
@@ -229,46 +235,44 @@ class Decoder:
         self.seq.index_copy_(0, n + 1, logits.argmax(-1))
         self.n.add_(1)
 
-    @torch.inference_mode()
-    def _draft(self, k: int) -> list[torch.Tensor]:
-        """d1..dk as target ids ([1] each); d2..dk come from k-1 drafter steps at slots n..n+k-2."""
-        proposer, dcache = self._drafting()
-        drafts, feat = [self.d1], self.feat
-        for j in range(1, k):
-            tok, feat = proposer.propose_step(drafts[-1], feat, self.n + (j - 1), dcache)
-            drafts.append(tok)
-        return drafts
+    def _spec_rows(self, k: int) -> None:
+        """Room for k + 1 rows in `tokens` and `pos` (graphs captured over smaller buffers are dropped)."""
+        if self.tokens.shape[0] < k + 1:
+            self.tokens = torch.zeros(k + 1, dtype=torch.long, device=self.device)
+            self.pos = torch.zeros(k + 1, dtype=torch.long, device=self.device)
+            self._steps.clear()
 
     @torch.inference_mode()
-    def _verify(self, drafts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """-> (greedy g0..gk, aux states, positions n..n+k, the drafts as one tensor [k])."""
-        k = len(drafts)
-        pos = self.n + self.arange[: k + 1]
-        tokens = torch.cat([self.seq.index_select(0, self.n), *drafts])  # one copy for all k+1 tokens
-        logits, aux, _ = self.target(tokens, pos, self.cache, self.layer_ids)
-        return logits.argmax(-1), aux, pos, tokens[1:]
+    def _draft(self, k: int) -> None:
+        """d2..dk from k-1 drafter steps at slots n..n+k-2, written into tokens[2..k] (d1 is there)."""
+        proposer, dcache = self._drafting()
+        feat = self.feat
+        for j in range(1, k):
+            _, feat = proposer.propose_step(self.tokens[j:j + 1], feat, self.pos[j - 1:j], dcache,
+                                            out=self.tokens[j + 1:j + 2])
+
+    @torch.inference_mode()
+    def _verify(self, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> (greedy g0..gk, aux states; None without a drafter) of the target over tokens[:k+1]
+        at pos[:k+1]."""
+        logits, aux, _ = self.target(self.tokens[: k + 1], self.pos[: k + 1], self.cache, self.layer_ids)
+        return logits.argmax(-1), aux
 
     @torch.inference_mode()
     def _spec_cycle(self, k: int) -> None:
-        greedy, aux, pos, drafts = self._verify(self._draft(k))
-        if self.cache.attention == "triton":  # the bookkeeping below in one kernel (triton_ops.accept)
+        self._draft(k)
+        greedy, aux = self._verify(k)
+        proposer, dcache = self._drafting()
+        assert aux is not None  # (a drafter: its aux layer ids)
+        ids, feats = proposer.propose_rows(aux, greedy, self.pos[: k + 1], dcache)
+        if self.cache.attention == "triton":  # accept_cycle's bookkeeping in one kernel
             from eagle import triton_ops
 
-            proposer, dcache = self._drafting()
-            ids, feats = proposer.propose_rows(aux, greedy, pos, dcache)
-            triton_ops.accept(drafts, greedy, ids, feats, self.state, self.counter, self.hist_m, self.hist_n,
-                              self.d1, self.feat)
-            return
-        m = torch.cumprod((drafts == greedy[:k]).long(), 0).sum().view(1)
-        self.seq.index_copy_(0, pos + 1, greedy)
-        proposer, dcache = self._drafting()
-        ids, feats = proposer.propose_rows(aux, greedy, pos, dcache)
-        self.d1.copy_(ids.index_select(0, m))
-        self.feat.copy_(feats.index_select(0, m))
-        self.hist_m.index_copy_(0, self.counter, m)
-        self.hist_n.index_copy_(0, self.counter, self.n)
-        self.counter.add_(1)
-        self.n.add_(m + 1)
+            accept = triton_ops.accept
+        else:
+            accept = accept_cycle
+        accept(self.tokens, self.pos, greedy, ids, feats, self.state, self.counter, self.hist_m, self.hist_n,
+               self.feat)
 
     def _stage(self, name: str, fn: Callable[[], None]) -> Callable[[], None]:
         if name not in self._steps:
@@ -295,7 +299,9 @@ class Decoder:
         if speculative:
             proposer, dcache = self._drafting()
             ids_, feats = proposer.propose_rows(aux, self.seq[1:p + 1], self.arange[:p], dcache)
-            self.d1.copy_(ids_[-1:])
+            self.tokens[:1].copy_(self.seq[p:p + 1])
+            self.tokens[1:2].copy_(ids_[-1:])
+            self.pos.copy_(self.arange[: self.pos.shape[0]] + p)
             self.feat.copy_(feats[-1:])
 
     # -- host loops ---------------------------------------------------------------------------
@@ -370,6 +376,7 @@ class Decoder:
             raise ValueError("k must be >= 1")
         p = len(prompt_ids)
         self._room(p, max_new_tokens, k)
+        self._spec_rows(k)
         cycle = self._stage(f"cycle{k}", lambda: self._spec_cycle(k))
         self._t_start = time.perf_counter()
         self.prefill(prompt_ids, speculative=True)
@@ -398,6 +405,7 @@ class Decoder:
         on CUDA). Runs at the position reached by prefilling `prompt_ids`."""
         p = len(prompt_ids)
         self._room(p, 1, k)  # the timed stages never advance n
+        self._spec_rows(k)
         stages: dict[str, Callable[[], None]] = {
             "target_step": self._stage("t_step", self._timed_target_step),
             "verify": self._stage(f"t_verify{k}", lambda: self._timed_verify(k)),
@@ -419,19 +427,42 @@ class Decoder:
 
     @torch.inference_mode()
     def _timed_verify(self, k: int) -> None:
-        self._verify([self.d1] * k)
+        self._verify(k)
 
     @torch.inference_mode()
     def _timed_draft_step(self) -> None:
         proposer, dcache = self._drafting()
-        proposer.propose_step(self.d1, self.feat, self.n, dcache)
+        proposer.propose_step(self.tokens[1:2], self.feat, self.pos[:1], dcache)
 
     @torch.inference_mode()
     def _timed_catchup(self, k: int) -> None:
-        pos = self.n + self.arange[: k + 1]
+        pos = self.pos[: k + 1]
         aux = self.feat.new_zeros(k + 1, self.target.config.hidden_size * len(self.layer_ids))
         proposer, dcache = self._drafting()
         proposer.propose_rows(aux, self.seq.index_select(0, pos), pos, dcache)
+
+
+def accept_cycle(tokens: torch.Tensor, pos: torch.Tensor, greedy: torch.Tensor, ids: torch.Tensor,
+                 feats: torch.Tensor, state: torch.Tensor, counter: torch.Tensor, hist_m: torch.Tensor,
+                 hist_n: torch.Tensor, feat: torch.Tensor) -> None:
+    """The accept stage of a speculative cycle (module docstring), in torch ops, all in place; with
+    k = len(greedy) - 1, n = state[0], seq = state[1:], drafts = tokens[1:k+1]: m = the length of
+    the prefix where drafts equal greedy[:k]; seq[n+1 .. n+k+1] = greedy (pos[:k+1] = n..n+k);
+    hist_m[counter] = m, hist_n[counter] = n; counter += 1; n += m + 1; the next cycle's rows:
+    pos[:k+1] += m + 1, tokens[0] = greedy[m] (= seq[n]), tokens[1] = ids[m] (its d1), feat =
+    feats[m]. triton_ops.accept does the same in one launch."""
+    k = greedy.shape[0] - 1
+    n, seq = state[:1], state[1:]
+    m = torch.cumprod((tokens[1:k + 1] == greedy[:k]).long(), 0).sum().view(1)
+    seq.index_copy_(0, pos[: k + 1] + 1, greedy)
+    hist_m.index_copy_(0, counter, m)
+    hist_n.index_copy_(0, counter, n)
+    counter.add_(1)
+    n.add_(m + 1)
+    pos[: k + 1].add_(m + 1)
+    tokens[:1].copy_(greedy.index_select(0, m))
+    tokens[1:2].copy_(ids.index_select(0, m))
+    feat.copy_(feats.index_select(0, m))
 
 
 def resolve_attention(device: str | torch.device, fast: bool = True) -> str:
@@ -441,6 +472,9 @@ def resolve_attention(device: str | torch.device, fast: bool = True) -> str:
 
     dev = torch.device(device)
     return "triton" if fast and dev.type == "cuda" and unavailable_reason(dev) is None else "sdpa"
+
+
+SPEC_ROWS = 9  # rows of the cycle's buffers made at start (k <= 8; a larger k enlarges them)
 
 
 def required_len(prompt_len: int, max_new_tokens: int, k: int = 0, sync_every: int = 4) -> int:

@@ -178,7 +178,9 @@ class Drafter(nn.Module):
         cfg = self.spec.layer_config
         w = self.fc.weight
         kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads  # (the config fills it in so)
-        return KVCache(cfg.num_hidden_layers, kv_heads, head_dim_of(cfg), max_len, w.device, w.dtype, attention)
+        assert self.rope is not None
+        cache = KVCache(cfg.num_hidden_layers, kv_heads, head_dim_of(cfg), max_len, w.device, w.dtype, attention)
+        return cache.attach_rope(self.rope, offset=1)  # row t's rope position is its slot + 1 (speculators)
 
     # -- the forward -------------------------------------------------------------------------
     def combine(self, aux: torch.Tensor) -> torch.Tensor:
@@ -194,7 +196,7 @@ class Drafter(nn.Module):
                 cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows of (feature [T, H], token [T]) at cache `slots` [T] -> (draft logits [T, DV], feature)."""
         assert self.rope is not None
-        cos, sin = self.rope(slots + 1, hidden.dtype)
+        cos, sin = cache.rope_of(self.rope, slots, hidden.dtype)  # position = slot + 1 (new_cache)
         mask = cache.mask(slots)
         x = self.layers[0](self.embed_tokens(tokens), hidden, cos, sin, slots, cache.k[0], cache.v[0], mask)
         for i in range(1, len(self.layers)):
@@ -202,8 +204,8 @@ class Drafter(nn.Module):
         normed = self.norm(x, mask.fused)
         return self.lm_head(normed), (normed if self.spec.norm_output else x)
 
-    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids + self.d2t[draft_ids]
+    def to_target(self, draft_ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.add(draft_ids, self.d2t[draft_ids], out=out)
 
     # -- the proposer interface the decoder uses ---------------------------------------------
     def propose_rows(self, aux: torch.Tensor, tokens: torch.Tensor, slots: torch.Tensor,
@@ -213,10 +215,11 @@ class Drafter(nn.Module):
         return self.to_target(logits.argmax(-1)), feat
 
     def propose_step(self, token: torch.Tensor, feat: torch.Tensor, slot: torch.Tensor,
-                     cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """One draft step fed by the drafter's own feature: (proposed target id [1], feature [1, H])."""
+                     cache: KVCache, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft step fed by the drafter's own feature: (proposed target id [1], feature [1, H]);
+        the id is written into `out` when given (the decoder's token buffer: no copy)."""
         logits, feat = self(feat, token, slot, cache)
-        return self.to_target(logits.argmax(-1)), feat
+        return self.to_target(logits.argmax(-1), out), feat
 
 
 def load_drafter(draft_dir: str | Path, *, target_embed: torch.Tensor | None = None,

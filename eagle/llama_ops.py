@@ -29,19 +29,23 @@ SDPA_BACKENDS: list[SDPBackend] | None = [SDPBackend.EFFICIENT_ATTENTION, SDPBac
 # additive mask, rope and norms in torch; "triton": eagle/triton_attention.py's split-KV kernels,
 # reading only the slots up to the last row's, for steps of at most triton_attention.MAX_ROWS query
 # rows per kv head (decode, verify, draft steps; SDPA for longer ones: prefill), with rope + cache
-# write in one kernel before them, and eagle/triton_ops.py's RMSNorm and SwiGLU kernels in every
-# step of the layers.
+# write in one kernel before them (reading the cache's rope tables: KVCache.rope), and
+# eagle/triton_ops.py's RMSNorm and SwiGLU kernels in every step of the layers.
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool = False) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool = False,
+             keep: torch.Tensor | None = None) -> torch.Tensor:
     """transformers' LlamaRMSNorm. With `fused` (a "triton" cache's layers) triton_ops' kernel; on
     CUDA torch's fused kernel (one launch instead of eight; both apply the weight before the cast
     back, one rounding fewer, so bf16 results may differ from transformers in the last bit);
-    elsewhere transformers' exact formula."""
+    elsewhere transformers' exact formula. `keep` (a [T, N] view, e.g. the target's aux columns)
+    receives a copy of x: in the fused kernel's same launch, else by a copy."""
     if fused and x.dim() == 2:
         from eagle import triton_ops
 
-        return triton_ops.rms_norm(x, weight, eps)
+        return triton_ops.rms_norm(x, weight, eps, keep=keep)
+    if keep is not None:
+        keep.copy_(x)
     if x.is_cuda:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     dtype = x.dtype
@@ -56,8 +60,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps, fused)
+    def forward(self, x: torch.Tensor, fused: bool = False, keep: torch.Tensor | None = None) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps, fused, keep)
 
 
 def rope_inv_freq(config) -> tuple[torch.Tensor, float]:
@@ -88,6 +92,11 @@ class Rope(nn.Module):
         sin = freqs.sin() * self.scaling
         return cos.to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
 
+    def table(self, rows: int, dtype: torch.dtype, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin) [rows, D] of positions offset .. offset + rows - 1, computed once: the
+        same elementwise ops as `forward`, so row r equals forward([offset + r]) bit for bit."""
+        return self(torch.arange(offset, offset + rows, device=self.inv_freq.device), dtype)
+
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, head_dim]; cos/sin_signed: [T, head_dim] from `Rope` (three kernels)."""
@@ -107,9 +116,12 @@ class AttnMask:
     def __init__(self, slot_ids: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype,
                  kernel: str = "sdpa") -> None:
         self.slot_ids, self.slots, self.dtype, self.kernel = slot_ids, slots, dtype, kernel
-        self.fused = kernel == "triton"
         self._additive: torch.Tensor | None = None
         self._grouped: dict[int, torch.Tensor] = {}
+
+    @property
+    def fused(self) -> bool:
+        return self.kernel == "triton"
 
     @property
     def additive(self) -> torch.Tensor:
@@ -128,7 +140,11 @@ class AttnMask:
 class KVCache:
     """Static per-layer key/value buffers [kv_heads, S, head_dim]; S is max_len rounded up to a
     multiple of 64 (aligned rows for the fused attention kernels' masks). `attention` (one of
-    ATTENTION_KERNELS) is how the layers attend over it."""
+    ATTENTION_KERNELS) is how the layers attend over it.
+
+    `rope` (a "triton" cache's, set by `attach_rope`): the (cos, signed sin) tables [S, head_dim]
+    of the rope position of every slot, built once; the fused layers read the rows' entries by slot
+    inside their rope kernel, so a step computes no rope tables (eleven small kernels a forward)."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, max_len: int, device, dtype,
                  attention: str = "sdpa") -> None:
@@ -140,6 +156,25 @@ class KVCache:
         self.k = [torch.zeros(kv_heads, self.max_len, head_dim, device=device, dtype=dtype) for _ in range(layers)]
         self.v = [torch.zeros(kv_heads, self.max_len, head_dim, device=device, dtype=dtype) for _ in range(layers)]
         self.slot_ids = torch.arange(self.max_len, device=device)
+        self.rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.rope_offset = 0
+
+    def attach_rope(self, rope: Rope, offset: int = 0) -> KVCache:
+        """Slot s holds rope position s + offset (the target: 0; the EAGLE-3 drafter, whose rows sit
+        one position ahead: 1); a "triton" cache builds its `rope` tables for every slot here."""
+        self.rope_offset = offset
+        if self.attention == "triton":
+            self.rope = rope.table(self.max_len, self.dtype, offset)
+        return self
+
+    def rope_of(self, rope: Rope, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a forward over rows at `slots` hands its layers as (cos, sin): the cache's tables
+        when the layers are fused (their rope kernel reads them by slot), else `rope`'s rows."""
+        if self.attention == "triton":
+            if self.rope is None:
+                raise ValueError("a triton cache needs its rope tables: KVCache.attach_rope")
+            return self.rope
+        return rope(slots + self.rope_offset if self.rope_offset else slots, dtype)
 
     def mask(self, slots: torch.Tensor) -> AttnMask:
         """Row t may attend to every slot <= slots[t]."""
@@ -212,7 +247,8 @@ class Attention(nn.Module):
                 k_cache: torch.Tensor, v_cache: torch.Tensor, mask: AttnMask,
                 residual: torch.Tensor | None = None) -> torch.Tensor:
         """The attention output [T, hidden]; with `residual`, residual + output, written into
-        `residual` in place."""
+        `residual` in place. cos / sin: the rows' rope [T, d] (Rope), or under a fused mask the
+        tables of every slot [S, d] (KVCache.rope), read at `slots`."""
         t, hq, hkv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = self._qkv(x).view(t, hq + 2 * hkv, d)
         qk = qkv[:, : hq + hkv]
@@ -227,6 +263,7 @@ class Attention(nn.Module):
                 out = triton_attention.decode_attention(q.view(hkv, g * t, d), k_cache, v_cache, slots, g,
                                                         token_major=True)
                 return self._out(out, residual)
+            cos, sin = cos.index_select(0, slots), sin.index_select(0, slots)  # too many rows: a prefill
         qk = apply_rope(qk, cos, sin)
         k_cache.index_copy_(1, slots, qk[:, hq:].transpose(0, 1))
         v_cache.index_copy_(1, slots, qkv[:, hq + hkv:].transpose(0, 1))
@@ -317,7 +354,7 @@ class DecoderLayer(nn.Module):
     the config says so (the same plus q/k norms).
 
     The forward updates its input `x` in place (the residual stream) and returns it: callers that
-    keep a layer's input (the target's aux hidden states) must clone it first. (Writing the residual
+    keep a layer's input (the target's aux hidden states) pass `keep`. (Writing the residual
     add out of place instead saves nothing: cuBLAS then copies the residual into the output itself.)"""
 
     def __init__(self, config, device=None, dtype=None) -> None:
@@ -332,9 +369,12 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(h, config.intermediate_size, False, device, dtype)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, mask: AttnMask) -> torch.Tensor:
+                k_cache: torch.Tensor, v_cache: torch.Tensor, mask: AttnMask,
+                keep: torch.Tensor | None = None) -> torch.Tensor:
+        """`keep`: a [T, hidden] view that receives the layer's input (the target's aux state),
+        written by the input norm's own kernel on a fused cache."""
         f = mask.fused
-        x = self.self_attn(self.input_layernorm(x, f), cos, sin, slots, k_cache, v_cache, mask, residual=x)
+        x = self.self_attn(self.input_layernorm(x, f, keep), cos, sin, slots, k_cache, v_cache, mask, residual=x)
         return self.mlp(self.post_attention_layernorm(x, f), residual=x, fused=f)
 
 

@@ -13,8 +13,9 @@ and costs a launch slot in the graph. Four kernels replace them and the cycle's 
   torch's fused `F.rms_norm`);
 - `silu_mul`: SwiGLU's silu(gate) * up from the fused [gate; up] projection in one launch;
 - `accept`: the speculative cycle's bookkeeping after the verify step (the accepted prefix, the
-  committed tokens, the next cycle's first draft and feature, the history, n) in one launch
-  instead of fifteen; on the toy target the cycle is made of launches of a few us each.
+  committed tokens, the next cycle's rows, first token, first draft and feature, the history, n)
+  in one launch instead of about twenty (decode.accept_cycle); on the toy target the cycle is made of
+  launches of a few us each.
 
 Numerics: `rope_write` rounds `x * cos` to the activation dtype before the addcmul, as
 llama_ops.apply_rope does, so in bf16 and fp16 its output equals that path's bit for bit (in fp32
@@ -47,11 +48,14 @@ def _kernels(interpret: bool) -> tuple[Any, Any, Any, Any]:
     import triton.language as tl
 
     @triton.jit
-    def rms_norm_kernel(x_ptr, w_ptr, o_ptr, N, sx, so, eps, BLOCK: tl.constexpr):
+    def rms_norm_kernel(x_ptr, w_ptr, o_ptr, keep_ptr, N, sx, so, sk, eps, BLOCK: tl.constexpr, KEEP: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         ok = cols < N
-        x = tl.load(x_ptr + row * sx + cols, mask=ok, other=0.0).to(tl.float32)
+        xin = tl.load(x_ptr + row * sx + cols, mask=ok, other=0.0)
+        if KEEP:  # the input itself, copied out (the target's aux state) in the same launch
+            tl.store(keep_ptr + row * sk + cols, xin, mask=ok)
+        x = xin.to(tl.float32)
         w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
         tl.store(o_ptr + row * so + cols, (x * rstd * w).to(o_ptr.dtype.element_ty), mask=ok)
@@ -80,10 +84,10 @@ def _kernels(interpret: bool) -> tuple[Any, Any, Any, Any]:
             src = qk_ptr + t * s_qk_t + h * s_qk_h
             x1 = tl.load(src + i, mask=ok, other=0.0).to(tl.float32)
             x2 = tl.load(src + HALF + i, mask=ok, other=0.0).to(tl.float32)
-            c1 = tl.load(cos_ptr + t * s_cs + i, mask=ok, other=0.0).to(tl.float32)
-            c2 = tl.load(cos_ptr + t * s_cs + HALF + i, mask=ok, other=0.0).to(tl.float32)
-            s1 = tl.load(sin_ptr + t * s_cs + i, mask=ok, other=0.0).to(tl.float32)
-            s2 = tl.load(sin_ptr + t * s_cs + HALF + i, mask=ok, other=0.0).to(tl.float32)
+            c1 = tl.load(cos_ptr + slot * s_cs + i, mask=ok, other=0.0).to(tl.float32)  # the tables' row of
+            c2 = tl.load(cos_ptr + slot * s_cs + HALF + i, mask=ok, other=0.0).to(tl.float32)  # the slot
+            s1 = tl.load(sin_ptr + slot * s_cs + i, mask=ok, other=0.0).to(tl.float32)
+            s2 = tl.load(sin_ptr + slot * s_cs + HALF + i, mask=ok, other=0.0).to(tl.float32)
             # apply_rope: addcmul(x * cos, swap_halves(x), sin_signed), x * cos rounded first
             o1 = ((x1 * c1).to(dt).to(tl.float32) + x2 * s1).to(dt)
             o2 = ((x2 * c2).to(dt).to(tl.float32) + x1 * s2).to(dt)
@@ -101,18 +105,22 @@ def _kernels(interpret: bool) -> tuple[Any, Any, Any, Any]:
             tl.store(dst + HALF + i, tl.load(src + HALF + i, mask=ok, other=0.0), mask=ok)
 
     @triton.jit
-    def accept_kernel(drafts_ptr, greedy_ptr, ids_ptr, feats_ptr, state_ptr, counter_ptr, hist_m_ptr, hist_n_ptr,
-                      d1_ptr, feat_ptr, K, H, s_feats, K_P: tl.constexpr, BLOCK_H: tl.constexpr):
+    def accept_kernel(tokens_ptr, pos_ptr, greedy_ptr, ids_ptr, feats_ptr, state_ptr, counter_ptr, hist_m_ptr,
+                      hist_n_ptr, feat_ptr, K, H, s_feats, K_P: tl.constexpr, BLOCK_H: tl.constexpr):
         j = tl.arange(0, K_P)
-        drafts = tl.load(drafts_ptr + j, mask=j < K, other=0)
+        drafts = tl.load(tokens_ptr + 1 + j, mask=j < K, other=0)
         greedy = tl.load(greedy_ptr + j, mask=j <= K, other=0)
+        pos = tl.load(pos_ptr + j, mask=j <= K, other=0)
         m = tl.min(tl.where((j < K) & (drafts != greedy), j, K), axis=0)  # drafts accepted
         n0 = tl.load(state_ptr)
         c = tl.load(counter_ptr)
         d1 = tl.load(ids_ptr + m)
-        tl.debug_barrier()  # every thread has read n and the counter before any writes them
+        g_m = tl.load(greedy_ptr + m)
+        tl.debug_barrier()  # every thread has read n, the counter and the drafts before any writes them
         tl.store(state_ptr + 2 + n0 + j, greedy, mask=j <= K)  # seq[n+1 .. n+k+1] = g0..gk
-        tl.store(d1_ptr, d1)
+        tl.store(pos_ptr + j, pos + m + 1, mask=j <= K)  # the next cycle's rows n'..n'+k
+        tl.store(tokens_ptr, g_m)  # its first token seq[n'] and first draft
+        tl.store(tokens_ptr + 1, d1)
         for lo in range(0, H, BLOCK_H):
             cols = lo + tl.arange(0, BLOCK_H)
             tl.store(feat_ptr + cols, tl.load(feats_ptr + m * s_feats + cols, mask=cols < H), mask=cols < H)
@@ -131,14 +139,19 @@ def _rows(x: torch.Tensor, what: str) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [T, N] -> x / sqrt(mean(x^2) + eps) * weight, in x's dtype."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, N] -> x / sqrt(mean(x^2) + eps) * weight, in x's dtype; `keep` (a [T, N] view of x's
+    dtype, any row stride) receives x itself in the same launch."""
     x = _rows(x, "rms_norm")
     t, n = x.shape
+    if keep is not None and (keep.shape != x.shape or keep.dtype != x.dtype or keep.stride(-1) != 1):
+        raise ValueError(f"rms_norm: keep {tuple(keep.shape)} {keep.dtype} does not fit x {tuple(x.shape)} {x.dtype}")
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     block = _pow2(n)
     kernel = _kernels(_interpreting())[0]
-    kernel[(t,)](x, weight, out, n, x.stride(0), out.stride(0), eps, BLOCK=block, num_warps=_warps(block))
+    kernel[(t,)](x, weight, out, out if keep is None else keep, n, x.stride(0), out.stride(0),
+                 0 if keep is None else keep.stride(0), eps, BLOCK=block, KEEP=keep is not None,
+                 num_warps=_warps(block))
     return out
 
 
@@ -155,14 +168,17 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def rope_write(qk: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
                slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-    """Rope the query and key heads of qk [T, hq + hkv, d] (cos / signed sin [T, d] from
-    llama_ops.Rope), write the keys and v [T, hkv, d] into the caches [hkv, S, d] at `slots` [T];
-    return the queries as [hq, T, d] (row j*T + i of kv head j // g is query head j at row i: the
-    attention kernel's layout). In bf16/fp16 equal bit for bit to apply_rope + index_copy_ + transpose."""
+    """Rope the query and key heads of qk [T, hq + hkv, d] (cos / signed sin: tables [S, d] of
+    every slot's position, llama_ops.Rope.table / KVCache.rope, read at row slots[t]), write the
+    keys and v [T, hkv, d] into the caches [hkv, S, d] at `slots` [T]; return the queries as
+    [hq, T, d] (row j*T + i of kv head j // g is query head j at row i: the attention kernel's
+    layout). In bf16/fp16 equal bit for bit to apply_rope (on the tables' rows) + index_copy_ +
+    transpose."""
     t, heads, d = qk.shape
     hkv = v.shape[1]
     hq = heads - hkv
-    if (d % 2 or v.shape != (t, hkv, d) or cos.shape != (t, d) or sin_signed.shape != (t, d)
+    if (d % 2 or v.shape != (t, hkv, d) or cos.dim() != 2 or cos.shape[1] != d or sin_signed.shape != cos.shape
+            or cos.shape[0] < k_cache.shape[1]
             or k_cache.shape != v_cache.shape or k_cache.shape[0] != hkv or k_cache.shape[2] != d
             or slots.shape != (t,) or hq <= 0):
         raise ValueError(f"rope_write: qk {tuple(qk.shape)}, v {tuple(v.shape)}, cos {tuple(cos.shape)}, "
@@ -180,21 +196,21 @@ def rope_write(qk: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin_signed:
     return q
 
 
-def accept(drafts: torch.Tensor, greedy: torch.Tensor, ids: torch.Tensor, feats: torch.Tensor, state: torch.Tensor,
-           counter: torch.Tensor, hist_m: torch.Tensor, hist_n: torch.Tensor, d1: torch.Tensor,
+def accept(tokens: torch.Tensor, pos: torch.Tensor, greedy: torch.Tensor, ids: torch.Tensor, feats: torch.Tensor,
+           state: torch.Tensor, counter: torch.Tensor, hist_m: torch.Tensor, hist_n: torch.Tensor,
            feat: torch.Tensor) -> None:
-    """decode.Decoder's accept stage in one launch, all in place: with n = state[0] and seq =
-    state[1:], m = the length of the prefix where drafts [k] equal greedy[:k]; seq[n+1 .. n+k+1] =
-    greedy [k+1]; d1 = ids[m]; feat = feats[m] ([k+1, H] -> [1, H]); hist_m[counter] = m,
-    hist_n[counter] = n; counter += 1; n += m + 1."""
-    k = drafts.shape[0]
-    if greedy.shape != (k + 1,) or ids.shape != (k + 1,) or feats.shape[0] != k + 1 or feat.shape != (1, feats.shape[1]):
-        raise ValueError(f"accept: drafts {tuple(drafts.shape)}, greedy {tuple(greedy.shape)}, ids {tuple(ids.shape)}, "
-                         f"feats {tuple(feats.shape)}, feat {tuple(feat.shape)} do not fit")
-    longs = (drafts, greedy, ids, state, counter, hist_m, hist_n, d1)
-    if any(t.dtype != torch.long for t in longs) or feats.dtype != feat.dtype or feats.stride(-1) != 1:
-        raise ValueError("accept: token tensors must be int64, features one dtype with a contiguous last dimension")
+    """decode.accept_cycle in one launch, all in place (that function states what it does)."""
+    k = greedy.shape[0] - 1
+    if (k < 1 or tokens.shape[0] < k + 1 or pos.shape[0] < k + 1 or ids.shape != (k + 1,)
+            or feats.shape[0] != k + 1 or feat.shape != (1, feats.shape[1])):
+        raise ValueError(f"accept: tokens {tuple(tokens.shape)}, pos {tuple(pos.shape)}, greedy {tuple(greedy.shape)}, "
+                         f"ids {tuple(ids.shape)}, feats {tuple(feats.shape)}, feat {tuple(feat.shape)} do not fit")
+    longs = (tokens, pos, greedy, ids, state, counter, hist_m, hist_n)
+    if (any(t.dtype != torch.long or not t.is_contiguous() for t in longs) or feats.dtype != feat.dtype
+            or feats.stride(-1) != 1):
+        raise ValueError("accept: token tensors must be contiguous int64, features one dtype with a contiguous "
+                         "last dimension")
     kernel = _kernels(_interpreting())[3]
     h = feats.shape[1]
-    kernel[(1,)](drafts, greedy, ids, feats, state, counter, hist_m, hist_n, d1, feat, k, h, feats.stride(0),
+    kernel[(1,)](tokens, pos, greedy, ids, feats, state, counter, hist_m, hist_n, feat, k, h, feats.stride(0),
                  K_P=_pow2(k + 1, 2), BLOCK_H=min(1024, _pow2(h)))

@@ -77,8 +77,9 @@ class OracleProposer:
     def propose_rows(self, aux, tokens, slots, cache):
         return self._at(slots), torch.zeros(len(slots), self.hidden_size, dtype=aux.dtype)
 
-    def propose_step(self, token, feat, slot, cache):
-        return self._at(slot), feat
+    def propose_step(self, token, feat, slot, cache, out=None):
+        ids = self._at(slot)
+        return (ids if out is None else out.copy_(ids)), feat
 
 
 def speculators_draft_logits(ref_model, hs: torch.Tensor, ids: torch.Tensor, ttt_steps: int = 3) -> list[torch.Tensor]:

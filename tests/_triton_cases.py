@@ -111,11 +111,11 @@ def kernel_cases() -> dict[str, object]:
     x = torch.randn(43, 64, generator=torch.Generator().manual_seed(1))
     steps: dict[str, list[torch.Tensor]] = {}
     with torch.inference_mode():
-        for kernel in ("sdpa", "triton"):
-            cache = llama_ops.KVCache(1, 2, 16, 64, "cpu", torch.float32, attention=kernel)
+        for kernel in ("sdpa", "triton"):  # (the triton cache's layers read its rope tables by slot)
+            cache = llama_ops.KVCache(1, 2, 16, 64, "cpu", torch.float32, attention=kernel).attach_rope(rope)
             steps[kernel] = []
             for rows in (torch.arange(40), torch.arange(40, 43)):
-                cos, sin = rope(rows, torch.float32)
+                cos, sin = cache.rope_of(rope, rows, torch.float32)
                 steps[kernel].append(layer(x[rows], cos, sin, rows, cache.k[0], cache.v[0], cache.mask(rows)))
     out["err_layer"] = [_err(a, b) for a, b in zip(steps["sdpa"], steps["triton"], strict=True)]
     return out
@@ -139,6 +139,12 @@ def ops_cases() -> dict[str, object]:
         norm = triton_ops.rms_norm(x, w, 1e-5)
         out[f"rms_norm-{dname}"] = _err(norm, F.rms_norm(x.float(), (1000,), w.float(), 1e-5).to(dtype))
         out[f"rms_norm_shape-{dname}"] = [list(norm.shape), str(norm.dtype)]
+        # keep: x copied into columns 1000..1999 of a wider buffer (an aux state's columns), the rest untouched
+        wide = torch.full((3, 3000), 5.0, dtype=dtype)
+        kept = triton_ops.rms_norm(x, w, 1e-5, keep=wide[:, 1000:2000])
+        out[f"rms_norm_keep-{dname}"] = {"norm_equal": bool(torch.equal(kept, norm)),
+                                         "kept_equal": bool(torch.equal(wide[:, 1000:2000], x)),
+                                         "rest_untouched": bool((wide[:, :1000] == 5).all() and (wide[:, 2000:] == 5).all())}
         gate_up = torch.randn(2, 2 * 1500, generator=gen).to(dtype)  # two programs a row, the second masked
         gate, up = gate_up.chunk(2, dim=-1)
         out[f"silu_mul-{dname}"] = _err(triton_ops.silu_mul(gate_up), F.silu(gate) * up)
@@ -147,10 +153,10 @@ def ops_cases() -> dict[str, object]:
             qkv = torch.randn(t, hq + 2 * hkv, d, generator=gen).to(dtype)
             rope = llama_ops.Rope(1.0 / (10000 ** (torch.arange(0, d, 2).float() / d)))
             slots = torch.tensor([9, 2, 40])  # any order, as a verify step's rows might be
-            cos, sin = rope(slots, dtype)
+            cos, sin = rope.table(64, dtype, offset=1)  # tables of every slot (a drafter's: position = slot + 1)
             caches = [torch.full((hkv, 64, d), 7.0, dtype=dtype) for _ in range(4)]
             q = triton_ops.rope_write(qkv[:, : hq + hkv], qkv[:, hq + hkv:], cos, sin, slots, caches[0], caches[1])
-            qk = llama_ops.apply_rope(qkv[:, : hq + hkv], cos, sin)
+            qk = llama_ops.apply_rope(qkv[:, : hq + hkv], *rope(slots + 1, dtype))  # the rows' own rope
             caches[2].index_copy_(1, slots, qk[:, hq:].transpose(0, 1))
             caches[3].index_copy_(1, slots, qkv[:, hq + hkv:].transpose(0, 1))
             out[f"rope_write-d{d}-{dname}"] = {
@@ -169,35 +175,38 @@ def ops_cases() -> dict[str, object]:
     return out
 
 
-def _accept_case(k: int, m: int) -> bool:
-    """triton_ops.accept == the torch ops of Decoder._spec_cycle, when the first m drafts match."""
+def _accept_case(k: int, m: int) -> dict[str, object]:
+    """triton_ops.accept against decode.accept_cycle (the sdpa path's torch ops), when the first m
+    drafts match; the buffers hold k + 3 rows (a larger k ran before): the rows past k stay."""
     from eagle import triton_ops
+    from eagle.decode import accept_cycle
 
     gen = torch.Generator().manual_seed(k * 10 + m)
     greedy = torch.randint(0, 50, (k + 1,), generator=gen)
-    drafts = greedy[:k].clone()
+    n0, c0 = 7, 2
+    tokens = torch.randint(0, 50, (k + 3,), generator=gen)
+    tokens[1:k + 1] = greedy[:k]
     if m < k:
-        drafts[m] += 1  # the first mismatch; later drafts may match again, and must not count
+        tokens[1 + m] += 1  # the first mismatch; later drafts may match again, and must not count
     ids = torch.randint(0, 50, (k + 1,), generator=gen)
     feats = torch.randn(k + 1, 40, generator=gen)
-    n0, c0 = 7, 2
-    mine = {"state": torch.arange(30) * 3, "counter": torch.tensor([c0]), "hist_m": torch.zeros(8, dtype=torch.long),
-            "hist_n": torch.zeros(8, dtype=torch.long), "d1": torch.zeros(1, dtype=torch.long),
-            "feat": torch.zeros(1, 40)}
+    mine = {"tokens": tokens, "pos": n0 + torch.arange(k + 3), "state": torch.arange(30) * 3,
+            "counter": torch.tensor([c0]), "hist_m": torch.zeros(8, dtype=torch.long),
+            "hist_n": torch.zeros(8, dtype=torch.long), "feat": torch.zeros(1, 40)}
     mine["state"][0] = n0
     ref = {name: t.clone() for name, t in mine.items()}
-    triton_ops.accept(drafts, greedy, ids, feats, mine["state"], mine["counter"], mine["hist_m"], mine["hist_n"],
-                      mine["d1"], mine["feat"])
-    n, seq = ref["state"][:1], ref["state"][1:]
-    mm = torch.cumprod((drafts == greedy[:k]).long(), 0).sum().view(1)
-    seq.index_copy_(0, n + torch.arange(k + 1) + 1, greedy)
-    ref["d1"].copy_(ids.index_select(0, mm))
-    ref["feat"].copy_(feats.index_select(0, mm))
-    ref["hist_m"].index_copy_(0, ref["counter"], mm)
-    ref["hist_n"].index_copy_(0, ref["counter"], n)
-    ref["counter"].add_(1)
-    n.add_(mm + 1)
-    return int(mm) == m and all(torch.equal(mine[name], ref[name]) for name in mine)
+    before = {name: t.clone() for name, t in mine.items()}
+    names = ("tokens", "pos", "state", "counter", "hist_m", "hist_n", "feat")
+    triton_ops.accept(mine["tokens"], mine["pos"], greedy, ids, feats, *(mine[n] for n in names[2:]))
+    accept_cycle(ref["tokens"], ref["pos"], greedy, ids, feats, *(ref[n] for n in names[2:]))
+    n1 = n0 + m + 1
+    return {"equal": all(torch.equal(mine[name], ref[name]) for name in mine),
+            "m": int(mine["hist_m"][c0]), "n": int(mine["state"][0]), "expected_n": n1,
+            "next_rows": mine["pos"][: k + 1].tolist() == list(range(n1, n1 + k + 1)),
+            "rows_past_k_kept": bool(torch.equal(mine["pos"][k + 1:], before["pos"][k + 1:])
+                                     and torch.equal(mine["tokens"][k + 1:], before["tokens"][k + 1:])),
+            "first_token": int(mine["tokens"][0]) == int(greedy[m]) == int(mine["state"][1 + n1]),
+            "d1": int(mine["tokens"][1]) == int(ids[m]), "feat": bool(torch.equal(mine["feat"][0], feats[m]))}
 
 
 def decoder_outputs(target: str, draft: str, prompts: str, new_tokens: int, k: int) -> dict[str, object]:
@@ -268,8 +277,10 @@ def _compile_ops(target: object) -> dict[str, int]:
 
     rms, silu, rope, accept = _kernels(False)
     sizes = {}
-    kernel = compile(ASTSource(rms, {"x_ptr": "*bf16", "w_ptr": "*bf16", "o_ptr": "*bf16", "N": "i32", "sx": "i32",
-                                     "so": "i32", "eps": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 8192}), target=target)
+    kernel = compile(ASTSource(rms, {"x_ptr": "*bf16", "w_ptr": "*bf16", "o_ptr": "*bf16", "keep_ptr": "*bf16",
+                                     "N": "i32", "sx": "i32", "so": "i32", "sk": "i32", "eps": "fp32",
+                                     "BLOCK": "constexpr", "KEEP": "constexpr"}, {"BLOCK": 8192, "KEEP": True}),
+                     target=target)
     sizes["rms_norm"] = len(kernel.asm["cubin"])
     kernel = compile(ASTSource(silu, {"gu_ptr": "*bf16", "o_ptr": "*bf16", "N": "i32", "sg": "i32", "so": "i32",
                                       "BLOCK": "constexpr"}, {"BLOCK": SILU_BLOCK}), target=target)
@@ -280,8 +291,8 @@ def _compile_ops(target: object) -> dict[str, int]:
            **{p: "*bf16" for p in ("q_ptr", "kc_ptr", "vc_ptr")}, **dict.fromkeys(ints, "i32"), "HALF_P": "constexpr"}
     kernel = compile(ASTSource(rope, sig, {"HALF_P": 64}), target=target)
     sizes["rope_write"] = len(kernel.asm["cubin"])
-    sig = {**{p: "*i64" for p in ("drafts_ptr", "greedy_ptr", "ids_ptr")}, "feats_ptr": "*bf16",
-           **{p: "*i64" for p in ("state_ptr", "counter_ptr", "hist_m_ptr", "hist_n_ptr", "d1_ptr")},
+    sig = {**{p: "*i64" for p in ("tokens_ptr", "pos_ptr", "greedy_ptr", "ids_ptr")}, "feats_ptr": "*bf16",
+           **{p: "*i64" for p in ("state_ptr", "counter_ptr", "hist_m_ptr", "hist_n_ptr")},
            "feat_ptr": "*bf16", "K": "i32", "H": "i32", "s_feats": "i32", "K_P": "constexpr", "BLOCK_H": "constexpr"}
     kernel = compile(ASTSource(accept, sig, {"K_P": 8, "BLOCK_H": 1024}), target=target)
     sizes["accept"] = len(kernel.asm["cubin"])

@@ -102,6 +102,39 @@ def test_speculative_with_always_right_drafts(toy_target, prompts, references) -
 
 
 @pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
+def test_a_longer_chain_than_the_cycle_buffers_hold(toy_target, prompts, references) -> None:
+    """k = 10 needs 11 rows in the cycle's token and position buffers (made for 9): they grow, the
+    graphs over the smaller ones are dropped, and k = 3 on the same decoder still decodes right."""
+    from transformers import AutoConfig
+
+    from eagle.decode import SPEC_ROWS
+
+    vocab = AutoConfig.from_pretrained(toy_target).vocab_size
+    p, ref = prompts[0], references[0]
+    dec = _decoder(toy_target, None, helpers.OracleProposer(p + ref, vocab))
+    assert dec.generate_speculative(p, MAX_NEW, K).tokens == ref
+    k = SPEC_ROWS + 1
+    res = dec.generate_speculative(p, MAX_NEW, k)
+    assert dec.tokens.shape[0] == k + 1 and res.tokens == ref
+    assert res.accepted[:-1] == [k] * (len(res.accepted) - 1)
+    assert dec.generate_speculative(p, MAX_NEW, K).tokens == ref
+
+
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
+def test_time_stages_with_and_without_a_drafter(toy_target: Path, random_draft: Path, prompts) -> None:
+    """The bench's stage timings: a target alone times its step and its (k+1)-token verify (no aux
+    states to take); with a drafter, its step and catch-up too; the decoder still decodes after."""
+    from eagle.decode import load_decoder
+
+    plain = load_decoder(toy_target, None, max_len=128)
+    assert set(plain.time_stages(K, prompts[0], iters=2)) == {"target_step", "verify"}
+    dec = load_decoder(toy_target, random_draft, max_len=128)
+    times = dec.time_stages(K, prompts[0], iters=2)
+    assert set(times) == {"target_step", "verify", "draft_step", "catchup"} and min(times.values()) > 0
+    assert dec.generate_speculative(prompts[0], 8, K).tokens == plain.generate_greedy(prompts[0], 8)
+
+
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
 @pytest.mark.parametrize("wrong_every", [2, 3, 5])
 def test_acceptance_follows_the_first_wrong_draft(toy_target, prompts, references, wrong_every) -> None:
     from transformers import AutoConfig
@@ -209,6 +242,13 @@ def test_rope_and_fused_projections_match_the_reference(toy_target: Path) -> Non
     emb = torch.cat([pos[:, None].float() * inv_freq[None]] * 2, dim=-1)
     q_ref, k_ref = apply_rotary_pos_emb(q, k, (emb.cos() * scaling)[None], (emb.sin() * scaling)[None])
     cos, sin_signed = rope(pos, torch.float32)
+    # the tables a triton cache holds: row s is the rope of position s + offset, bit for bit
+    for dtype in (torch.float32, torch.bfloat16):
+        for offset in (0, 1):
+            cos_t, sin_t = rope.table(64, dtype, offset)
+            rows = pos[pos >= offset]
+            want_cos, want_sin = rope(rows, dtype)
+            assert torch.equal(cos_t[rows - offset], want_cos) and torch.equal(sin_t[rows - offset], want_sin)
     assert torch.allclose(apply_rope(q[0].transpose(0, 1), cos, sin_signed), q_ref[0].transpose(0, 1), atol=1e-6)
     assert torch.allclose(apply_rope(k[0].transpose(0, 1), cos, sin_signed), k_ref[0].transpose(0, 1), atol=1e-6)
     # one [q; k; v] and one [gate; up] matrix give the same logits as the separate projections

@@ -190,8 +190,9 @@ def test_triton_attention_kernel_in_a_cuda_graph() -> None:
 
 def test_fused_triton_ops_in_a_cuda_graph() -> None:
     """eagle/triton_ops.py compiled for the GPU, in bf16 on the 8B shape's rows, captured in one CUDA
-    graph and replayed at other slots: rope + cache write equal to apply_rope + index_copy_ bit for bit
-    (queries, keys and values), SwiGLU and RMSNorm within one bf16 rounding of torch's ops."""
+    graph and replayed at other slots: rope (read from the tables at each row's slot) + cache write
+    equal to apply_rope + index_copy_ bit for bit (queries, keys and values), SwiGLU and RMSNorm within
+    one bf16 rounding of torch's ops, RMSNorm's kept input equal to its input."""
     import torch
     import torch.nn.functional as F
 
@@ -206,11 +207,12 @@ def test_fused_triton_ops_in_a_cuda_graph() -> None:
     gate_up = (4 * torch.randn(t, 2 * inter, device="cuda", generator=gen)).to(bf16)
     slots = torch.arange(t, device="cuda")
     k_cache, v_cache = (torch.zeros(hkv, 1024, d, device="cuda", dtype=bf16) for _ in range(2))
+    cos, sin = rope.table(1024, bf16)
+    kept = torch.zeros(t, 3 * hidden, device="cuda", dtype=bf16)
 
     def run():
-        cos, sin = rope(slots, bf16)
         q = triton_ops.rope_write(qkv[:, : hq + hkv], qkv[:, hq + hkv:], cos, sin, slots, k_cache, v_cache)
-        return q, triton_ops.rms_norm(x, w, 1e-5), triton_ops.silu_mul(gate_up)
+        return q, triton_ops.rms_norm(x, w, 1e-5, keep=kept[:, hidden:2 * hidden]), triton_ops.silu_mul(gate_up)
 
     for _ in range(2):
         run()
@@ -221,13 +223,13 @@ def test_fused_triton_ops_in_a_cuda_graph() -> None:
     for first in (0, 517, 1020):
         slots.copy_(torch.arange(first, first + t))
         graph.replay()
-        cos, sin = rope(slots, bf16)
-        qk = llama_ops.apply_rope(qkv[:, : hq + hkv], cos, sin)
+        qk = llama_ops.apply_rope(qkv[:, : hq + hkv], *rope(slots, bf16))
         assert torch.equal(q, qk[:, :hq].transpose(0, 1))
         assert torch.equal(k_cache[:, slots], qk[:, hq:].transpose(0, 1))
         assert torch.equal(v_cache[:, slots], qkv[:, hq + hkv:].transpose(0, 1))
     ref = F.rms_norm(x.float(), (hidden,), w.float(), 1e-5)
     assert ((norm.float() - ref).abs() <= ulp * ref.abs() + 1e-6).all()
+    assert torch.equal(kept[:, hidden:2 * hidden], x) and not kept[:, :hidden].any() and not kept[:, 2 * hidden:].any()
     gate, up = gate_up.chunk(2, dim=-1)
     ref = F.silu(gate.float()) * up.float()
     assert ((swiglu.float() - ref).abs() <= 2 * ulp * ref.abs() + 1e-6).all()

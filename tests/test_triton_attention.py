@@ -96,9 +96,17 @@ def test_fused_norm_and_swiglu_equal_torch(ops: dict, dtype: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", list(cases.DTYPES))
+def test_fused_norm_keeps_its_input_in_the_same_launch(ops: dict, dtype: str) -> None:
+    """`keep` (how the target's aux states are taken): the input lands, bit for bit, in the given
+    columns of a wider buffer, nothing else of it is touched, and the norm is unchanged."""
+    assert ops[f"rms_norm_keep-{dtype}"] == {"norm_equal": True, "kept_equal": True, "rest_untouched": True}
+
+
+@pytest.mark.parametrize("dtype", list(cases.DTYPES))
 @pytest.mark.parametrize("head_dim", [16, 96])
 def test_rope_write_equals_rope_then_cache_writes(ops: dict, head_dim: int, dtype: str) -> None:
-    """Queries and cached keys as apply_rope + index_copy_ give them, values copied exactly, at
+    """Queries and cached keys as apply_rope + index_copy_ give them, the kernel reading the rope
+    tables at each row's slot (a drafter's tables, position = slot + 1), values copied exactly, at
     slots in any order, and no other cache slot touched."""
     case = ops[f"rope_write-d{head_dim}-{dtype}"]
     assert case["q"] <= OPS_TOL[dtype] and case["k"] <= OPS_TOL[dtype]
@@ -107,8 +115,14 @@ def test_rope_write_equals_rope_then_cache_writes(ops: dict, head_dim: int, dtyp
 
 def test_accept_kernel_equals_the_torch_bookkeeping(ops: dict) -> None:
     """k = 1, 3, 4 drafts with every number m = 0..k of them accepted (a later draft matching again
-    after the first miss must not count): n, seq, d1, feat, the history and the counter all equal."""
-    assert ops["accept"] == [True] * (2 + 4 + 5)
+    after the first miss must not count): triton_ops.accept and decode.accept_cycle leave n, seq,
+    the next cycle's rows and tokens, feat, the history and the counter equal, and right."""
+    got = ops["accept"]
+    assert [(c["m"], c["n"]) for c in got] == [(m, 7 + m + 1) for k in (1, 3, 4) for m in range(k + 1)]
+    for case in got:
+        assert {key: v for key, v in case.items() if key not in ("m", "n", "expected_n")} == {
+            "equal": True, "next_rows": True, "rows_past_k_kept": True, "first_token": True, "d1": True,
+            "feat": True}
 
 
 def test_token_major_attention_output_is_the_transpose(ops: dict) -> None:
