@@ -215,6 +215,36 @@ def collate(samples: list[dict[str, torch.Tensor]], dtype: torch.dtype = torch.f
     return out
 
 
+_copy_streams = threading.local()  # each batch-building thread's CUDA copy stream
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
+    """The batch's tensors on `device`.
+
+    On CUDA the host-to-device copies run on a copy stream of the calling thread (from pinned
+    memory: asynchronous) and the thread waits for them, so a batch built on a prefetch thread
+    arrives whole, and its copy (128 MB for 8k tokens of a 1.1B target's states, 3-5 ms) overlaps
+    the training step instead of queueing on the step's stream between two steps. Each tensor is
+    then marked as used by the device's default stream, where the step runs (record_stream), so the
+    caching allocator does not hand its memory to a later batch's copy before the step has read it."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return {k: v.to(dev) for k, v in batch.items()}
+    streams = _copy_streams.__dict__.setdefault("by_device", {})
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    stream = streams.get(index)
+    if stream is None:
+        stream = streams[index] = torch.cuda.Stream(device=index)
+    with torch.cuda.stream(stream):
+        out = {k: v if v.is_cuda else (v if v.is_pinned() else v.pin_memory()).to(dev, non_blocking=True)
+               for k, v in batch.items()}
+    stream.synchronize()
+    compute = torch.cuda.default_stream(index)
+    for v in out.values():
+        v.record_stream(compute)
+    return out
+
+
 def prefetched(make, items: list, workers: int = 1):  # noqa: ANN001, ANN201 - make(item) -> batch
     """Yield make(item) for each item in order, building the next `workers` ones on side threads
     while the caller uses this one (reading, checking and collating batches overlaps the GPU's
@@ -321,8 +351,7 @@ class HiddenStates(DataSource):
         pin = torch.device(device).type == "cuda"  # pinned: the copy runs async, the CPU prepares the next batch
         b = collate([self.sample(i) for i in indices], dtype=dtype, layout=layout, pin=pin,
                     layout_multiple=layout_multiple, pad_to=pad_to)
-        return {k: (v if not pin or v.is_pinned() else v.pin_memory()).to(device, non_blocking=True)
-                for k, v in b.items()}
+        return to_device(b, device)
 
     def tokens(self, indices: list[int]) -> int:
         return sum(min(max(self.lengths[i] - 1, 0), self.budget) for i in indices)

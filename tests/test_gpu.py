@@ -4,7 +4,8 @@ One call on the lent GPU machine runs all of it: the capture engine with and wit
 index, extraction files against the CPU's (bf16 tolerance), `eagle train` offline and --online with
 shape buckets and no recompiles after warm-up, evaluate and bench on the fast decoder (CUDA graphs),
 the Triton decode attention and fused rope/norm/SwiGLU kernels (in CUDA graphs, and the fast
-decoder with --attention triton), and DDP across 2 processes (one per GPU, or sharing one GPU over gloo)."""
+decoder with --attention triton), batches copied on a side stream while the step runs, and DDP
+across 2 processes (one per GPU, or sharing one GPU over gloo)."""
 
 from __future__ import annotations
 
@@ -126,6 +127,40 @@ def test_train_on_gpu_compiles_once_per_shape(toy_target: Path, toy_data: Path, 
     assert log.epochs[-1].train_loss < log.epochs[0].train_loss
     assert torch.cuda.max_memory_allocated() > 0
     assert (tmp_path / "d" / "tensorboard").is_dir()
+
+
+def test_batches_arrive_on_a_copy_stream_while_the_step_runs() -> None:
+    """dataset.to_device on a prefetch thread while the step's stream is busy (100 products of 8192^2,
+    ~0.15 s): it returns with the batch on the device, whole, readable from another stream at once,
+    and the step's stream still busy: the copy did not queue behind the step (as it did on that stream)."""
+    import threading
+
+    import torch
+
+    from eagle import dataset
+
+    host = {"hidden_states": torch.randn(8192, 4096).to(torch.bfloat16).pin_memory(), "input_ids": torch.arange(8192)}
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    for _ in range(100):
+        a @ a
+    got: dict = {}
+
+    def prefetch() -> None:
+        got["batch"] = dataset.to_device(host, torch.device("cuda"))
+
+    worker = threading.Thread(target=prefetch)
+    worker.start()
+    worker.join()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        back = {k: v.to("cpu", non_blocking=True) for k, v in got["batch"].items()}
+    side.synchronize()
+    busy = not torch.cuda.default_stream().query()
+    torch.cuda.synchronize()
+    assert busy
+    assert all(v.is_cuda for v in got["batch"].values())
+    assert torch.equal(back["hidden_states"], host["hidden_states"]) and torch.equal(back["input_ids"], host["input_ids"])
 
 
 def test_train_online_on_gpu(toy_target: Path, toy_data: Path, tmp_path: Path) -> None:

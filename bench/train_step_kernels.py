@@ -1,0 +1,230 @@
+"""Where the drafter's training step spends its time (issue 27: drafter step MFU >= 45% on fixed
+shapes, the real loop within 10% of it), and what feeding it from the host costs.
+
+    python -m bench.train_step_kernels --out $OUT        # on the H200: the 1.1B shape's drafter, ~2 min
+    python -m bench.train_step_kernels --smoke            # tiny shapes on the CPU (a check of the code)
+
+The step is `eagle.train.train_step` as `eagle train` runs it (speculators' compiled drafter forward,
+per-document attention, bf16 autocast, AdamW, clip 1.0) on fixed packs of 4 x 2047 tokens with
+random bf16 hidden states (a step's time does not depend on their values) for the 1.1B Llama shape
+of bench/gpu_throughput.py (hidden 2048, inter 5632, 32/4 heads, draft vocab 8000, ttt 3). One
+drafter, compiled once, is timed three ways: batches already on the device (the step alone), and
+batches built from pinned host memory on `eagle train`'s prefetch threads with the host-to-device
+copy on the step's own stream (as `eagle train` did before dataset.to_device) or on a copy stream
+(dataset.to_device). Per feed: steady tok/s and MFU (FLOPs of
+bench/gpu_throughput.drafter_flops_per_token over the measured bf16 matmul rate); then a kernel
+profile of 3 device-fed steps: device ms per step by category (matmul, attention, loss, optimizer,
+Inductor's fused elementwise, other), kernels per step, the step's wall time under the profiler, and
+the top kernels. `--losses eager,fused` repeats it all with speculators' fused Triton KL loss (on
+torch 2.11 dynamo fails to trace its autotuner: the run reports the error). Writes
+OUT/train_step_kernels.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.gpu_decode import sync
+from bench.gpu_throughput import (
+    SMOKE,
+    TARGET_1B,
+    drafter_flops_per_token,
+    random_target,
+    save_verifier,
+    timed,
+)
+
+CATEGORIES = (  # first match wins: attention before matmul (flash kernels carry "cutlass" in their names)
+    ("attention", re.compile(r"fmha|flash|attention|cudnn|sdpa", re.I)),
+    ("loss", re.compile(r"loss_(forward|backward)_kernel", re.I)),
+    ("matmul", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|splitK|sm90_", re.I)),
+    ("optimizer", re.compile(r"multi_tensor|adam|foreach|clip", re.I)),
+    ("inductor", re.compile(r"^triton_", re.I)),
+)
+
+
+def category(name: str) -> str:
+    return next((cat for cat, rx in CATEGORIES if rx.search(name)), "other")
+
+
+def kernel_profile(step: Any, dev: torch.device, steps: int = 3) -> dict[str, Any]:
+    """Device ms per step by category, kernels per step, the top kernels, and the step's wall ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync(dev)
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        sync(dev)
+    wall = (time.perf_counter() - t0) / steps
+    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    attr = "self_device_time_total" if events and hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+    cats: dict[str, float] = {}
+    for e in events:
+        cats[category(e.key)] = cats.get(category(e.key), 0.0) + getattr(e, attr) / steps / 1000
+    top = sorted(events, key=lambda e: -getattr(e, attr))[:12]
+    return {"device_ms": round(sum(cats.values()), 3), "wall_ms_profiled": round(wall * 1000, 3),
+            "kernels": sum(e.count for e in events) // steps,
+            "by_category_ms": {k: round(v, 3) for k, v in sorted(cats.items(), key=lambda kv: -kv[1])},
+            "top": [{"kernel": e.key[:90], "ms": round(getattr(e, attr) / steps / 1000, 3), "calls": e.count // steps,
+                     "category": category(e.key)} for e in top]}
+
+
+def samples(shape: dict[str, int], seq: int, n: int, aux: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """n raw samples as eagle extract writes them: hidden_states [seq, aux + 1, H] (random bf16)."""
+    g = torch.Generator().manual_seed(seed)
+    return [{"hidden_states": torch.randn(seq, aux + 1, shape["hidden_size"], generator=g).to(torch.bfloat16),
+             "input_ids": torch.randint(0, shape["vocab_size"], (seq,), generator=g),
+             "loss_mask": torch.ones(seq, dtype=torch.long)} for _ in range(n)]
+
+
+def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, vocab: int, layer_ids: list[int],
+            dev: torch.device, steps: int, warmup: int, per_pack: int, ttt: int) -> dict[str, Any]:
+    """One drafter, compiled once; its step timed three ways: batches already on the device (the
+    step alone), and fed from pinned host memory by eagle train's prefetch threads with the copy on
+    the step's stream (as before dataset.to_device) or on a copy stream (dataset.to_device)."""
+    from speculators.losses import resolve_loss_config
+
+    from eagle import dataset, drafter
+    from eagle.train import lr_lambda, train_step, use_doc_attention
+
+    seq = raw[0]["input_ids"].shape[0]
+    budget = per_pack * (seq - 1)
+    shifted = [dataset.shift_sample(s, budget) for s in raw]
+    order = [[(k * per_pack + j) % len(shifted) for j in range(per_pack)] for k in range(warmup + steps)]
+    d2t = torch.zeros(dv, dtype=torch.long)  # draft id i = target id i
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[:dv] = True
+    torch.manual_seed(0)
+    model = drafter.build_drafter(vdir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=ttt).to(dev)
+    use_doc_attention(model)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(4 * len(order), max(1, len(order) // 5)))
+    losses = resolve_loss_config("kl_div", impl)
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda"
+                else torch.autocast("cpu", enabled=False))
+    hdt = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    cuda = dev.type == "cuda"
+
+    def host(idx: list[int]) -> dict[str, torch.Tensor]:
+        return dataset.collate([shifted[i] for i in idx], dtype=hdt, layout=True, pin=cuda)
+
+    def on_step_stream(idx: list[int]) -> dict[str, torch.Tensor]:  # HiddenStates.batch before to_device
+        return {k: v.to(dev, non_blocking=True) for k, v in host(idx).items()}
+
+    def on_copy_stream(idx: list[int]) -> dict[str, torch.Tensor]:
+        return dataset.to_device(host(idx), dev)
+
+    resident = [on_step_stream(idx) for idx in order]
+    sync(dev)
+    first: list[float] = []
+    t_compile = time.perf_counter()
+    for b in resident[:warmup]:
+        loss, _ = train_step(model, b, opt, sched, params, ttt, losses, autocast)
+        first.append(float(loss))
+    out: dict[str, Any] = {"loss_impl": impl, "warmup_s": round(time.perf_counter() - t_compile, 1),
+                           "first_losses": first}
+    feeds = {"device": lambda: iter(resident[warmup:]),
+             "fed, copy on the step's stream": lambda: dataset.prefetched(on_step_stream, order[warmup:],
+                                                                          dataset.loader_workers(dev)),
+             "fed, copy stream (dataset.to_device)": lambda: dataset.prefetched(on_copy_stream, order[warmup:],
+                                                                                dataset.loader_workers(dev))}
+    tokens = sum(int(b["loss_mask"].numel()) for b in resident[warmup:])
+    out["modes"] = {}
+    for name, feed in feeds.items():
+        sync(dev)
+        t0 = time.perf_counter()
+        for b in feed():
+            loss, _ = train_step(model, b, opt, sched, params, ttt, losses, autocast)
+        sync(dev)
+        wall = time.perf_counter() - t0
+        out["modes"][name] = {"tok_s": tokens / wall, "step_ms": wall / steps * 1000, "last_loss": float(loss)}
+    out["tok_s"], out["step_ms"] = out["modes"]["device"]["tok_s"], out["modes"]["device"]["step_ms"]
+    if cuda:
+        out["profile"] = kernel_profile(lambda: train_step(model, resident[0], opt, None, params, ttt, losses, autocast),
+                                        dev)
+    return out
+
+
+def matmul_rate(dev: torch.device, n: int) -> float:
+    """Measured bf16 FLOP/s of an n^3 product (the MFU's denominator, as bench/gpu_throughput's)."""
+    mat = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    return 2 * n ** 3 / timed(lambda: mat @ mat, dev, 10 if n >= 4096 else 3, 3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the code, measures nothing")
+    p.add_argument("--out", default=os.environ.get("OUT"), help="write train_step_kernels.json here [$OUT]")
+    p.add_argument("--losses", default="eager", help="speculators' loss implementations to compare (eager, fused)")
+    p.add_argument("--steps", type=int, default=40, help="timed steps of each feed")
+    p.add_argument("--warmup", type=int, default=4, help="steps before timing (the first compiles)")
+    a = p.parse_args(argv)
+    dev = torch.device("cpu" if a.smoke or not torch.cuda.is_available() else "cuda")
+    if dev.type == "cpu" and not a.smoke:
+        print("no GPU: use --smoke for a CPU check", file=sys.stderr)
+        return 1
+    shape = SMOKE if a.smoke else TARGET_1B
+    seq, dv, ttt, per_pack = (64, 64, 3, 2) if a.smoke else (2048, 8000, 3, 4)
+    steps, warmup = (2, 1) if a.smoke else (a.steps, a.warmup)
+    n = shape["num_hidden_layers"]
+    layer_ids = [2, n // 2, n - 3]
+    impls = [i for i in a.losses.split(",") if i and not (a.smoke and i == "fused")]  # fused: Triton on CUDA
+    scratch = Path(tempfile.mkdtemp(prefix="train_step_kernels-"))
+    target = random_target(shape, dev, torch.float32 if a.smoke else torch.bfloat16)
+    save_verifier(target, scratch / "verifier")
+    del target
+    matmul = matmul_rate(dev, 512 if a.smoke else 8192)
+    flops = drafter_flops_per_token(shape["hidden_size"], shape["intermediate_size"], shape["num_attention_heads"],
+                                    shape["num_key_value_heads"], dv, ttt, seq)
+    raw = samples(shape, seq, 2 * per_pack, len(layer_ids))
+    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__,
+                              "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (smoke)",
+                              "shape": shape, "pack": f"{per_pack} x {seq - 1}", "ttt": ttt, "draft_vocab": dv,
+                              "matmul_tflops": round(matmul / 1e12, 1), "gflop_per_token": round(flops / 1e9, 3),
+                              "runs": []}
+    print(f"bf16 matmul {matmul / 1e12:.1f} TFLOP/s; drafter step {flops / 1e9:.3f} GFLOP/token; "
+          f"packs {per_pack} x {seq - 1}", flush=True)
+    for impl in impls:
+        try:
+            r = measure(impl, scratch / "verifier", raw, dv, shape["vocab_size"], layer_ids, dev, steps, warmup,
+                        per_pack, ttt)
+        except Exception as e:  # noqa: BLE001 - keep measuring the other implementation
+            r = {"loss_impl": impl, "error": f"{type(e).__name__}: {e}"[:400]}
+            print(f"[{impl}] FAILED {r['error']}", flush=True)
+        else:
+            print(f"[{impl}] warm-up {r['warmup_s']} s, first losses {', '.join(f'{v:.6f}' for v in r['first_losses'])}",
+                  flush=True)
+            for name, m in r["modes"].items():
+                m["mfu"] = m["tok_s"] * flops / matmul
+                print(f"[{impl}] {name}: {m['tok_s']:,.0f} tok/s, step {m['step_ms']:.2f} ms, MFU {m['mfu']:.1%}",
+                      flush=True)
+            prof = r.get("profile")
+            if prof:
+                cats = ", ".join(f"{k} {v:.2f}" for k, v in prof["by_category_ms"].items())
+                print(f"[{impl}] profile: {prof['kernels']} kernels, device {prof['device_ms']:.2f} ms of "
+                      f"{prof['wall_ms_profiled']:.2f} ms a step; {cats} ms", flush=True)
+                for t in prof["top"]:
+                    print(f"    {t['ms']:8.3f} ms x{t['calls']:<4} {t['category']:<9} {t['kernel']}", flush=True)
+        result["runs"].append(r)
+        if a.out:
+            Path(a.out).mkdir(parents=True, exist_ok=True)
+            (Path(a.out) / "train_step_kernels.json").write_text(json.dumps(result, indent=1) + "\n")
+    return 0 if all("error" not in r for r in result["runs"]) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
