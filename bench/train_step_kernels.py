@@ -5,13 +5,16 @@ shapes, the real loop within 10% of it), and what feeding it from the host costs
     python -m bench.train_step_kernels --smoke            # tiny shapes on the CPU (a check of the code)
 
 The step is `eagle.train.train_step` as `eagle train` runs it (speculators' compiled drafter forward,
-per-document attention, bf16 autocast, AdamW, clip 1.0) on fixed packs of 4 x 2047 tokens with
+per-document attention, bf16 autocast, AdamW, clip 1.0, its compile settings) on fixed packs of 4 x 2047 tokens with
 random bf16 hidden states (a step's time does not depend on their values) for the 1.1B Llama shape
 of bench/gpu_throughput.py (hidden 2048, inter 5632, 32/4 heads, draft vocab 8000, ttt 3). One
 drafter, compiled once, is timed three ways: batches already on the device (the step alone), and
 batches built from pinned host memory on `eagle train`'s prefetch threads with the host-to-device
 copy on the step's own stream (as `eagle train` did before dataset.to_device) or on a copy stream
-(dataset.to_device). Per feed: steady tok/s and MFU (FLOPs of
+(dataset.to_device); then `eagle train`'s real loop on `--rows` variable-length rows (1024-2048
+tokens: packs padded to the same 8188-token budget, shape buckets, per-document widths rounded to
+256, the copy stream; an untimed pass compiles the packs' shapes, `--passes` timed ones follow;
+real tokens counted, padding not). Each feed's tok/s also as a fraction of the step alone. Per feed: steady tok/s and MFU (FLOPs of
 bench/gpu_throughput.drafter_flops_per_token over the measured bf16 matmul rate); then a kernel
 profile of 3 device-fed steps: device ms per step by category (matmul, attention, loss, optimizer,
 Inductor's fused elementwise, other), kernels per step, the step's wall time under the profiler, and
@@ -81,24 +84,30 @@ def kernel_profile(step: Any, dev: torch.device, steps: int = 3) -> dict[str, An
                      "category": category(e.key)} for e in top]}
 
 
-def samples(shape: dict[str, int], seq: int, n: int, aux: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    """n raw samples as eagle extract writes them: hidden_states [seq, aux + 1, H] (random bf16)."""
+def samples(shape: dict[str, int], lengths: list[int], aux: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """Raw samples of these lengths as eagle extract writes them: hidden_states [T, aux + 1, H]
+    (random bf16), input_ids, loss_mask."""
     g = torch.Generator().manual_seed(seed)
-    return [{"hidden_states": torch.randn(seq, aux + 1, shape["hidden_size"], generator=g).to(torch.bfloat16),
-             "input_ids": torch.randint(0, shape["vocab_size"], (seq,), generator=g),
-             "loss_mask": torch.ones(seq, dtype=torch.long)} for _ in range(n)]
+    return [{"hidden_states": torch.randn(t, aux + 1, shape["hidden_size"], generator=g).to(torch.bfloat16),
+             "input_ids": torch.randint(0, shape["vocab_size"], (t,), generator=g),
+             "loss_mask": torch.ones(t, dtype=torch.long)} for t in lengths]
 
 
 def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, vocab: int, layer_ids: list[int],
-            dev: torch.device, steps: int, warmup: int, per_pack: int, ttt: int) -> dict[str, Any]:
+            dev: torch.device, steps: int, warmup: int, per_pack: int, ttt: int,
+            variable: list[dict[str, torch.Tensor]] | None = None, passes: int = 4) -> dict[str, Any]:
     """One drafter, compiled once; its step timed three ways: batches already on the device (the
     step alone), and fed from pinned host memory by eagle train's prefetch threads with the copy on
-    the step's stream (as before dataset.to_device) or on a copy stream (dataset.to_device)."""
+    the step's stream (as before dataset.to_device) or on a copy stream (dataset.to_device). With
+    `variable` samples, a fourth: `eagle train`'s real loop on them (packs of the same budget padded
+    to it, shape buckets, per-document widths rounded to 256, copy stream), one untimed pass over the
+    packs compiling their shapes, then `passes` timed ones; its tok/s counts real tokens only."""
     from speculators.losses import resolve_loss_config
 
     from eagle import dataset, drafter
-    from eagle.train import lr_lambda, train_step, use_doc_attention
+    from eagle.train import compile_settings, lr_lambda, train_step, use_doc_attention
 
+    compile_settings()  # eagle train's (dynamo's recompile limit 64, two Inductor tiling options off)
     seq = raw[0]["input_ids"].shape[0]
     budget = per_pack * (seq - 1)
     shifted = [dataset.shift_sample(s, budget) for s in raw]
@@ -152,6 +161,31 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
         sync(dev)
         wall = time.perf_counter() - t0
         out["modes"][name] = {"tok_s": tokens / wall, "step_ms": wall / steps * 1000, "last_loss": float(loss)}
+    if variable:
+        var_shifted = [dataset.shift_sample(s, budget) for s in variable]
+        lengths = [int(s["input_ids"].shape[0]) for s in variable]
+        packs = dataset.pack_batches(list(range(len(variable))), lengths, budget, seed=0)
+
+        def bucketed(idx: list[int]) -> dict[str, torch.Tensor]:  # HiddenStates.batch as eagle train calls it
+            return dataset.to_device(dataset.collate([var_shifted[i] for i in idx], dtype=hdt, layout=True, pin=cuda,
+                                                     layout_multiple=256, pad_to=budget), dev)
+
+        t_warm = time.perf_counter()
+        for b in dataset.prefetched(bucketed, packs, dataset.loader_workers(dev)):
+            loss, _ = train_step(model, b, opt, sched, params, ttt, losses, autocast)
+        sync(dev)
+        warm = time.perf_counter() - t_warm
+        real = sum(min(n - 1, budget) for n in lengths) * passes
+        t0 = time.perf_counter()
+        for _ in range(passes):
+            for b in dataset.prefetched(bucketed, packs, dataset.loader_workers(dev)):
+                loss, _ = train_step(model, b, opt, sched, params, ttt, losses, autocast)
+        sync(dev)
+        wall = time.perf_counter() - t0
+        out["modes"]["real loop: variable rows, shape buckets, copy stream"] = {
+            "tok_s": real / wall, "step_ms": wall / (passes * len(packs)) * 1000, "last_loss": float(loss),
+            "packs": len(packs), "fill": sum(min(n - 1, budget) for n in lengths) / (len(packs) * budget),
+            "warm_pass_s": round(warm, 1)}
     out["tok_s"], out["step_ms"] = out["modes"]["device"]["tok_s"], out["modes"]["device"]["step_ms"]
     if cuda:
         out["profile"] = kernel_profile(lambda: train_step(model, resident[0], opt, None, params, ttt, losses, autocast),
@@ -172,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--losses", default="eager", help="speculators' loss implementations to compare (eager, fused)")
     p.add_argument("--steps", type=int, default=40, help="timed steps of each feed")
     p.add_argument("--warmup", type=int, default=4, help="steps before timing (the first compiles)")
+    p.add_argument("--rows", type=int, default=32,
+                   help="variable-length rows (1024-2048 tokens) of the real-loop feed; 0 leaves it out")
+    p.add_argument("--passes", type=int, default=4, help="timed passes over the real loop's packs")
     a = p.parse_args(argv)
     dev = torch.device("cpu" if a.smoke or not torch.cuda.is_available() else "cuda")
     if dev.type == "cpu" and not a.smoke:
@@ -190,7 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     matmul = matmul_rate(dev, 512 if a.smoke else 8192)
     flops = drafter_flops_per_token(shape["hidden_size"], shape["intermediate_size"], shape["num_attention_heads"],
                                     shape["num_key_value_heads"], dv, ttt, seq)
-    raw = samples(shape, seq, 2 * per_pack, len(layer_ids))
+    raw = samples(shape, [seq] * (2 * per_pack), len(layer_ids))
+    g = torch.Generator().manual_seed(1)  # the real loop's rows: 1024-2048 tokens (the smoke: 16-64)
+    lo = seq // 2
+    variable = samples(shape, [lo + int(x) for x in torch.randint(0, seq - lo + 1, (a.rows,), generator=g)],
+                       len(layer_ids), seed=2) if a.rows else None
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__,
                               "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (smoke)",
                               "shape": shape, "pack": f"{per_pack} x {seq - 1}", "ttt": ttt, "draft_vocab": dv,
@@ -201,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     for impl in impls:
         try:
             r = measure(impl, scratch / "verifier", raw, dv, shape["vocab_size"], layer_ids, dev, steps, warmup,
-                        per_pack, ttt)
+                        per_pack, ttt, variable, 1 if a.smoke else a.passes)
         except Exception as e:  # noqa: BLE001 - keep measuring the other implementation
             r = {"loss_impl": impl, "error": f"{type(e).__name__}: {e}"[:400]}
             print(f"[{impl}] FAILED {r['error']}", flush=True)
@@ -210,8 +251,11 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             for name, m in r["modes"].items():
                 m["mfu"] = m["tok_s"] * flops / matmul
-                print(f"[{impl}] {name}: {m['tok_s']:,.0f} tok/s, step {m['step_ms']:.2f} ms, MFU {m['mfu']:.1%}",
-                      flush=True)
+                m["of_step"] = m["tok_s"] / r["tok_s"]
+                extra = (f"; {m['packs']} packs {m['fill']:.1%} full, warm pass {m['warm_pass_s']} s"
+                         if "packs" in m else "")
+                print(f"[{impl}] {name}: {m['tok_s']:,.0f} tok/s, step {m['step_ms']:.2f} ms, MFU {m['mfu']:.1%}, "
+                      f"{m['of_step']:.3f} of the step{extra}", flush=True)
             prof = r.get("profile")
             if prof:
                 cats = ", ".join(f"{k} {v:.2f}" for k, v in prof["by_category_ms"].items())
