@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from bench.gpu_decode import sync
+from bench.gpu_decode import ATTENTION, MATMUL, sync
 from bench.gpu_throughput import (
     SMOKE,
     TARGET_1B,
@@ -48,9 +48,9 @@ from bench.gpu_throughput import (
 )
 
 CATEGORIES = (  # first match wins: attention before matmul (flash kernels carry "cutlass" in their names)
-    ("attention", re.compile(r"fmha|flash|attention|cudnn|sdpa", re.I)),
+    ("attention", ATTENTION),  # bench/gpu_decode's kernel kinds, and the training step's own
     ("loss", re.compile(r"loss_(forward|backward)_kernel", re.I)),
-    ("matmul", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|splitK|sm90_", re.I)),
+    ("matmul", MATMUL),
     ("optimizer", re.compile(r"multi_tensor|adam|foreach|clip", re.I)),
     ("inductor", re.compile(r"^triton_", re.I)),
 )
@@ -151,16 +151,20 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
                                                                           dataset.loader_workers(dev)),
              "fed, copy stream (dataset.to_device)": lambda: dataset.prefetched(on_copy_stream, order[warmup:],
                                                                                 dataset.loader_workers(dev))}
+    def run(batches: Any) -> tuple[float, float]:
+        """(seconds, the last step's loss) of train steps over `batches`, synchronised at both ends."""
+        sync(dev)
+        t0 = time.perf_counter()
+        for b in batches:
+            loss, _ = train_step(model, b, opt, sched, params, ttt, losses, autocast)
+        sync(dev)
+        return time.perf_counter() - t0, float(loss)
+
     tokens = sum(int(b["loss_mask"].numel()) for b in resident[warmup:])
     out["modes"] = {}
     for name, feed in feeds.items():
-        sync(dev)
-        t0 = time.perf_counter()
-        for b in feed():
-            loss, _ = train_step(model, b, opt, sched, params, ttt, losses, autocast)
-        sync(dev)
-        wall = time.perf_counter() - t0
-        out["modes"][name] = {"tok_s": tokens / wall, "step_ms": wall / steps * 1000, "last_loss": float(loss)}
+        wall, last = run(feed())
+        out["modes"][name] = {"tok_s": tokens / wall, "step_ms": wall / steps * 1000, "last_loss": last}
     if variable:
         var_shifted = [dataset.shift_sample(s, budget) for s in variable]
         lengths = [int(s["input_ids"].shape[0]) for s in variable]
@@ -170,20 +174,12 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
             return dataset.to_device(dataset.collate([var_shifted[i] for i in idx], dtype=hdt, layout=True, pin=cuda,
                                                      layout_multiple=256, pad_to=budget), dev)
 
-        t_warm = time.perf_counter()
-        for b in dataset.prefetched(bucketed, packs, dataset.loader_workers(dev)):
-            loss, _ = train_step(model, b, opt, sched, params, ttt, losses, autocast)
-        sync(dev)
-        warm = time.perf_counter() - t_warm
+        warm, _ = run(dataset.prefetched(bucketed, packs, dataset.loader_workers(dev)))  # compiles the shapes
         real = sum(min(n - 1, budget) for n in lengths) * passes
-        t0 = time.perf_counter()
-        for _ in range(passes):
-            for b in dataset.prefetched(bucketed, packs, dataset.loader_workers(dev)):
-                loss, _ = train_step(model, b, opt, sched, params, ttt, losses, autocast)
-        sync(dev)
-        wall = time.perf_counter() - t0
+        wall, last = run(b for _ in range(passes) for b in dataset.prefetched(bucketed, packs,
+                                                                               dataset.loader_workers(dev)))
         out["modes"]["real loop: variable rows, shape buckets, copy stream"] = {
-            "tok_s": real / wall, "step_ms": wall / (passes * len(packs)) * 1000, "last_loss": float(loss),
+            "tok_s": real / wall, "step_ms": wall / (passes * len(packs)) * 1000, "last_loss": last,
             "packs": len(packs), "fill": sum(min(n - 1, budget) for n in lengths) / (len(packs) * budget),
             "warm_pass_s": round(warm, 1)}
     out["tok_s"], out["step_ms"] = out["modes"]["device"]["tok_s"], out["modes"]["device"]["step_ms"]
