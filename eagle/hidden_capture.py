@@ -12,6 +12,9 @@ What it does, and why each part is there (figures are the H200 ones in docs/benc
 - Optionally compiles each decoder layer's `forward` (torch.compile; one graph reused by all
   layers; the hooks stay outside the compiled region): fuses the RMSNorm / RoPE / SiLU*mul
   element-wise work that eager mode does in many memory-bound passes.
+  `scope="decoder"` compiles the whole capture as one graph instead (hooks traced; no causal mask
+  built: `use_causal_sdpa`); on the H200 it is no faster (bench/extract_kernels.py), so the
+  per-layer graphs stay the default.
 - On CUDA, hands each batch to the host without stalling the GPU: the stacked [B, T, L+1, H]
   tensor is copied into one of a few pinned host buffers on a side stream (ordered after the
   forward by an event), and writer threads wait for the copy's event, then write the files
@@ -38,6 +41,38 @@ import torch
 
 from eagle.common import EagleError, concrete_device
 from eagle.fsutil import atomic_path
+
+SCOPES = ("layers", "decoder")  # what HiddenCapture compiles: each decoder layer, or the whole capture
+CAUSAL_SDPA = "eagle_causal_sdpa"  # transformers' sdpa attention under a name with no mask function
+
+
+def plain_causal(config: Any) -> bool:
+    """Every layer of this config attends causally to all earlier tokens (no sliding window, no
+    bidirectional part): a causal flag alone then says the whole mask."""
+    if not getattr(config, "is_causal", True):
+        return False
+    types = getattr(config, "layer_types", None)
+    if types:
+        return all(t == "full_attention" for t in types)
+    return not getattr(config, "sliding_window", None) or getattr(config, "use_sliding_window", True) is False
+
+
+def use_causal_sdpa(config: Any) -> str | None:
+    """Switch a plain-causal sdpa target to CAUSAL_SDPA; returns the implementation to restore, or None
+    where it does not apply. transformers builds no mask for an attention implementation that has no
+    mask function (its path for external backends), so SDPA runs its causal kernel. Under
+    torch.compile before torch 2.14 transformers cannot skip a plain causal mask itself: a whole-
+    decoder graph builds a [B, 1, T, T] mask every forward (with the packed-sequence check from the
+    position ids) and cuDNN's masked kernel takes 3x as long (docs/benchmarks.md). Rows stay exact:
+    they are right-padded, and under causal attention no real token sees a later pad."""
+    if getattr(config, "_attn_implementation", None) != "sdpa" or not plain_causal(config):
+        return None
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    AttentionInterface.register(CAUSAL_SDPA, ALL_ATTENTION_FUNCTIONS["sdpa"])
+    config._attn_implementation = CAUSAL_SDPA
+    return "sdpa"
 
 
 # ---------------------------------------------------------------- planning (pure)
@@ -88,7 +123,11 @@ class HiddenCapture:
     """Forward pre-hooks on decoder layers `layer_ids` and on the final norm; `run` returns
     [B, T, L+1, H] (aux layers ascending, then the pre-norm last layer) in the model's dtype."""
 
-    def __init__(self, model: Any, layer_ids: Sequence[int], compile: bool = False) -> None:
+    def __init__(self, model: Any, layer_ids: Sequence[int], compile: bool = False,
+                 scope: str = "layers") -> None:
+        if scope not in SCOPES:
+            raise EagleError(f"compile scope {scope!r}: expected one of {', '.join(SCOPES)}")
+        self.scope = scope
         self.decoder = decoder_of(model)
         from eagle.target import check_layer_ids
 
@@ -98,8 +137,11 @@ class HiddenCapture:
                         for k in self.layer_ids]
         self.handles.append(self.decoder.norm.register_forward_pre_hook(self._hook("last"), with_kwargs=True))
         self.compiled = False
+        self._whole: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self._graphs = False
+        self._restore_attn: str | None = None
         if compile:
-            self.compile_layers()
+            self.compile_layers() if scope == "layers" else self.compile_decoder()
 
     def _hook(self, key: int | str) -> Callable[..., None]:
         def fn(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -118,22 +160,45 @@ class HiddenCapture:
                 layer._eagle_compiled = True
         self.compiled = True
 
+    def compile_decoder(self, graphs: bool = False) -> None:
+        """torch.compile the whole capture (decoder, hooks and the stack) as one graph: Inductor fuses
+        across layer boundaries (a layer's residual add into the next layer's norm), drops the unused
+        final norm and writes the stacked states in place. A plain-causal sdpa target builds no mask
+        (`use_causal_sdpa`). `graphs`: replay each shape's forward as a CUDA graph (torch's
+        "reduce-overhead" mode; each result is cloned out of the graph's memory)."""
+        self._restore_attn = use_causal_sdpa(self.decoder.config) if hasattr(self.decoder, "config") else None
+        self._graphs = graphs
+        self._whole = torch.compile(self._capture, mode="reduce-overhead" if graphs else None)
+        self.compiled = True
+
     def uncompile(self) -> None:
-        """Undo compile_layers (back to the eager forward of every layer)."""
+        """Undo compile_layers / compile_decoder (back to the eager forward of every layer)."""
         for layer in self.decoder.layers:
             if getattr(layer, "_eagle_compiled", False):
                 del layer.forward
                 del layer._eagle_compiled
+        self._whole = None
+        if self._restore_attn is not None:
+            self.decoder.config._attn_implementation = self._restore_attn
+            self._restore_attn = None
         self.compiled = False
 
-    @torch.no_grad()
-    def run(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Hidden states [B, T, L+1, H] of right-padded `input_ids` [B, T] (no attention mask)."""
+    def _capture(self, input_ids: torch.Tensor) -> torch.Tensor:
         self.store.clear()
         self.decoder(input_ids=input_ids, use_cache=False)
         parts = [self.store[k] for k in self.layer_ids] + [self.store["last"]]
         self.store.clear()
         return torch.stack(parts, dim=2)
+
+    @torch.no_grad()
+    def run(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Hidden states [B, T, L+1, H] of right-padded `input_ids` [B, T] (no attention mask)."""
+        if self._whole is None:
+            return self._capture(input_ids)
+        if not self._graphs:
+            return self._whole(input_ids)
+        torch.compiler.cudagraph_mark_step_begin()
+        return self._whole(input_ids).clone()
 
     def close(self) -> None:
         for h in self.handles:

@@ -1,7 +1,7 @@
 """The GPU paths, on a real CUDA device (`make test-gpu`; skipped where torch sees no GPU).
 
 One call on the lent GPU machine runs all of it: the capture engine with and without a device
-index, extraction files against the CPU's (bf16 tolerance), `eagle train` offline and --online with
+index, its whole-decoder graph (and CUDA-graph replay) against the per-layer one, extraction files against the CPU's (bf16 tolerance), `eagle train` offline and --online with
 shape buckets and no recompiles after warm-up, evaluate and bench on the fast decoder (CUDA graphs),
 the Triton decode attention and fused rope/norm/SwiGLU kernels (in CUDA graphs, and the fast
 decoder with --attention triton), batches copied on a side stream while the step runs, and DDP
@@ -68,6 +68,40 @@ def test_capture_pipeline_with_and_without_a_device_index(toy_target: Path) -> N
     ref = results["cuda:0"]
     for got in results.values():
         assert all(torch.equal(got[i], ref[i]) for i in ref)
+
+
+def test_whole_decoder_capture_equals_the_layers_capture(toy_target: Path) -> None:
+    """hidden_capture's scope "decoder" (one compiled graph, no mask built) and its CUDA-graph replay
+    give the per-layer compiled capture's states (bf16: fusion changes roundings a little); a replay
+    returns its own copy, which the next replay does not overwrite."""
+    import torch
+
+    from eagle.data import load_model
+    from eagle.hidden_capture import HiddenCapture, padded_input
+
+    model = load_model(toy_target, "cuda", "auto")
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(0, 2048, (n,), generator=g).tolist() for n in (37, 64, 5, 90)]
+    x, y = padded_input(rows, [0, 1], 64).cuda(), padded_input(rows, [2, 3], 64).cuda()
+    layers = HiddenCapture(model, [2, 4, 5], compile=True)
+    want = [layers.run(x), layers.run(y)]
+    layers.uncompile()
+    layers.close()
+    for graphs in (False, True):
+        torch._dynamo.reset()
+        cap = HiddenCapture(model, [2, 4, 5])
+        cap.compile_decoder(graphs=graphs)
+        try:
+            got = [cap.run(x), cap.run(y)]
+            again = cap.run(x)
+        finally:
+            cap.uncompile()
+            cap.close()
+        for a, b in zip(got, want, strict=True):
+            err = (a.float() - b.float()).norm() / b.float().norm()
+            assert a.shape == b.shape and err < 1e-2, (graphs, float(err))
+        assert torch.equal(again, got[0])
+    assert model.config._attn_implementation != "eagle_causal_sdpa"
 
 
 def test_gpu_extraction_files_equal_the_cpu_ones(toy_target: Path, toy_data: Path, tmp_path: Path) -> None:

@@ -129,3 +129,72 @@ def test_plan_buckets_keeps_padding_waste_small():
     assert sorted(i for b in batches for i in b) == todo
     waste = sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in batches)
     assert waste < 0.1 * sum(lengths[i] for i in todo)  # sorted by length: little padding
+
+
+def test_causal_sdpa_builds_no_mask_under_compile_and_keeps_the_states():
+    """use_causal_sdpa: under torch.compile transformers' sdpa path builds a [B, 1, T, T] mask (it
+    cannot skip it while tracing before torch 2.14); the switched target builds none, so SDPA takes
+    its causal kernel; the padded rows' states stay exact."""
+    from transformers.masking_utils import create_causal_mask
+
+    model = tiny_llama(layers=4)
+    emb, pos = torch.zeros(2, 8, 32), torch.arange(8).expand(2, 8)
+
+    def mask(e: torch.Tensor, p: torch.Tensor):
+        return create_causal_mask(model.config, e, None, None, position_ids=p)
+
+    torch._dynamo.reset()
+    built = torch.compile(mask)(emb, pos)
+    assert built is not None and tuple(built.shape) == (2, 1, 8, 8)  # what a compiled sdpa decoder does
+    rows = [[5, 9, 14, 2, 7, 30, 11], [3, 8, 1]]
+    cap = hc.HiddenCapture(model, [1, 2])
+    try:
+        assert hc.use_causal_sdpa(model.config) == "sdpa"
+        assert model.config._attn_implementation == hc.CAUSAL_SDPA
+        torch._dynamo.reset()
+        assert torch.compile(mask)(emb, pos) is None
+        hs = cap.run(hc.padded_input(rows, [0, 1], 8))
+    finally:
+        model.config._attn_implementation = "sdpa"
+        cap.close()
+    for r, ids in enumerate(rows):
+        torch.testing.assert_close(hs[r, : len(ids)], reference(model, ids, [1, 2]), rtol=1e-5, atol=1e-5)
+
+
+def test_causal_sdpa_is_declined_where_a_mask_says_more():
+    from transformers import MistralConfig, Qwen3Config
+
+    windowed = MistralConfig(sliding_window=16)
+    windowed._attn_implementation = "sdpa"
+    assert not hc.plain_causal(windowed) and hc.use_causal_sdpa(windowed) is None
+    assert windowed._attn_implementation == "sdpa"
+    mixed = Qwen3Config(use_sliding_window=True, sliding_window=16, max_window_layers=1, num_hidden_layers=2)
+    assert "sliding_attention" in mixed.layer_types and not hc.plain_causal(mixed)
+    plain = Qwen3Config(num_hidden_layers=2)
+    assert hc.plain_causal(plain)
+    eager = Qwen3Config(num_hidden_layers=2)
+    eager._attn_implementation = "eager"
+    assert hc.use_causal_sdpa(eager) is None  # only an sdpa target is switched
+    with pytest.raises(EagleError, match="compile scope"):
+        hc.HiddenCapture(tiny_llama(layers=2), [0], scope="model")
+
+
+def test_whole_decoder_compile_equals_the_eager_capture():
+    """scope="decoder": the whole capture as one compiled graph (hooks traced, no mask) gives the
+    eager capture's states, over two widths; uncompile restores the attention implementation."""
+    model = tiny_llama(layers=2)
+    rows = [[5, 9, 14, 2, 7, 30, 11], [3, 8, 1], [4] * 16]
+    eager = hc.HiddenCapture(model, [0, 1])
+    want = [eager.run(hc.padded_input(rows, b, 8)) for b in ([0, 1], [2])]
+    eager.close()
+    torch._dynamo.reset()
+    cap = hc.HiddenCapture(model, [0, 1], compile=True, scope="decoder")
+    try:
+        assert model.config._attn_implementation == hc.CAUSAL_SDPA
+        got = [cap.run(hc.padded_input(rows, b, 8)) for b in ([0, 1], [2])]
+    finally:
+        cap.uncompile()
+        cap.close()
+    assert model.config._attn_implementation == "sdpa"
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
