@@ -5,7 +5,8 @@ shapes, the real loop within 10% of it), and what feeding it from the host costs
     python -m bench.train_step_kernels --smoke            # tiny shapes on the CPU (a check of the code)
 
 The step is `eagle.train.train_step` as `eagle train` runs it (speculators' compiled drafter forward,
-per-document attention, bf16 autocast, AdamW, clip 1.0, its compile settings) on fixed packs of 4 x 2047 tokens with
+per-document attention, bf16 autocast, AdamW, clip 1.0, its compile settings; `--settings torch,eagle`
+also times torch's defaults) on fixed packs of 4 x 2047 tokens with
 random bf16 hidden states (a step's time does not depend on their values) for the 1.1B Llama shape
 of bench/gpu_throughput.py (hidden 2048, inter 5632, 32/4 heads, draft vocab 8000, ttt 3). One
 drafter, compiled once, is timed three ways: batches already on the device (the step alone), and
@@ -95,7 +96,8 @@ def samples(shape: dict[str, int], lengths: list[int], aux: int, seed: int = 0) 
 
 def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, vocab: int, layer_ids: list[int],
             dev: torch.device, steps: int, warmup: int, per_pack: int, ttt: int,
-            variable: list[dict[str, torch.Tensor]] | None = None, passes: int = 4) -> dict[str, Any]:
+            variable: list[dict[str, torch.Tensor]] | None = None, passes: int = 4,
+            settings: str = "eagle") -> dict[str, Any]:
     """One drafter, compiled once; its step timed three ways: batches already on the device (the
     step alone), and fed from pinned host memory by eagle train's prefetch threads with the copy on
     the step's stream (as before dataset.to_device) or on a copy stream (dataset.to_device). With
@@ -107,7 +109,8 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
     from eagle import dataset, drafter
     from eagle.train import compile_settings, lr_lambda, train_step, use_doc_attention
 
-    compile_settings()  # eagle train's (dynamo's recompile limit 64, two Inductor tiling options off)
+    if settings == "eagle":
+        compile_settings()  # eagle train's (dynamo's recompile limit 64, two Inductor tiling options off)
     seq = raw[0]["input_ids"].shape[0]
     budget = per_pack * (seq - 1)
     shifted = [dataset.shift_sample(s, budget) for s in raw]
@@ -144,8 +147,8 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
     for b in resident[:warmup]:
         loss, _ = train_step(model, b, opt, sched, params, ttt, losses, autocast)
         first.append(float(loss))
-    out: dict[str, Any] = {"loss_impl": impl, "warmup_s": round(time.perf_counter() - t_compile, 1),
-                           "first_losses": first}
+    out: dict[str, Any] = {"loss_impl": impl, "settings": settings,
+                           "warmup_s": round(time.perf_counter() - t_compile, 1), "first_losses": first}
     feeds = {"device": lambda: iter(resident[warmup:]),
              "fed, copy on the step's stream": lambda: dataset.prefetched(on_step_stream, order[warmup:],
                                                                           dataset.loader_workers(dev)),
@@ -205,7 +208,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=32,
                    help="variable-length rows (1024-2048 tokens) of the real-loop feed; 0 leaves it out")
     p.add_argument("--passes", type=int, default=4, help="timed passes over the real loop's packs")
+    p.add_argument("--settings", default="eagle",
+                   help="comma list of compile settings, each timed on a fresh compile: torch (torch's defaults), "
+                        "eagle (eagle train's compile_settings; they stay set for the rest of the process, so "
+                        "torch comes first)")
     a = p.parse_args(argv)
+    chosen = [x for x in a.settings.split(",") if x]
+    if not chosen or set(chosen) - {"torch", "eagle"} or chosen[-1:] == ["torch"] and "eagle" in chosen:
+        p.error(f"--settings {a.settings!r}: torch and/or eagle, torch first")
     dev = torch.device("cpu" if a.smoke or not torch.cuda.is_available() else "cuda")
     if dev.type == "cpu" and not a.smoke:
         print("no GPU: use --smoke for a CPU check", file=sys.stderr)
@@ -235,27 +245,29 @@ def main(argv: list[str] | None = None) -> int:
                               "runs": []}
     print(f"bf16 matmul {matmul / 1e12:.1f} TFLOP/s; drafter step {flops / 1e9:.3f} GFLOP/token; "
           f"packs {per_pack} x {seq - 1}", flush=True)
-    for impl in impls:
+    for impl, settings in [(i, x) for x in chosen for i in impls]:
+        label = f"{impl}, {settings} settings"
+        torch._dynamo.reset()
         try:
             r = measure(impl, scratch / "verifier", raw, dv, shape["vocab_size"], layer_ids, dev, steps, warmup,
-                        per_pack, ttt, variable, 1 if a.smoke else a.passes)
+                        per_pack, ttt, variable, 1 if a.smoke else a.passes, settings)
         except Exception as e:  # noqa: BLE001 - keep measuring the other implementation
-            r = {"loss_impl": impl, "error": f"{type(e).__name__}: {e}"[:400]}
-            print(f"[{impl}] FAILED {r['error']}", flush=True)
+            r = {"loss_impl": impl, "settings": settings, "error": f"{type(e).__name__}: {e}"[:400]}
+            print(f"[{label}] FAILED {r['error']}", flush=True)
         else:
-            print(f"[{impl}] warm-up {r['warmup_s']} s, first losses {', '.join(f'{v:.6f}' for v in r['first_losses'])}",
+            print(f"[{label}] warm-up {r['warmup_s']} s, first losses {', '.join(f'{v:.6f}' for v in r['first_losses'])}",
                   flush=True)
             for name, m in r["modes"].items():
                 m["mfu"] = m["tok_s"] * flops / matmul
                 m["of_step"] = m["tok_s"] / r["tok_s"]
                 extra = (f"; {m['packs']} packs {m['fill']:.1%} full, warm pass {m['warm_pass_s']} s"
                          if "packs" in m else "")
-                print(f"[{impl}] {name}: {m['tok_s']:,.0f} tok/s, step {m['step_ms']:.2f} ms, MFU {m['mfu']:.1%}, "
+                print(f"[{label}] {name}: {m['tok_s']:,.0f} tok/s, step {m['step_ms']:.2f} ms, MFU {m['mfu']:.1%}, "
                       f"{m['of_step']:.3f} of the step{extra}", flush=True)
             prof = r.get("profile")
             if prof:
                 cats = ", ".join(f"{k} {v:.2f}" for k, v in prof["by_category_ms"].items())
-                print(f"[{impl}] profile: {prof['kernels']} kernels, device {prof['device_ms']:.2f} ms of "
+                print(f"[{label}] profile: {prof['kernels']} kernels, device {prof['device_ms']:.2f} ms of "
                       f"{prof['wall_ms_profiled']:.2f} ms a step; {cats} ms", flush=True)
                 for t in prof["top"]:
                     print(f"    {t['ms']:8.3f} ms x{t['calls']:<4} {t['category']:<9} {t['kernel']}", flush=True)

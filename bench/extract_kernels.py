@@ -1,0 +1,132 @@
+"""Extraction's gap to the roofline, variant by variant (issue 27: extraction compute >= 80% of it).
+
+    python -m bench.extract_kernels --out $OUT      # on the H200: the 1.1B Llama shape, ~3 min
+    python -m bench.extract_kernels --smoke          # tiny shapes on the CPU (a check of the code)
+
+The capture engine (eagle/hidden_capture.py, compute only: no copy to the host, no files) on
+bench/gpu_throughput's 1.1B Llama target (random bf16 weights, aux layers 2, 11, 19 + the pre-norm
+last layer, rows of 2048 tokens) for each variant of `--variants`:
+- `layers`: each decoder layer compiled on its own (the hooks outside the graphs);
+- `decoder`: the whole capture compiled as one graph (hidden_capture's scope "decoder");
+- `decoder-graphs`: the same replayed as CUDA graphs (one per batch shape);
+- `decoder-32k`: the same as `decoder` on batches of 32k tokens instead of 16k.
+Per variant: tok/s over `--rows` rows after a warm-up (compilation) pass, the fraction of the
+roofline (decoder FLOPs, bench/gpu_throughput.target_flops_per_token, over the measured bf16
+matmul rate), then a kernel profile of 3 batches: device ms a batch by category (matmul, attention,
+Inductor's fused kernels, other), the batch's wall ms, the gap between them, the host's launch ms
+(the forward's Python, no waiting) and the top kernels. Writes OUT/extract_kernels.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.gpu_decode import sync
+from bench.gpu_throughput import SMOKE, TARGET_1B, random_target, target_flops_per_token
+from bench.train_step_kernels import kernel_profile, matmul_rate
+
+VARIANTS = {  # name: (compile scope, CUDA graphs, rows per batch)
+    "layers": ("layers", False, 8),
+    "decoder": ("decoder", False, 8),
+    "decoder-graphs": ("decoder", True, 8),
+    "decoder-32k": ("decoder", False, 16),
+}
+
+
+def measure(model: Any, variant: str, rows: list[list[int]], layer_ids: list[int], dev: torch.device,
+            smoke: bool) -> dict[str, Any]:
+    from eagle import hidden_capture as hc
+
+    scope, graphs, per_batch = VARIANTS[variant]
+    seq = len(rows[0])
+    batches = hc.plan_buckets([seq] * len(rows), range(len(rows)), per_batch * seq, 64)
+    torch._dynamo.reset()
+    cap = hc.HiddenCapture(model, layer_ids, compile=not smoke and not graphs, scope=scope)
+    if graphs and not smoke:
+        cap.compile_decoder(graphs=True)
+    try:
+        pipe = hc.CapturePipeline(cap, dev, pad_multiple=64)
+        t0 = time.perf_counter()
+        pipe.run(rows, batches[:2])  # the compile
+        warm = time.perf_counter() - t0
+        st = pipe.run(rows, batches)
+        x = hc.padded_input(rows, batches[0], 64).to(dev)
+        sync(dev)
+        t0 = time.perf_counter()
+        cap.run(x)
+        host_ms = (time.perf_counter() - t0) * 1000
+        prof = kernel_profile(lambda: cap.run(x), dev) if dev.type == "cuda" else None
+    finally:
+        cap.uncompile()
+        cap.close()
+    tokens = per_batch * seq
+    return {"variant": variant, "scope": scope, "cuda_graphs": graphs, "batch_tokens": tokens,
+            "warmup_s": round(warm, 1), "tok_s": st.tok_s, "batch_ms": tokens / st.tok_s * 1000,
+            "host_launch_ms": round(host_ms, 2), "profile": prof}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the code, measures nothing")
+    p.add_argument("--out", default=os.environ.get("OUT"), help="write extract_kernels.json here [$OUT]")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
+    p.add_argument("--rows", type=int, default=96, help="2048-token rows timed per variant")
+    a = p.parse_args(argv)
+    dev = torch.device("cpu" if a.smoke or not torch.cuda.is_available() else "cuda")
+    if dev.type == "cpu" and not a.smoke:
+        print("no GPU: use --smoke for a CPU check", file=sys.stderr)
+        return 1
+    variants = [v for v in a.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        print(f"unknown variant(s) {', '.join(unknown)}: choose from {', '.join(VARIANTS)}", file=sys.stderr)
+        return 2
+    shape = SMOKE if a.smoke else TARGET_1B
+    seq = 64 if a.smoke else 2048
+    n = shape["num_hidden_layers"]
+    layer_ids = [2, n // 2, n - 3]
+    model = random_target(shape, dev, torch.float32 if a.smoke else torch.bfloat16)
+    g = torch.Generator().manual_seed(1)
+    rows = torch.randint(0, shape["vocab_size"], (32 if a.smoke else a.rows, seq), generator=g).tolist()
+    matmul = matmul_rate(dev, 512 if a.smoke else 8192)
+    flops = target_flops_per_token(shape, seq)
+    roof = matmul / flops
+    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__,
+                              "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (smoke)",
+                              "shape": shape, "seq": seq, "matmul_tflops": round(matmul / 1e12, 1),
+                              "gflop_per_token": round(flops / 1e9, 3), "roofline_tok_s": roof, "runs": []}
+    print(f"bf16 matmul {matmul / 1e12:.1f} TFLOP/s; {flops / 1e9:.2f} GFLOP/token; roofline {roof:,.0f} tok/s",
+          flush=True)
+    for v in variants:
+        try:
+            r = measure(model, v, rows, layer_ids, dev, a.smoke)
+        except Exception as e:  # noqa: BLE001 - keep measuring the other variants
+            r = {"variant": v, "error": f"{type(e).__name__}: {e}"[:400]}
+            print(f"[{v}] FAILED {r['error']}", flush=True)
+        else:
+            r["of_roofline"] = r["tok_s"] / roof
+            prof = r["profile"] or {"by_category_ms": {}, "device_ms": 0.0, "kernels": 0, "top": []}  # none on a CPU
+            cats = ", ".join(f"{k} {ms:.2f}" for k, ms in prof["by_category_ms"].items())
+            print(f"[{v}] {r['tok_s']:,.0f} tok/s = {r['of_roofline']:.1%} of the roofline; batch {r['batch_ms']:.2f} "
+                  f"ms, device {prof['device_ms']:.2f} ms ({prof['kernels']} kernels; {cats}), gap "
+                  f"{r['batch_ms'] - prof['device_ms']:.2f} ms; host launch {r['host_launch_ms']:.2f} ms; "
+                  f"warm-up {r['warmup_s']} s", flush=True)
+            for t in prof["top"][:8]:
+                print(f"    {t['ms']:7.3f} ms {t['calls']:4d} x  {t['kernel']}", flush=True)
+        result["runs"].append(r)
+        if a.out:
+            Path(a.out).mkdir(parents=True, exist_ok=True)
+            (Path(a.out) / "extract_kernels.json").write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
