@@ -164,8 +164,9 @@ class HiddenCapture:
         """torch.compile the whole capture (decoder, hooks and the stack) as one graph: Inductor fuses
         across layer boundaries (a layer's residual add into the next layer's norm), drops the unused
         final norm and writes the stacked states in place. A plain-causal sdpa target builds no mask
-        (`use_causal_sdpa`). `graphs`: replay each shape's forward as a CUDA graph (torch's
-        "reduce-overhead" mode; each result is cloned out of the graph's memory)."""
+        (`use_causal_sdpa`): until `uncompile` or `close` the target ignores attention masks, so
+        run it only through this capture. `graphs`: replay each shape's forward as a CUDA graph
+        (torch's "reduce-overhead" mode; each result is cloned out of the graph's memory)."""
         self._restore_attn = use_causal_sdpa(self.decoder.config) if hasattr(self.decoder, "config") else None
         self._graphs = graphs
         self._whole = torch.compile(self._capture, mode="reduce-overhead" if graphs else None)
@@ -178,10 +179,13 @@ class HiddenCapture:
                 del layer.forward
                 del layer._eagle_compiled
         self._whole = None
+        self._restore_attention()
+        self.compiled = False
+
+    def _restore_attention(self) -> None:
         if self._restore_attn is not None:
             self.decoder.config._attn_implementation = self._restore_attn
             self._restore_attn = None
-        self.compiled = False
 
     def _capture(self, input_ids: torch.Tensor) -> torch.Tensor:
         self.store.clear()
@@ -201,9 +205,11 @@ class HiddenCapture:
         return self._whole(input_ids).clone()
 
     def close(self) -> None:
+        """Remove the hooks and give the target its own attention implementation back."""
         for h in self.handles:
             h.remove()
         self.handles = []
+        self._restore_attention()
 
 
 # ---------------------------------------------------------------- files

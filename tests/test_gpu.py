@@ -1,8 +1,9 @@
 """The GPU paths, on a real CUDA device (`make test-gpu`; skipped where torch sees no GPU).
 
 One call on the lent GPU machine runs all of it: the capture engine with and without a device
-index, its whole-decoder graph (and CUDA-graph replay) against the per-layer one, extraction files against the CPU's (bf16 tolerance), `eagle train` offline and --online with
-shape buckets and no recompiles after warm-up, evaluate and bench on the fast decoder (CUDA graphs),
+index, its whole-decoder graph (and CUDA-graph replay) against the per-layer one, extraction files
+against the CPU's (bf16 tolerance), `eagle train` offline and --online with shape buckets and no
+recompiles after warm-up, evaluate and bench on the fast decoder (CUDA graphs),
 the Triton decode attention and fused rope/norm/SwiGLU kernels (in CUDA graphs, and the fast
 decoder with --attention triton), batches copied on a side stream while the step runs, and DDP
 across 2 processes (one per GPU, or sharing one GPU over gloo)."""
