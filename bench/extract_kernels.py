@@ -49,10 +49,10 @@ def measure(model: Any, variant: str, rows: list[list[int]], layer_ids: list[int
     seq = len(rows[0])
     batches = hc.plan_buckets([seq] * len(rows), range(len(rows)), per_batch * seq, 64)
     torch._dynamo.reset()
-    cap = hc.HiddenCapture(model, layer_ids, compile=not smoke and not graphs, scope=scope)
-    if graphs and not smoke:
-        cap.compile_decoder(graphs=True)
+    cap = hc.HiddenCapture(model, layer_ids)
     try:
+        if not smoke:
+            cap.compile_layers() if scope == "layers" else cap.compile_decoder(graphs=graphs)
         pipe = hc.CapturePipeline(cap, dev, pad_multiple=64)
         t0 = time.perf_counter()
         pipe.run(rows, batches[:2])  # the compile

@@ -127,7 +127,6 @@ class HiddenCapture:
                  scope: str = "layers") -> None:
         if scope not in SCOPES:
             raise EagleError(f"compile scope {scope!r}: expected one of {', '.join(SCOPES)}")
-        self.scope = scope
         self.decoder = decoder_of(model)
         from eagle.target import check_layer_ids
 
