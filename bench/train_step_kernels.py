@@ -19,7 +19,10 @@ real tokens counted, padding not). Each feed's tok/s also as a fraction of the s
 bench/gpu_throughput.drafter_flops_per_token over the measured bf16 matmul rate); then a kernel
 profile of 3 device-fed steps: device ms per step by category (matmul, attention, loss, optimizer,
 Inductor's fused elementwise, other), kernels per step, the step's wall time under the profiler, and
-the top kernels. `--losses eager,fused` repeats it all with speculators' fused Triton KL loss (on
+the top kernels. Then, on the same drafter (left out with `--no-graphs`): the step with
+speculators' accuracy counts made sync-free (drafter.use_sync_free_metrics), and the step as CUDA
+graphs (eagle/step_graph.py, `eagle train --cuda-graphs`) on the device, fed on the copy stream and
+in the real loop, with its profile. `--losses eager,fused` repeats it all with speculators' fused Triton KL loss (on
 torch 2.11 dynamo fails to trace its autotuner: the run reports the error). Writes
 OUT/train_step_kernels.json.
 """
@@ -97,7 +100,7 @@ def samples(shape: dict[str, int], lengths: list[int], aux: int, seed: int = 0) 
 def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, vocab: int, layer_ids: list[int],
             dev: torch.device, steps: int, warmup: int, per_pack: int, ttt: int,
             variable: list[dict[str, torch.Tensor]] | None = None, passes: int = 4,
-            settings: str = "eagle") -> dict[str, Any]:
+            settings: str = "eagle", graphs: bool = True) -> dict[str, Any]:
     """One drafter, compiled once; its step timed three ways: batches already on the device (the
     step alone), and fed from pinned host memory by eagle train's prefetch threads with the copy on
     the step's stream (as before dataset.to_device) or on a copy stream (dataset.to_device). With
@@ -107,7 +110,7 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
     from speculators.losses import resolve_loss_config
 
     from eagle import dataset, drafter
-    from eagle.train import compile_settings, lr_lambda, train_step, use_doc_attention
+    from eagle.train import compile_settings, graphed_train_step, lr_lambda, train_step, use_doc_attention
 
     if settings == "eagle":
         compile_settings()  # eagle train's (dynamo's recompile limit 64, two Inductor tiling options off)
@@ -126,8 +129,8 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
     opt = torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(4 * len(order), max(1, len(order) // 5)))
     losses = resolve_loss_config("kl_div", impl)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda"
-                else torch.autocast("cpu", enabled=False))
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False) if dev.type == "cuda"
+                else torch.autocast("cpu", enabled=False))  # eagle train's (capture needs no cache)
     hdt = torch.bfloat16 if dev.type == "cuda" else torch.float32
     cuda = dev.type == "cuda"
 
@@ -168,6 +171,33 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
     for name, feed in feeds.items():
         wall, last = run(feed())
         out["modes"][name] = {"tok_s": tokens / wall, "step_ms": wall / steps * 1000, "last_loss": last}
+    if graphs and cuda:
+        # the same model and optimizer from here on: speculators' accuracy counts without their host
+        # syncs (eager), then the whole step as CUDA graphs (eagle train's default on one GPU)
+        drafter.use_sync_free_metrics()
+        run(iter(resident[:2]))  # compiles the forward with the new counts
+        wall, last = run(iter(resident[warmup:]))
+        out["modes"]["device, sync-free metrics"] = {"tok_s": tokens / wall, "step_ms": wall / steps * 1000,
+                                                     "last_loss": last}
+        graphed = graphed_train_step(model, opt, params, ttt, losses, autocast)
+        t_capture = time.perf_counter()
+        graphed.capture(resident[0])
+        out["capture_s"] = round(time.perf_counter() - t_capture, 1)
+
+        def run_graphed(batches: Any) -> tuple[float, float]:
+            sync(dev)
+            t0 = time.perf_counter()
+            for b in batches:
+                scalars = graphed(b)
+                sched.step()
+            sync(dev)
+            return time.perf_counter() - t0, float(scalars[0])
+
+        for name, feed in (("device, CUDA graphs", feeds["device"]),
+                           ("fed, copy stream, CUDA graphs", feeds["fed, copy stream (dataset.to_device)"])):
+            wall, last = run_graphed(feed())
+            out["modes"][name] = {"tok_s": tokens / wall, "step_ms": wall / steps * 1000, "last_loss": last}
+        out["graph_failures"] = graphed.failures
     if variable:
         var_shifted = [dataset.shift_sample(s, budget) for s in variable]
         lengths = [int(s["input_ids"].shape[0]) for s in variable]
@@ -177,18 +207,26 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
             return dataset.to_device(dataset.collate([var_shifted[i] for i in idx], dtype=hdt, layout=True, pin=cuda,
                                                      layout_multiple=256, pad_to=budget), dev)
 
-        warm, _ = run(dataset.prefetched(bucketed, packs, dataset.loader_workers(dev)))  # compiles the shapes
         real = sum(min(n - 1, budget) for n in lengths) * passes
-        wall, last = run(b for _ in range(passes) for b in dataset.prefetched(bucketed, packs,
-                                                                               dataset.loader_workers(dev)))
-        out["modes"]["real loop: variable rows, shape buckets, copy stream"] = {
-            "tok_s": real / wall, "step_ms": wall / (passes * len(packs)) * 1000, "last_loss": last,
-            "packs": len(packs), "fill": sum(min(n - 1, budget) for n in lengths) / (len(packs) * budget),
-            "warm_pass_s": round(warm, 1)}
+        eager_name = "real loop: variable rows, shape buckets, copy stream" + (", sync-free metrics" if graphs and cuda
+                                                                              else "")
+        for name, runner in [(eager_name, run)] + (
+                [("real loop, CUDA graphs", run_graphed)] if graphs and cuda else []):
+            warm, _ = runner(dataset.prefetched(bucketed, packs, dataset.loader_workers(dev)))  # compiles, captures
+            wall, last = runner(b for _ in range(passes) for b in dataset.prefetched(bucketed, packs,
+                                                                                      dataset.loader_workers(dev)))
+            out["modes"][name] = {
+                "tok_s": real / wall, "step_ms": wall / (passes * len(packs)) * 1000, "last_loss": last,
+                "packs": len(packs), "fill": sum(min(n - 1, budget) for n in lengths) / (len(packs) * budget),
+                "warm_pass_s": round(warm, 1)}
+        if graphs and cuda:
+            out["graphs_captured"] = graphed.captured
     out["tok_s"], out["step_ms"] = out["modes"]["device"]["tok_s"], out["modes"]["device"]["step_ms"]
     if cuda:
         out["profile"] = kernel_profile(lambda: train_step(model, resident[0], opt, None, params, ttt, losses, autocast),
                                         dev)
+        if graphs:
+            out["profile_graphs"] = kernel_profile(lambda: graphed(resident[0]), dev)
     return out
 
 
@@ -208,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=32,
                    help="variable-length rows (1024-2048 tokens) of the real-loop feed; 0 leaves it out")
     p.add_argument("--passes", type=int, default=4, help="timed passes over the real loop's packs")
+    p.add_argument("--no-graphs", action="store_true",
+                   help="leave out the sync-free-metrics and CUDA-graph modes (eagle train's default step on one GPU)")
     p.add_argument("--settings", default="eagle",
                    help="comma list of compile settings, each timed on a fresh compile: torch (torch's defaults), "
                         "eagle (eagle train's compile_settings; they stay set for the rest of the process, so "
@@ -250,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         torch._dynamo.reset()
         try:
             r = measure(impl, scratch / "verifier", raw, dv, shape["vocab_size"], layer_ids, dev, steps, warmup,
-                        per_pack, ttt, variable, 1 if a.smoke else a.passes, settings)
+                        per_pack, ttt, variable, 1 if a.smoke else a.passes, settings, not a.no_graphs)
         except Exception as e:  # noqa: BLE001 - keep measuring the other implementation
             r = {"loss_impl": impl, "settings": settings, "error": f"{type(e).__name__}: {e}"[:400]}
             print(f"[{label}] FAILED {r['error']}", flush=True)
@@ -264,6 +304,14 @@ def main(argv: list[str] | None = None) -> int:
                          if "packs" in m else "")
                 print(f"[{label}] {name}: {m['tok_s']:,.0f} tok/s, step {m['step_ms']:.2f} ms, MFU {m['mfu']:.1%}, "
                       f"{m['of_step']:.3f} of the step{extra}", flush=True)
+            if "capture_s" in r:
+                print(f"[{label}] first capture {r['capture_s']} s; shapes captured {r.get('graphs_captured')}; "
+                      f"failures {r.get('graph_failures')}", flush=True)
+            prof = r.get("profile_graphs")
+            if prof:
+                cats = ", ".join(f"{k} {v:.2f}" for k, v in prof["by_category_ms"].items())
+                print(f"[{label}] profile, CUDA graphs: {prof['kernels']} kernels, device {prof['device_ms']:.2f} ms "
+                      f"of {prof['wall_ms_profiled']:.2f} ms a step; {cats} ms", flush=True)
             prof = r.get("profile")
             if prof:
                 cats = ", ".join(f"{k} {v:.2f}" for k, v in prof["by_category_ms"].items())

@@ -215,6 +215,37 @@ def loss_config() -> dict[str, Any]:
     return resolve_loss_config(LOSS, "eager")
 
 
+def sync_free_accuracy(pred_ids: torch.Tensor, target_ids: torch.Tensor, loss_mask: torch.Tensor | None,
+                       prev_correct: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """speculators' compute_accuracy_single_step without its host sync, same counts: it selects the
+    masked positions (`masked_select`, whose output size the host must read back from the device,
+    which also splits the compiled forward into several graphs) and then sums them; a masked sum
+    needs no selection. Returns (full_correct, full_total, cond_correct, cond_total), updates
+    prev_correct in place, as the original."""
+    correct = pred_ids == target_ids
+    cond_total = torch.full((), correct.numel(), dtype=torch.float, device=correct.device)
+    if prev_correct is not None:
+        cond_total = prev_correct.sum().float()
+        correct = torch.logical_and(prev_correct, correct, out=prev_correct)
+    full_total = cond_total.new_full((), correct.numel())
+    if loss_mask is not None:
+        keep = loss_mask.to(torch.bool)
+        correct = torch.logical_and(correct, keep)
+        full_total = keep.sum().float()
+    correct_sum = correct.float().sum()
+    return correct_sum, full_total, correct_sum.clone(), cond_total
+
+
+def use_sync_free_metrics() -> None:
+    """Make the drafter's training forward free of host syncs (idempotent; the counts are unchanged):
+    its per-step accuracy is counted by `sync_free_accuracy`. Without it every draft step of every
+    training step waits for the GPU, so the host cannot queue the next kernels ahead, and a CUDA
+    graph cannot capture the step (eagle/step_graph.py)."""
+    from speculators.models.eagle3 import metrics
+
+    metrics.compute_accuracy_single_step = sync_free_accuracy  # looked up at call time by compute_metrics
+
+
 def train_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], ttt_steps: int,
                   losses: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(loss, metrics) of one packed batch (tensors shaped [1, T, ...], see eagle/dataset.py)."""

@@ -68,6 +68,7 @@ class TrainArgs(BaseModel):
     shape_buckets: bool | None = None  # None: on for CUDA (pad packs to batch_tokens, widths to 256)
     layout_multiple: int | None = None  # per-document attention width rounded up to this (None: by buckets)
     warm_shapes: bool | None = None  # run every pack shape of the run once before step 1 (None: with shape buckets)
+    cuda_graphs: bool | None = None  # the step as one CUDA graph per pack shape (opt-in: see resolve_args)
     online: bool = False  # hidden states from the target on the fly (eagle/online.py), not from files
     layer_ids: list[int] | None = None  # --online: aux layers (None: eagle extract's default)
     draft_shape: DraftShape = DraftShape()  # the drafter layer's shape where it differs from the target's
@@ -98,6 +99,7 @@ class Warmup(BaseModel):
     train_shapes: int
     val_shapes: int
     seconds: float  # on CUDA mostly compilation, which the epochs' tok/s then no longer carry
+    cuda_graphs: int = 0  # of train_shapes: captured as a CUDA graph of the whole step (--cuda-graphs)
 
 
 class TrainLog(BaseModel):
@@ -186,12 +188,17 @@ def backward_step(model: Any, batch: dict[str, Any], ttt_steps: int, losses: Any
     return loss.detach(), metrics
 
 
-def optimizer_step(opt: Any, sched: Any, params: list[Any]) -> None:
-    """Clip to 1.0, AdamW, schedule, clear the gradients."""
+def apply_gradients(opt: Any, params: list[Any]) -> None:
+    """Clip to 1.0, AdamW (no host sync: this is the end of the step a CUDA graph captures)."""
     import torch
 
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()
+
+
+def optimizer_step(opt: Any, sched: Any, params: list[Any]) -> None:
+    """Clip to 1.0, AdamW, schedule, clear the gradients."""
+    apply_gradients(opt, params)
     if sched is not None:
         sched.step()
     opt.zero_grad(set_to_none=True)
@@ -206,6 +213,24 @@ def train_step(model: Any, batch: dict[str, Any], opt: Any, sched: Any, params: 
     loss, metrics = backward_step(model, batch, ttt_steps, losses, autocast, loss_decay)
     optimizer_step(opt, sched, params)
     return loss, metrics
+
+
+def graphed_train_step(model: Any, opt: Any, params: list[Any], ttt_steps: int, losses: Any, autocast: Any,
+                       loss_decay: float = 1.0) -> Any:
+    """train_step as eagle/step_graph.py's GraphedStep: call it with a batch for the step_scalars of a
+    whole step (forward, backward, clip, AdamW; the scheduler stays the caller's), one CUDA graph
+    per batch shape. `autocast` must not cache (cache_enabled=False), as graph capture requires."""
+    from eagle.step_graph import GraphedStep
+
+    def warm(batch: dict[str, Any]) -> None:
+        backward_step(model, batch, ttt_steps, losses, autocast, loss_decay)
+
+    def step(batch: dict[str, Any]) -> Any:
+        loss, metrics = backward_step(model, batch, ttt_steps, losses, autocast, loss_decay)
+        apply_gradients(opt, params)
+        return step_scalars(loss, metrics, ttt_steps)
+
+    return GraphedStep(step, warm, opt, params)
 
 
 def step_scalars(loss: Any, metrics: dict[str, Any], ttt_steps: int) -> Any:
@@ -259,9 +284,11 @@ def val_batches(val_idx: list[int], lengths: list[int], args: TrainArgs, dist: d
 
 
 def warm_up(model: Any, make: Any, train_packs: list[list[int]], val_packs: list[list[int]], lengths: list[int],
-            args: TrainArgs, losses: Any, autocast: Any, show: bool = True) -> Warmup:
+            args: TrainArgs, losses: Any, autocast: Any, show: bool = True, graphed: Any = None) -> Warmup:
     """Run one pack of each attention-grid shape before step 1 (--warm-shapes): forward and backward in
-    training mode for the training packs, forward without gradients for validation's.
+    training mode for the training packs (with `graphed`, a GraphedStep: its capture of the shape,
+    which runs the forward and backward once and records the step without running it), forward
+    without gradients for validation's.
 
     With shape buckets every pack has --batch-tokens tokens and only its grid [documents, width]
     varies, so on CUDA this is where the step is compiled for every shape the run will meet (all its
@@ -280,8 +307,12 @@ def warm_up(model: Any, make: Any, train_packs: list[list[int]], val_packs: list
     rng = torch.get_rng_state(), (torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
     bar = progress(total=len(train_first) + len(val_first), desc="warm-up", unit="shape", disable=None if show else True)
     model.train()
+    captured = 0
     for idx in train_first.values():
-        backward_step(model, make(idx), args.ttt_steps, losses, autocast, args.loss_decay)
+        if graphed is not None:
+            captured += graphed.capture(make(idx))
+        else:
+            backward_step(model, make(idx), args.ttt_steps, losses, autocast, args.loss_decay)
         for p in model.parameters():
             p.grad = None
         bar.update(1)
@@ -296,7 +327,8 @@ def warm_up(model: Any, make: Any, train_packs: list[list[int]], val_packs: list
     if rng[1] is not None:
         torch.cuda.set_rng_state_all(rng[1])
         torch.cuda.synchronize()
-    return Warmup(train_shapes=len(train_first), val_shapes=len(val_first), seconds=time.perf_counter() - t0)
+    return Warmup(train_shapes=len(train_first), val_shapes=len(val_first), seconds=time.perf_counter() - t0,
+                  cuda_graphs=captured)
 
 
 def use_doc_attention(model: Any) -> None:
@@ -399,18 +431,38 @@ def _vocab_change(ck: Any, d2t: Any) -> str:
             f"drafter's {len(old_ids)}); the trainable layers carry over")
 
 
+def why_no_cuda_graphs(args: TrainArgs, device: Any, buckets: bool) -> str | None:
+    """Why the step cannot run as CUDA graphs (eagle/step_graph.py) in this run, or None."""
+    if device.type != "cuda":
+        return f"they need a CUDA device (this run trains on {device.type})"
+    if not buckets:
+        return "they need shape buckets (--shape-buckets): without them every pack is a new shape to capture"
+    if args.world_size > 1:
+        return (f"they run in one process; under DDP ({args.world_size} processes) the gradient all-reduce sits "
+                "inside the step")
+    if args.grad_accum > 1:
+        return "they capture one batch per optimizer step; --grad-accum accumulates several"
+    return None
+
+
 def resolve_args(args: TrainArgs, hidden_size: int, device: Any) -> TrainArgs:
-    """Fill the settings left to the run: the learning rate (default_lr) and the shape buckets (on for
+    """Fill the settings left to the run: the learning rate (default_lr), the shape buckets (on for
     CUDA: every pack padded to --batch-tokens and per-document widths rounded up to BUCKET_MULTIPLE,
-    so the compiled step sees a few shapes instead of one per batch)."""
+    so the compiled step sees a few shapes instead of one per batch) and the CUDA graphs (asked for
+    only: fed by the loader's threads they measured slower than the eager step, docs/benchmarks.md;
+    refused where they cannot run)."""
     buckets = device.type == "cuda" if args.shape_buckets is None else args.shape_buckets
     multiple = args.layout_multiple or (BUCKET_MULTIPLE if buckets else 1)
     warm = buckets if args.warm_shapes is None else args.warm_shapes
     if warm and not buckets:
         raise EagleError("--warm-shapes needs shape buckets (--shape-buckets): without them every pack has its own "
                          "length, so warming each shape would run the whole data once more", code=2)
+    why = why_no_cuda_graphs(args, device, buckets)
+    if args.cuda_graphs and why:
+        raise EagleError(f"--cuda-graphs: {why}; leave the flag out (the step then runs without graphs)", code=2)
+    graphs = bool(args.cuda_graphs)
     return args.model_copy(update={"lr": args.lr or default_lr(hidden_size), "shape_buckets": buckets,
-                                   "layout_multiple": multiple, "warm_shapes": warm})
+                                   "layout_multiple": multiple, "warm_shapes": warm, "cuda_graphs": graphs})
 
 
 def _check_args(args: TrainArgs) -> None:
@@ -437,6 +489,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     import torch
 
     from eagle import dataset, drafter
+    from eagle.step_graph import set_capturable
     from eagle.step_log import StepLog
 
     _check_args(args)
@@ -545,7 +598,13 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     distributed.barrier(dist)
 
     losses = drafter.loss_config()
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    drafter.use_sync_free_metrics()
+    set_capturable(opt, bool(args.cuda_graphs))  # a resumed state may come from a run with the other setting
+    # graph capture needs autocast without its weight cache (the compiled step does not use it anyway)
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not args.cuda_graphs)
+                if device.type == "cuda" else torch.autocast("cpu", enabled=False))
+    graphed = graphed_train_step(model, opt, params, args.ttt_steps, losses, autocast, args.loss_decay) \
+        if args.cuda_graphs else None
     hdt = torch.bfloat16 if device.type == "cuda" else torch.float32
     pad_to = args.batch_tokens if args.shape_buckets else None
 
@@ -566,10 +625,11 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
         log.warmup = warm_up(model, make, [b for e in range(start_epoch, args.epochs + 1)
                                            for b in epoch_batches(train_idx, data.lengths, args, dist, e)],
                              val_batches(val_idx, data.lengths, args, dist), data.lengths, args, losses, autocast,
-                             show=dist.main)
+                             show=dist.main, graphed=graphed)
         data.take_target_seconds()  # --online: the warm-up's target forwards are not training time
         say(f"warm-up: {log.warmup.train_shapes} training and {log.warmup.val_shapes} validation pack shapes run once "
-            f"before step 1 in {log.warmup.seconds:.1f} s{' (their compilation)' if device.type == 'cuda' else ''}")
+            f"before step 1 in {log.warmup.seconds:.1f} s{' (their compilation)' if device.type == 'cuda' else ''}"
+            + (f"; {log.warmup.cuda_graphs} captured as CUDA graphs" if graphed is not None else ""))
 
     tb = StepLog(out / "tensorboard" if (args.tensorboard and dist.main) else None, k, decay, series=dist.main)
     ddp_model: Any = model
@@ -611,15 +671,22 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
                 group_size = min(accum, len(batches) - (step // accum) * accum)
                 last = step % accum == group_size - 1
                 sync = contextlib.nullcontext() if last or dist.world == 1 else ddp_model.no_sync()
-                with sync:
-                    loss, metrics = backward_step(ddp_model, batch, k, losses, autocast, decay, 1.0 / group_size)
-                scalars = step_scalars(loss, metrics, k)
+                if graphed is not None:  # the whole step, clip and AdamW included (one batch per step)
+                    scalars = graphed(batch)
+                    loss = scalars[0]
+                else:
+                    with sync:
+                        loss, metrics = backward_step(ddp_model, batch, k, losses, autocast, decay, 1.0 / group_size)
+                    scalars = step_scalars(loss, metrics, k)
                 group, in_group = (scalars if group is None else group + scalars), in_group + 1
                 loss_sum += loss  # a device tensor: no host sync per step
                 tokens += data.tokens(batches[step])  # real tokens, padding not counted
                 if last:
                     lr_now = float(sched.get_last_lr()[0])
-                    optimizer_step(opt, sched, params)
+                    if graphed is None:
+                        optimizer_step(opt, sched, params)
+                    else:
+                        sched.step()
                     opt_step += 1
                     tb.step(opt_step, group, in_group, lr_now)
                     group, in_group = None, 0
@@ -802,6 +869,11 @@ def summary_metrics(log: TrainLog) -> dict[str, float]:
               help="Before step 1, run one pack of each attention shape the run's epochs and validation will meet "
                    "(known from --seed): on CUDA every shape compiles there, not mid-epoch, and the epochs' tok/s "
                    "is the step's own. Same losses [default: on with shape buckets].")
+@click.option("--cuda-graphs/--no-cuda-graphs", default=None,
+              help="Run the whole step (forward, backward, clip, AdamW) as one CUDA graph per pack shape, "
+                   "captured in the warm-up: the host no longer launches its ~500 kernels one by one. Same "
+                   "losses. Needs CUDA, shape buckets, one process and no --grad-accum [default: off: the "
+                   "step alone is 5% faster on the H200, but fed by the data loader it measured slower].")
 @click.option("--draft-config", type=click.Path(path_type=Path), default=None,
               help="JSON file with the drafter layer's shape (any of intermediate_size, num_attention_heads, "
                    "num_key_value_heads, head_dim; a published drafter's config.json works too). Flags below "
@@ -825,7 +897,7 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
             norm_before_fc: bool | None, norm_output: bool | None, keep_float32: bool, online: bool,
             layer_ids: str | None,
             shape_buckets: bool | None, layout_multiple: int | None, warm_shapes: bool | None,
-            draft_config: Path | None,
+            cuda_graphs: bool | None, draft_config: Path | None,
             draft_intermediate_size: int | None, draft_heads: int | None, draft_kv_heads: int | None,
             draft_head_dim: int | None, seed: int, device: str, trust_remote_code: bool, as_json: bool) -> None:
     """Train the EAGLE-3 drafter (speculators' Eagle3 draft model, our own loop).
@@ -856,7 +928,7 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
                          device=device, resume=resume, online=online,
                          layer_ids=None if layer_ids is None else split_layer_ids(layer_ids),
                          shape_buckets=shape_buckets, layout_multiple=layout_multiple, warm_shapes=warm_shapes,
-                         draft_shape=shape,
+                         cuda_graphs=cuda_graphs, draft_shape=shape,
                          trust_remote_code=trust_remote_code, norm_before_residual=norm_before_residual,
                          norm_before_fc=norm_before_fc, norm_output=norm_output, keep_float32=keep_float32)
         log = train(args)

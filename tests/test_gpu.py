@@ -3,7 +3,8 @@
 One call on the lent GPU machine runs all of it: the capture engine with and without a device
 index, its whole-decoder graph (and CUDA-graph replay) against the per-layer one, extraction files
 against the CPU's (bf16 tolerance), `eagle train` offline and --online with shape buckets and no
-recompiles after warm-up, evaluate and bench on the fast decoder (CUDA graphs),
+recompiles after warm-up, the step as CUDA graphs (against the eager step, and `eagle train
+--cuda-graphs`), evaluate and bench on the fast decoder (CUDA graphs),
 the Triton decode attention and fused rope/norm/SwiGLU kernels (in CUDA graphs, and the fast
 decoder with --attention triton), batches copied on a side stream while the step runs, and DDP
 across 2 processes (one per GPU, or sharing one GPU over gloo)."""
@@ -131,10 +132,11 @@ def test_gpu_extraction_files_equal_the_cpu_ones(toy_target: Path, toy_data: Pat
 
 
 def test_train_on_gpu_compiles_once_per_shape(toy_target: Path, toy_data: Path, tmp_path: Path) -> None:
-    """The real loop on variable-length packs: shape buckets and the shape warm-up on by default with
-    CUDA, and from step 1 on dynamo compiles nothing new, validation included (the KV cache's stride
-    guards used to recompile every new pack shape until the recompile limit; shapes first met in a
-    later epoch compiled mid-training)."""
+    """The real loop on variable-length packs, the step without CUDA graphs (as under DDP or
+    --grad-accum): shape buckets and the shape warm-up on by default with CUDA, and from step 1 on
+    dynamo compiles nothing new, validation included (the KV cache's stride guards used to recompile
+    every new pack shape until the recompile limit; shapes first met in a later epoch compiled
+    mid-training)."""
     import torch
     from torch._dynamo.utils import counters
 
@@ -150,7 +152,7 @@ def test_train_on_gpu_compiles_once_per_shape(toy_target: Path, toy_data: Path, 
     train_mod.optimizer_step = counted
     try:
         log = train_mod.train(train_mod.TrainArgs(model=str(toy_target), data=str(toy_data), out=str(tmp_path / "d"),
-                                                  epochs=3, device="cuda"), echo=False)
+                                                  epochs=3, device="cuda", cuda_graphs=False), echo=False)
     finally:
         train_mod.optimizer_step = original
     assert log.args.shape_buckets is True and log.args.layout_multiple == 256 and log.args.warm_shapes is True
@@ -162,6 +164,97 @@ def test_train_on_gpu_compiles_once_per_shape(toy_target: Path, toy_data: Path, 
     assert log.epochs[-1].train_loss < log.epochs[0].train_loss
     assert torch.cuda.max_memory_allocated() > 0
     assert (tmp_path / "d" / "tensorboard").is_dir()
+
+
+def test_train_on_gpu_runs_the_step_as_cuda_graphs(toy_target: Path, toy_data: Path, tmp_path: Path) -> None:
+    """`eagle train --cuda-graphs` on one GPU: every training pack shape captured as a CUDA graph in the
+    warm-up (none failed), and the epochs' losses those of the same run without graphs; the saved
+    epoch state resumes without graphs (its optimizer made not capturable again)."""
+    from eagle.train import TrainArgs, train
+
+    logs = {graphs: train(TrainArgs(model=str(toy_target), data=str(toy_data), out=str(tmp_path / f"graphs-{graphs}"),
+                                    epochs=3, device="cuda", cuda_graphs=graphs), echo=False)
+            for graphs in (True, False)}
+    with_graphs, without = logs[True], logs[False]
+    print({"with": [(r.train_loss, r.val_loss, r.step_ms) for r in with_graphs.epochs], "warmup": with_graphs.warmup,
+           "without": [(r.train_loss, r.val_loss, r.step_ms) for r in without.epochs]})
+    assert with_graphs.args.cuda_graphs is True and without.args.cuda_graphs is False
+    assert with_graphs.warmup is not None and with_graphs.warmup.cuda_graphs == with_graphs.warmup.train_shapes >= 1
+    assert with_graphs.epochs[-1].train_loss < with_graphs.epochs[0].train_loss
+    assert [r.train_loss for r in with_graphs.epochs] == pytest.approx([r.train_loss for r in without.epochs], rel=2e-2)
+    assert [r.val_loss for r in with_graphs.epochs] == pytest.approx([r.val_loss for r in without.epochs], rel=2e-2)
+    resumed = train(TrainArgs(model=str(toy_target), data=str(toy_data), out=str(tmp_path / "graphs-True"), epochs=4,
+                              device="cuda", cuda_graphs=False, resume=True), echo=False)
+    assert [r.epoch for r in resumed.epochs] == [1, 2, 3, 4] and resumed.epochs[-1].train_loss < resumed.epochs[0].train_loss
+
+
+def test_train_step_as_cuda_graphs_equals_the_eager_step(toy_target: Path) -> None:
+    """eagle/step_graph.py: the whole step (forward, backward, clip, AdamW) replayed as one CUDA graph
+    per batch shape gives the eager step's losses and weights: two pack shapes interleaved, a
+    learning rate that changes every step (warm-up), batches fed by the loader's threads while the
+    graphs are captured. The optimizer state made for capture changes no weight, and replaying
+    leaves the gradients None (they live inside the graphs)."""
+    import copy
+
+    import torch
+
+    from bench.train_step_kernels import samples
+    from eagle import dataset, drafter
+    from eagle.train import compile_settings, graphed_train_step, lr_lambda, train_step, use_doc_attention
+
+    compile_settings()
+    drafter.use_sync_free_metrics()
+    shape = {"hidden_size": 128, "vocab_size": 2048}
+    budget, dv = 252, 256
+    g = torch.Generator().manual_seed(3)
+    raw = samples(shape, [int(n) for n in torch.randint(30, 80, (16,), generator=g)], aux=3, seed=4)
+    shifted = [dataset.shift_sample(s, budget) for s in raw]
+    packs = [[0, 1, 2], [3, 4], [5, 6, 7], [8, 9], [10, 11, 12], [13, 14]]  # two grids: 3 and 2 documents
+
+    def host(idx: list[int]) -> dict:
+        return dataset.collate([shifted[i] for i in idx], dtype=torch.bfloat16, layout=True, pin=True,
+                               layout_multiple=128, pad_to=budget)
+
+    d2t, t2d = torch.zeros(dv, dtype=torch.long), torch.zeros(2048, dtype=torch.bool)
+    t2d[:dv] = True
+    torch.manual_seed(0)
+    eager = drafter.build_drafter(toy_target, layer_ids=[2, 4, 5], d2t=d2t, t2d=t2d, ttt_steps=3).cuda()
+    graphs = copy.deepcopy(eager)
+    start = {n: p.detach().clone() for n, p in eager.named_parameters() if p.requires_grad}
+    runs = {}
+    for name, model in (("eager", eager), ("graphs", graphs)):
+        use_doc_attention(model)
+        model.train()
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(len(packs), 3))
+        losses = drafter.loss_config()
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=name == "eager")
+        step = graphed_train_step(model, opt, params, 3, losses, autocast) if name == "graphs" else None
+        got = []
+        for batch in dataset.prefetched(lambda idx: dataset.to_device(host(idx), torch.device("cuda")), packs, 2):
+            if step is None:
+                loss, _ = train_step(model, batch, opt, sched, params, 3, losses, autocast)
+            else:
+                if not step.graphs:  # the first capture: the state it creates moves no weight
+                    step.capture(batch)
+                    assert all(torch.equal(p, start[n]) for n, p in model.named_parameters() if p.requires_grad)
+                loss = step(batch)[0]
+                sched.step()
+                assert all(p.grad is None for p in params)
+            got.append(float(loss))
+        runs[name] = (got, step)
+    (eager_losses, _), (graph_losses, step) = runs["eager"], runs["graphs"]
+    print({"eager": eager_losses, "graphs": graph_losses, "captured": step.captured, "failures": step.failures})
+    assert step.captured == 2 and not step.failures
+    assert eager_losses[-1] < eager_losses[0]
+    assert graph_losses == pytest.approx(eager_losses, rel=2e-3)
+    moved = drift = 0.0
+    for n, p in graphs.named_parameters():
+        if p.requires_grad:
+            moved += float((dict(eager.named_parameters())[n] - start[n]).float().norm() ** 2)
+            drift += float((p - dict(eager.named_parameters())[n]).float().norm() ** 2)
+    assert moved > 0 and (drift / moved) ** 0.5 < 0.05, (drift, moved)
 
 
 def test_batches_arrive_on_a_copy_stream_while_the_step_runs() -> None:
