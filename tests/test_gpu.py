@@ -173,7 +173,7 @@ def test_train_on_gpu_runs_the_step_as_cuda_graphs(toy_target: Path, toy_data: P
     from eagle.train import TrainArgs, train
 
     logs = {graphs: train(TrainArgs(model=str(toy_target), data=str(toy_data), out=str(tmp_path / f"graphs-{graphs}"),
-                                    epochs=3, device="cuda", cuda_graphs=graphs), echo=False)
+                                    epochs=2, device="cuda", cuda_graphs=graphs), echo=False)
             for graphs in (True, False)}
     with_graphs, without = logs[True], logs[False]
     print({"with": [(r.train_loss, r.val_loss, r.step_ms) for r in with_graphs.epochs], "warmup": with_graphs.warmup,
@@ -183,9 +183,9 @@ def test_train_on_gpu_runs_the_step_as_cuda_graphs(toy_target: Path, toy_data: P
     assert with_graphs.epochs[-1].train_loss < with_graphs.epochs[0].train_loss
     assert [r.train_loss for r in with_graphs.epochs] == pytest.approx([r.train_loss for r in without.epochs], rel=2e-2)
     assert [r.val_loss for r in with_graphs.epochs] == pytest.approx([r.val_loss for r in without.epochs], rel=2e-2)
-    resumed = train(TrainArgs(model=str(toy_target), data=str(toy_data), out=str(tmp_path / "graphs-True"), epochs=4,
+    resumed = train(TrainArgs(model=str(toy_target), data=str(toy_data), out=str(tmp_path / "graphs-True"), epochs=3,
                               device="cuda", cuda_graphs=False, resume=True), echo=False)
-    assert [r.epoch for r in resumed.epochs] == [1, 2, 3, 4] and resumed.epochs[-1].train_loss < resumed.epochs[0].train_loss
+    assert [r.epoch for r in resumed.epochs] == [1, 2, 3] and resumed.epochs[-1].train_loss < resumed.epochs[0].train_loss
 
 
 def test_train_step_as_cuda_graphs_equals_the_eager_step(toy_target: Path) -> None:

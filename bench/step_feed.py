@@ -1,0 +1,187 @@
+"""Which part of feeding the drafter's step from the loader threads costs the CUDA-graph step its
+speed (issue 27): on the H200 the graphed 1.1B step ran at 27.6 ms with its batches on the device
+and at 28.2 ms when loader threads copied pre-built pinned batches to it, but at 36 ms when the
+threads also built them (`dataset.collate` into pinned memory), 2 or 4 threads alike; the eager step
+lost 0.9 ms the same way (docs/benchmarks.md, session 8).
+
+    python -m bench.step_feed --out $OUT      # on the H200: the 1.1B shape's drafter, ~2 min
+    python -m bench.step_feed --smoke         # tiny shapes on the CPU, the eager step only (a check)
+
+One drafter (eagle.train's step, sync-free accuracy counts, fixed packs of 4 x 2047 tokens, random
+bf16 states), compiled once and captured once (eagle.step_graph), then timed over the same packs
+under each feed, as the graph and as the eager step:
+
+  device              batches already on the device
+  handed              loader threads hand over batches already on the device (threads alone)
+  copied              loader threads copy pre-built pinned batches (dataset.to_device)
+  built               loader threads build (dataset.collate, pinned) and copy: eagle train's feed
+  built, reused pin   the same built into pageable memory, then copied into a pinned buffer each
+                      loader thread reuses (no pinned allocation per batch), then dataset.to_device
+  built, 1 thread op  as `built` with torch's intra-op threads set to 1 on each loader thread
+                      (collate's copies otherwise start a thread team per loader thread); timed
+                      last, as the setting may outlive its thread where torch keeps it globally
+
+and the loader alone (built, no step) and collate alone on the main thread. Prints a table of ms a
+step; writes OUT/step_feed.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.gpu_decode import sync
+from bench.gpu_throughput import SMOKE, TARGET_1B, random_target, save_verifier
+from bench.train_step_kernels import samples
+
+Batch = dict[str, torch.Tensor]
+
+
+def reused_pinned(batch: Batch, store: threading.local) -> Batch:
+    """The batch copied into pinned buffers this thread keeps (grown when too small, else reused)."""
+    bufs = store.__dict__.setdefault("bufs", {})
+    out = {}
+    for k, v in batch.items():
+        buf = bufs.get(k)
+        if buf is None or buf.numel() < v.numel() or buf.dtype != v.dtype:
+            buf = bufs[k] = torch.empty(v.numel(), dtype=v.dtype, pin_memory=torch.cuda.is_available())
+        view = buf[: v.numel()].view(v.shape)
+        view.copy_(v)
+        out[k] = view
+    return out
+
+
+def feeds(host: Callable[[list[int], bool], Batch], order: list[list[int]], resident: list[Batch],
+          pre: list[Batch], dev: torch.device, workers: int) -> dict[str, Callable[[], Iterable[Batch]]]:
+    """Each feed: a function making a fresh iterator of batches on `dev` over the timed packs."""
+    from eagle import dataset
+
+    items = list(range(len(order)))
+    store = threading.local()
+
+    def one_op_thread(i: int) -> Batch:
+        torch.set_num_threads(1)  # per thread: the loader threads' own intra-op setting
+        return dataset.to_device(host(order[i], True), dev)
+
+    return {
+        "device": lambda: iter(resident),
+        "handed": lambda: dataset.prefetched(lambda i: resident[i], items, workers),
+        "copied": lambda: dataset.prefetched(lambda i: dataset.to_device(pre[i], dev), items, workers),
+        "built": lambda: dataset.prefetched(lambda i: dataset.to_device(host(order[i], True), dev), items, workers),
+        "built, reused pin": lambda: dataset.prefetched(
+            lambda i: dataset.to_device(reused_pinned(host(order[i], False), store), dev), items, workers),
+        "built, 1 thread op": lambda: dataset.prefetched(one_op_thread, items, workers),  # last: it may leak
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, eager step only: checks the code")
+    p.add_argument("--out", default=os.environ.get("OUT"), help="write step_feed.json here [$OUT]")
+    p.add_argument("--steps", type=int, default=30, help="timed steps of each feed")
+    p.add_argument("--workers", type=int, default=2, help="loader threads")
+    a = p.parse_args(argv)
+    dev = torch.device("cpu" if a.smoke or not torch.cuda.is_available() else "cuda")
+    if dev.type == "cpu" and not a.smoke:
+        print("no GPU: use --smoke for a CPU check", file=sys.stderr)
+        return 1
+    from eagle import dataset, drafter
+    from eagle.train import compile_settings, graphed_train_step, lr_lambda, train_step, use_doc_attention
+
+    cuda = dev.type == "cuda"
+    shape = SMOKE if a.smoke else TARGET_1B
+    seq, dv, per_pack, ttt = (64, 64, 2, 3) if a.smoke else (2048, 8000, 4, 3)
+    steps = 2 if a.smoke else a.steps
+    compile_settings()
+    drafter.use_sync_free_metrics()
+    scratch = Path(tempfile.mkdtemp(prefix="step_feed-"))
+    target = random_target(shape, dev, torch.bfloat16 if cuda else torch.float32)
+    save_verifier(target, scratch / "verifier")
+    del target
+    n = shape["num_hidden_layers"]
+    raw = samples(shape, [seq] * (2 * per_pack), 3)
+    budget = per_pack * (seq - 1)
+    shifted = [dataset.shift_sample(s, budget) for s in raw]
+    order = [[(k * per_pack + j) % len(shifted) for j in range(per_pack)] for k in range(steps)]
+    hdt = torch.bfloat16 if cuda else torch.float32
+
+    def host(idx: list[int], pin: bool) -> Batch:
+        return dataset.collate([shifted[i] for i in idx], dtype=hdt, layout=True, pin=pin and cuda)
+
+    pre = [host(idx, True) for idx in order]
+    resident = [{k: v.to(dev) for k, v in b.items()} for b in pre]
+    d2t, t2d = torch.zeros(dv, dtype=torch.long), torch.zeros(shape["vocab_size"], dtype=torch.bool)
+    t2d[:dv] = True
+    torch.manual_seed(0)
+    model = drafter.build_drafter(scratch / "verifier", layer_ids=[2, n // 2, n - 3], d2t=d2t, t2d=t2d,
+                                  ttt_steps=ttt).to(dev)
+    use_doc_attention(model)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(10_000, 10))
+    losses = drafter.loss_config()
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False) if cuda
+                else torch.autocast("cpu", enabled=False))
+    t0 = time.perf_counter()
+    for b in resident[:3]:  # compiles
+        train_step(model, b, opt, sched, params, ttt, losses, autocast)
+    graphed = graphed_train_step(model, opt, params, ttt, losses, autocast) if cuda else None
+    if graphed is not None:
+        graphed.capture(resident[0])
+        if graphed.failures:
+            print(graphed.failures[0], file=sys.stderr)
+            return 2
+    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__,
+                              "device": torch.cuda.get_device_name(dev) if cuda else "cpu (smoke)",
+                              "pack": f"{per_pack} x {seq - 1}", "workers": a.workers, "steps": steps,
+                              "setup_s": round(time.perf_counter() - t0, 1), "ms_per_step": {}}
+
+    def timed(batches: Iterable[Batch], graph: bool) -> float:
+        sync(dev)
+        start, count = time.perf_counter(), 0
+        for b in batches:
+            if graph:
+                graphed(b)  # type: ignore[misc]
+                sched.step()
+            else:
+                train_step(model, b, opt, sched, params, ttt, losses, autocast)
+            count += 1
+        sync(dev)
+        return (time.perf_counter() - start) / max(count, 1) * 1000
+
+    print(f"{'feed':22s} {'graph':>9s} {'eager':>9s}   (ms a step; {a.workers} loader threads)", flush=True)
+    for name, feed in feeds(host, order, resident, pre, dev, a.workers).items():
+        row = {"graph": timed(feed(), True) if cuda else None, "eager": timed(feed(), False)}
+        result["ms_per_step"][name] = row
+        graph_ms = f"{row['graph']:9.2f}" if row["graph"] is not None else f"{'-':>9s}"
+        print(f"{name:22s} {graph_ms} {row['eager']:9.2f}", flush=True)
+    start = time.perf_counter()
+    for _ in dataset.prefetched(lambda i: dataset.to_device(host(order[i], True), dev), list(range(steps)),
+                                a.workers):
+        pass
+    result["loader_alone_ms"] = (time.perf_counter() - start) / steps * 1000
+    start = time.perf_counter()
+    for idx in order:
+        host(idx, True)
+    result["collate_alone_ms"] = (time.perf_counter() - start) / steps * 1000
+    print(f"loader alone {result['loader_alone_ms']:.2f} ms a batch; collate alone (main thread) "
+          f"{result['collate_alone_ms']:.2f} ms a batch", flush=True)
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "step_feed.json").write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
