@@ -324,7 +324,7 @@ def training(model: Any, rows: list[list[int]], shape: dict[str, int], dev: torc
              smoke: bool, scratch: Path, layer_ids: list[int], steps: int, warmup: int) -> None:
     from eagle import dataset, drafter
     from eagle import hidden_capture as hc
-    from eagle.train import lr_lambda
+    from eagle.train import lr_lambda, step_autocast
 
     ttt, dv_want = 3, (64 if smoke else 8000)
     seq = len(rows[0])
@@ -376,8 +376,7 @@ def training(model: Any, rows: list[list[int]], shape: dict[str, int], dev: torc
             peer=(peer, results[peer]) if peer and peer in results else None,
             note=f"MFU {mfu:.1%}; step acc " + "/".join(f"{a:.3f}" for a in acc))
 
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda"
-                else torch.autocast("cpu", enabled=False))
+    autocast = step_autocast(dev)
 
     # (a) speculators' own Trainer, as its CLI builds it (log_freq 1, AdamW wd 0.01, linear warm-up)
     name = "speculators Trainer"

@@ -42,7 +42,7 @@ import torch
 
 from bench.gpu_decode import sync
 from bench.gpu_throughput import SMOKE, TARGET_1B, random_target, save_verifier
-from bench.train_step_kernels import samples
+from bench.train_step_kernels import bench_drafter, samples
 
 Batch = dict[str, torch.Tensor]
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no GPU: use --smoke for a CPU check", file=sys.stderr)
         return 1
     from eagle import dataset, drafter
-    from eagle.train import compile_settings, graphed_train_step, lr_lambda, train_step, use_doc_attention
+    from eagle.train import compile_settings, graphed_train_step, lr_lambda, step_autocast, train_step
 
     cuda = dev.type == "cuda"
     shape = SMOKE if a.smoke else TARGET_1B
@@ -120,27 +120,18 @@ def main(argv: list[str] | None = None) -> int:
 
     pre = [host(idx, True) for idx in order]
     resident = [{k: v.to(dev) for k, v in b.items()} for b in pre]
-    d2t, t2d = torch.zeros(dv, dtype=torch.long), torch.zeros(shape["vocab_size"], dtype=torch.bool)
-    t2d[:dv] = True
-    torch.manual_seed(0)
-    model = drafter.build_drafter(scratch / "verifier", layer_ids=[2, n // 2, n - 3], d2t=d2t, t2d=t2d,
-                                  ttt_steps=ttt).to(dev)
-    use_doc_attention(model)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.0)
+    model, params, opt = bench_drafter(scratch / "verifier", shape["vocab_size"], dv, [2, n // 2, n - 3], ttt, dev)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(10_000, 10))
     losses = drafter.loss_config()
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False) if cuda
-                else torch.autocast("cpu", enabled=False))
+    autocast = step_autocast(dev, cache=False)
     t0 = time.perf_counter()
     for b in resident[:3]:  # compiles
         train_step(model, b, opt, sched, params, ttt, losses, autocast)
     graphed = graphed_train_step(model, opt, params, ttt, losses, autocast) if cuda else None
     if graphed is not None:
         graphed.capture(resident[0])
-        if graphed.failures:
-            print(graphed.failures[0], file=sys.stderr)
+        if graphed.failure:
+            print(graphed.failure, file=sys.stderr)
             return 2
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__,
                               "device": torch.cuda.get_device_name(dev) if cuda else "cpu (smoke)",

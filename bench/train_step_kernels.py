@@ -97,6 +97,33 @@ def samples(shape: dict[str, int], lengths: list[int], aux: int, seed: int = 0) 
              "loss_mask": torch.ones(t, dtype=torch.long)} for t in lengths]
 
 
+def bench_drafter(vdir: Path, vocab: int, dv: int, layer_ids: list[int], ttt: int,
+                  dev: torch.device) -> tuple[Any, list[torch.nn.Parameter], torch.optim.Optimizer]:
+    """(drafter, its trainable parameters, AdamW as eagle train's) for these benches: the draft
+    vocabulary is the target's first `dv` ids, per-document attention, training mode, seed 0."""
+    from eagle import drafter
+    from eagle.train import use_doc_attention
+
+    d2t = torch.zeros(dv, dtype=torch.long)  # draft id i = target id i
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[:dv] = True
+    torch.manual_seed(0)
+    model = drafter.build_drafter(vdir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=ttt).to(dev)
+    use_doc_attention(model)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    return model, params, torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.0)
+
+
+def print_profile(label: str, title: str, prof: dict[str, Any], top: bool) -> None:
+    """One kernel_profile as a line (and its top kernels)."""
+    cats = ", ".join(f"{k} {v:.2f}" for k, v in prof["by_category_ms"].items())
+    print(f"[{label}] {title}: {prof['kernels']} kernels, device {prof['device_ms']:.2f} ms of "
+          f"{prof['wall_ms_profiled']:.2f} ms a step; {cats} ms", flush=True)
+    for t in prof["top"] if top else []:
+        print(f"    {t['ms']:8.3f} ms x{t['calls']:<4} {t['category']:<9} {t['kernel']}", flush=True)
+
+
 def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, vocab: int, layer_ids: list[int],
             dev: torch.device, steps: int, warmup: int, per_pack: int, ttt: int,
             variable: list[dict[str, torch.Tensor]] | None = None, passes: int = 4,
@@ -110,7 +137,7 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
     from speculators.losses import resolve_loss_config
 
     from eagle import dataset, drafter
-    from eagle.train import compile_settings, graphed_train_step, lr_lambda, train_step, use_doc_attention
+    from eagle.train import compile_settings, graphed_train_step, lr_lambda, step_autocast, train_step
 
     if settings == "eagle":
         compile_settings()  # eagle train's (dynamo's recompile limit 64, two Inductor tiling options off)
@@ -118,19 +145,10 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
     budget = per_pack * (seq - 1)
     shifted = [dataset.shift_sample(s, budget) for s in raw]
     order = [[(k * per_pack + j) % len(shifted) for j in range(per_pack)] for k in range(warmup + steps)]
-    d2t = torch.zeros(dv, dtype=torch.long)  # draft id i = target id i
-    t2d = torch.zeros(vocab, dtype=torch.bool)
-    t2d[:dv] = True
-    torch.manual_seed(0)
-    model = drafter.build_drafter(vdir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=ttt).to(dev)
-    use_doc_attention(model)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.0)
+    model, params, opt = bench_drafter(vdir, vocab, dv, layer_ids, ttt, dev)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(4 * len(order), max(1, len(order) // 5)))
     losses = resolve_loss_config("kl_div", impl)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False) if dev.type == "cuda"
-                else torch.autocast("cpu", enabled=False))  # eagle train's (capture needs no cache)
+    autocast = step_autocast(dev, cache=False)  # eagle train's with CUDA graphs (capture needs no cache)
     hdt = torch.bfloat16 if dev.type == "cuda" else torch.float32
     cuda = dev.type == "cuda"
 
@@ -197,7 +215,7 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
                            ("fed, copy stream, CUDA graphs", feeds["fed, copy stream (dataset.to_device)"])):
             wall, last = run_graphed(feed())
             out["modes"][name] = {"tok_s": tokens / wall, "step_ms": wall / steps * 1000, "last_loss": last}
-        out["graph_failures"] = graphed.failures
+        out["graph_failure"] = graphed.failure
     if variable:
         var_shifted = [dataset.shift_sample(s, budget) for s in variable]
         lengths = [int(s["input_ids"].shape[0]) for s in variable]
@@ -306,19 +324,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"{m['of_step']:.3f} of the step{extra}", flush=True)
             if "capture_s" in r:
                 print(f"[{label}] first capture {r['capture_s']} s; shapes captured {r.get('graphs_captured')}; "
-                      f"failures {r.get('graph_failures')}", flush=True)
-            prof = r.get("profile_graphs")
-            if prof:
-                cats = ", ".join(f"{k} {v:.2f}" for k, v in prof["by_category_ms"].items())
-                print(f"[{label}] profile, CUDA graphs: {prof['kernels']} kernels, device {prof['device_ms']:.2f} ms "
-                      f"of {prof['wall_ms_profiled']:.2f} ms a step; {cats} ms", flush=True)
-            prof = r.get("profile")
-            if prof:
-                cats = ", ".join(f"{k} {v:.2f}" for k, v in prof["by_category_ms"].items())
-                print(f"[{label}] profile: {prof['kernels']} kernels, device {prof['device_ms']:.2f} ms of "
-                      f"{prof['wall_ms_profiled']:.2f} ms a step; {cats} ms", flush=True)
-                for t in prof["top"]:
-                    print(f"    {t['ms']:8.3f} ms x{t['calls']:<4} {t['category']:<9} {t['kernel']}", flush=True)
+                      f"failure {r.get('graph_failure')}", flush=True)
+            if r.get("profile_graphs"):
+                print_profile(label, "profile, CUDA graphs", r["profile_graphs"], top=False)
+            if r.get("profile"):
+                print_profile(label, "profile", r["profile"], top=True)
         result["runs"].append(r)
         if a.out:
             Path(a.out).mkdir(parents=True, exist_ok=True)

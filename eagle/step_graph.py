@@ -125,7 +125,7 @@ class GraphedStep:
     backward, clipping and `opt.step()`, returning a device tensor, with no host sync. `warm(batch)`
     runs its forward and backward only (a shape's first run compiles it); it is run once per shape,
     on a side stream, before that shape's capture. If a capture fails, every shape runs `step`
-    eagerly from then on, with a warning naming the error (`failures` keeps the tracebacks): a
+    eagerly from then on, with a warning naming the error (`failure` keeps the traceback): a
     failed capture leaves its memory pool unusable for the next one."""
 
     def __init__(self, step: Callable[[Batch], torch.Tensor], warm: Callable[[Batch], Any],
@@ -135,12 +135,16 @@ class GraphedStep:
         self.inputs: dict[tuple[str, tuple[int, ...], torch.dtype], torch.Tensor] = {}
         self.pool: Any = None
         self.lrs: list[torch.Tensor] = []
-        self.failures: list[str] = []  # tracebacks of failed captures (at most one: then no more are tried)
+        self.failure: str | None = None  # the traceback of the failed capture (no more are tried after one)
 
     @property
     def captured(self) -> int:
         """How many batch shapes run as a graph."""
         return len(self.graphs)
+
+    def _clear_grads(self) -> None:
+        for p in self.params:
+            p.grad = None
 
     def _prepare(self, device: torch.device) -> None:
         if self.pool is not None:
@@ -169,7 +173,7 @@ class GraphedStep:
     def capture(self, batch: Batch) -> bool:
         """Capture the step for this batch's shape (once per shape); False if it runs eagerly."""
         key = batch_key(batch)
-        if key in self.graphs or self.failures:
+        if key in self.graphs or self.failure:
             return self.graphs.get(key) is not None
         device = next(iter(batch.values())).device
         self._prepare(device)
@@ -178,11 +182,9 @@ class GraphedStep:
         side = torch.cuda.Stream(device=device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side), device_scalars():
-            for p in self.params:
-                p.grad = None
+            self._clear_grads()
             self.warm(static)  # compiles this shape outside the capture
-            for p in self.params:
-                p.grad = None
+            self._clear_grads()
         torch.cuda.current_stream(device).wait_stream(side)
         floats = [g["lr"] for g in self.opt.param_groups]
         graph = torch.cuda.CUDAGraph()
@@ -195,15 +197,14 @@ class GraphedStep:
         except Exception as e:  # noqa: BLE001 - any capture failure leaves the step eager, said once
             import traceback
 
-            self.failures.append(traceback.format_exc())
+            self.failure = traceback.format_exc()
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
             warn(f"CUDA graph capture of the training step failed ({reason}); the step runs without graphs")
             return False
         finally:
             for group, lr in zip(self.opt.param_groups, floats, strict=True):
                 group["lr"] = lr
-            for p in self.params:
-                p.grad = None
+            self._clear_grads()
         self.graphs[key] = (graph, static, out)
         return True
 
@@ -214,11 +215,9 @@ class GraphedStep:
             self.capture(batch)
         entry = self.graphs.get(key)
         if entry is None:
-            for p in self.params:
-                p.grad = None
+            self._clear_grads()
             out = self.step(batch)
-            for p in self.params:
-                p.grad = None
+            self._clear_grads()
             return out
         graph, static, out = entry
         self._fill(static, batch)

@@ -215,11 +215,21 @@ def train_step(model: Any, batch: dict[str, Any], opt: Any, sched: Any, params: 
     return loss, metrics
 
 
+def step_autocast(device: Any, cache: bool = True) -> Any:
+    """The step's autocast: bf16 on CUDA, off on the CPU. `cache=False` drops autocast's cache of
+    cast weights, as CUDA graph capture requires (the compiled step does not use it anyway)."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache)
+    return torch.autocast("cpu", enabled=False)
+
+
 def graphed_train_step(model: Any, opt: Any, params: list[Any], ttt_steps: int, losses: Any, autocast: Any,
                        loss_decay: float = 1.0) -> Any:
     """train_step as eagle/step_graph.py's GraphedStep: call it with a batch for the step_scalars of a
     whole step (forward, backward, clip, AdamW; the scheduler stays the caller's), one CUDA graph
-    per batch shape. `autocast` must not cache (cache_enabled=False), as graph capture requires."""
+    per batch shape. `autocast` must not cache (step_autocast(device, cache=False))."""
     from eagle.step_graph import GraphedStep
 
     def warm(batch: dict[str, Any]) -> None:
@@ -600,9 +610,7 @@ def train(args: TrainArgs, echo: bool = True) -> TrainLog:  # noqa: C901 - one r
     losses = drafter.loss_config()
     drafter.use_sync_free_metrics()
     set_capturable(opt, bool(args.cuda_graphs))  # a resumed state may come from a run with the other setting
-    # graph capture needs autocast without its weight cache (the compiled step does not use it anyway)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not args.cuda_graphs)
-                if device.type == "cuda" else torch.autocast("cpu", enabled=False))
+    autocast = step_autocast(device, cache=not args.cuda_graphs)
     graphed = graphed_train_step(model, opt, params, args.ttt_steps, losses, autocast, args.loss_decay) \
         if args.cuda_graphs else None
     hdt = torch.bfloat16 if device.type == "cuda" else torch.float32
