@@ -1,8 +1,9 @@
 """Which part of feeding the drafter's step from the loader threads costs the CUDA-graph step its
 speed (issue 27): on the H200 the graphed 1.1B step ran at 27.6 ms with its batches on the device
 and at 28.2 ms when loader threads copied pre-built pinned batches to it, but at 36 ms when the
-threads also built them (`dataset.collate` into pinned memory), 2 or 4 threads alike; the eager step
-lost 0.9 ms the same way (docs/benchmarks.md, session 8).
+threads also built them (`dataset.collate` into pinned memory) with torch's intra-op threads at
+their default; one intra-op thread per loader thread (now `dataset.prefetched`'s default) gave
+28.7 ms (docs/benchmarks.md, sessions 8 and 9).
 
     python -m bench.step_feed --out $OUT      # on the H200: the 1.1B shape's drafter, ~2 min
     python -m bench.step_feed --smoke         # tiny shapes on the CPU, the eager step only (a check)
@@ -14,12 +15,12 @@ under each feed, as the graph and as the eager step:
   device              batches already on the device
   handed              loader threads hand over batches already on the device (threads alone)
   copied              loader threads copy pre-built pinned batches (dataset.to_device)
-  built               loader threads build (dataset.collate, pinned) and copy: eagle train's feed
-  built, reused pin   the same built into pageable memory, then copied into a pinned buffer each
-                      loader thread reuses (no pinned allocation per batch), then dataset.to_device
-  built, 1 thread op  as `built` with torch's intra-op threads set to 1 on each loader thread
-                      (collate's copies otherwise start a thread team per loader thread); timed
-                      last, as the setting may outlive its thread where torch keeps it globally
+  built               loader threads build (dataset.collate, pinned) and copy, one intra-op
+                      thread each: eagle train's feed
+  built, op threads   the same with torch's default intra-op threads on the loader threads
+                      (collate's copies start a thread team per loader thread): the feed before
+  built, reused pin   as `built, op threads`, built into pageable memory, then copied into a
+                      pinned buffer each loader thread reuses (no pinned allocation per batch)
 
 and the loader alone (built, no step) and collate alone on the main thread. Prints a table of ms a
 step; writes OUT/step_feed.json.
@@ -69,18 +70,18 @@ def feeds(host: Callable[[list[int], bool], Batch], order: list[list[int]], resi
     items = list(range(len(order)))
     store = threading.local()
 
-    def one_op_thread(i: int) -> Batch:
-        torch.set_num_threads(1)  # per thread: the loader threads' own intra-op setting
+    def built(i: int) -> Batch:
         return dataset.to_device(host(order[i], True), dev)
 
     return {
         "device": lambda: iter(resident),
         "handed": lambda: dataset.prefetched(lambda i: resident[i], items, workers),
         "copied": lambda: dataset.prefetched(lambda i: dataset.to_device(pre[i], dev), items, workers),
-        "built": lambda: dataset.prefetched(lambda i: dataset.to_device(host(order[i], True), dev), items, workers),
+        "built": lambda: dataset.prefetched(built, items, workers),
+        "built, op threads": lambda: dataset.prefetched(built, items, workers, op_threads=None),
         "built, reused pin": lambda: dataset.prefetched(
-            lambda i: dataset.to_device(reused_pinned(host(order[i], False), store), dev), items, workers),
-        "built, 1 thread op": lambda: dataset.prefetched(one_op_thread, items, workers),  # last: it may leak
+            lambda i: dataset.to_device(reused_pinned(host(order[i], False), store), dev), items, workers,
+            op_threads=None),
     }
 
 

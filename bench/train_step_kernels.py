@@ -231,8 +231,9 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
         for name, runner in [(eager_name, run)] + (
                 [("real loop, CUDA graphs", run_graphed)] if graphs and cuda else []):
             warm, _ = runner(dataset.prefetched(bucketed, packs, dataset.loader_workers(dev)))  # compiles, captures
-            wall, last = runner(b for _ in range(passes) for b in dataset.prefetched(bucketed, packs,
-                                                                                      dataset.loader_workers(dev)))
+            # the passes as one stream of batches, as an epoch's (a stream per pass would wait for
+            # its first batch each time: a loader's latency every len(packs) steps)
+            wall, last = runner(dataset.prefetched(bucketed, packs * passes, dataset.loader_workers(dev)))
             out["modes"][name] = {
                 "tok_s": real / wall, "step_ms": wall / (passes * len(packs)) * 1000, "last_loss": last,
                 "packs": len(packs), "fill": sum(min(n - 1, budget) for n in lengths) / (len(packs) * budget),

@@ -245,15 +245,22 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device | str) -> dic
     return out
 
 
-def prefetched(make, items: list, workers: int = 1):  # noqa: ANN001, ANN201 - make(item) -> batch
+def prefetched(make, items: list, workers: int = 1, op_threads: int | None = 1):  # noqa: ANN001, ANN201
     """Yield make(item) for each item in order, building the next `workers` ones on side threads
     while the caller uses this one (reading, checking and collating batches overlaps the GPU's
-    step; torch's copies release the GIL, so several workers use several cores)."""
+    step; torch's copies release the GIL, so several workers use several cores).
+
+    op_threads sets torch's intra-op threads on each side thread (None: torch's default, every
+    core). One each by default: a large `collate` otherwise starts a team of threads per side
+    thread, and on the H200 that slowed the step it fed from 27.1 to 36.3 ms as a CUDA graph
+    (0.5 ms eager); with one, 28.7 ms (bench/step_feed.py, docs/benchmarks.md). The setting is the
+    side thread's own: the caller's thread keeps its count."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
     workers = max(1, workers)
-    with ThreadPoolExecutor(workers) as pool:
+    init = None if op_threads is None else (lambda: torch.set_num_threads(op_threads))
+    with ThreadPoolExecutor(workers, initializer=init) as pool:
         ahead = deque(pool.submit(make, item) for item in items[:workers])
         for k in range(len(items)):
             cur = ahead.popleft().result()
