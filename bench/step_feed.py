@@ -1,26 +1,27 @@
 """Which part of feeding the drafter's step from the loader threads costs the CUDA-graph step its
-speed (issue 27): on the H200 the graphed 1.1B step ran at 27.6 ms with its batches on the device
-and at 28.2 ms when loader threads copied pre-built pinned batches to it, but at 36 ms when the
-threads also built them (`dataset.collate` into pinned memory) with torch's intra-op threads at
-their default; one intra-op thread per loader thread (now `dataset.prefetched`'s default) gave
-28.7 ms (docs/benchmarks.md, sessions 8 and 9).
+speed (issue 27): on the H200 the graphed 1.1B step ran at 27.1-27.6 ms with its batches on the
+device and at 27.7-28.2 ms when loader threads copied pre-built pinned batches to it, but at 36.3
+ms when the threads also built them (`dataset.collate` into pinned memory). Session 9's run gave
+28.7 ms with one intra-op thread per loader thread and 29.2 ms with a reused pinned buffer, both
+timed after `built`, so a warmer process could explain part of it: `built` is timed again last
+(docs/benchmarks.md, sessions 8 and 9).
 
     python -m bench.step_feed --out $OUT      # on the H200: the 1.1B shape's drafter, ~2 min
     python -m bench.step_feed --smoke         # tiny shapes on the CPU, the eager step only (a check)
 
 One drafter (eagle.train's step, sync-free accuracy counts, fixed packs of 4 x 2047 tokens, random
 bf16 states), compiled once and captured once (eagle.step_graph), then timed over the same packs
-under each feed, as the graph and as the eager step:
+under each feed, in this order, as the graph and as the eager step:
 
   device              batches already on the device
   handed              loader threads hand over batches already on the device (threads alone)
   copied              loader threads copy pre-built pinned batches (dataset.to_device)
-  built               loader threads build (dataset.collate, pinned) and copy, one intra-op
-                      thread each: eagle train's feed
-  built, op threads   the same with torch's default intra-op threads on the loader threads
-                      (collate's copies start a thread team per loader thread): the feed before
-  built, reused pin   as `built, op threads`, built into pageable memory, then copied into a
-                      pinned buffer each loader thread reuses (no pinned allocation per batch)
+  built               loader threads build (dataset.collate, pinned) and copy: eagle train's feed
+  built, 1 op thread  the same with one torch intra-op thread per loader thread (dataset.prefetched's
+                      op_threads=1; collate's copies otherwise start a thread team per loader thread)
+  built, reused pin   as `built`, built into pageable memory, then copied into a pinned buffer each
+                      loader thread reuses (no pinned allocation per batch)
+  built, again        `built` once more: what the order alone changes
 
 and the loader alone (built, no step) and collate alone on the main thread. Prints a table of ms a
 step; writes OUT/step_feed.json.
@@ -78,10 +79,10 @@ def feeds(host: Callable[[list[int], bool], Batch], order: list[list[int]], resi
         "handed": lambda: dataset.prefetched(lambda i: resident[i], items, workers),
         "copied": lambda: dataset.prefetched(lambda i: dataset.to_device(pre[i], dev), items, workers),
         "built": lambda: dataset.prefetched(built, items, workers),
-        "built, op threads": lambda: dataset.prefetched(built, items, workers, op_threads=None),
+        "built, 1 op thread": lambda: dataset.prefetched(built, items, workers, op_threads=1),
         "built, reused pin": lambda: dataset.prefetched(
-            lambda i: dataset.to_device(reused_pinned(host(order[i], False), store), dev), items, workers,
-            op_threads=None),
+            lambda i: dataset.to_device(reused_pinned(host(order[i], False), store), dev), items, workers),
+        "built, again": lambda: dataset.prefetched(built, items, workers),
     }
 
 

@@ -245,16 +245,17 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device | str) -> dic
     return out
 
 
-def prefetched(make, items: list, workers: int = 1, op_threads: int | None = 1):  # noqa: ANN001, ANN201
+def prefetched(make, items: list, workers: int = 1, op_threads: int | None = None):  # noqa: ANN001, ANN201
     """Yield make(item) for each item in order, building the next `workers` ones on side threads
     while the caller uses this one (reading, checking and collating batches overlaps the GPU's
     step; torch's copies release the GIL, so several workers use several cores).
 
-    op_threads sets torch's intra-op threads on each side thread (None: torch's default, every
-    core). One each by default: a large `collate` otherwise starts a team of threads per side
-    thread, and on the H200 that slowed the step it fed from 27.1 to 36.3 ms as a CUDA graph
-    (0.5 ms eager); with one, 28.7 ms (bench/step_feed.py, docs/benchmarks.md). The setting is the
-    side thread's own: the caller's thread keeps its count."""
+    op_threads sets torch's intra-op threads on each side thread (the side thread's own setting:
+    the caller's thread keeps its count); None leaves torch's default. On the H200 a graphed step
+    fed by 2 threads building batches ran at 36.3 ms with the default and 28.7 ms with one each
+    (bench/step_feed.py), but fed by 4 threads with one each it still ran at 39.9 ms
+    (bench/train_step_kernels.py): not settled, so `eagle train` keeps the default
+    (docs/benchmarks.md, session 9)."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 

@@ -40,20 +40,19 @@ def test_prefetched_keeps_order_with_several_workers() -> None:
     assert list(prefetched(make, [], 4)) == []
 
 
-def test_prefetched_workers_use_one_op_thread_and_leave_the_callers() -> None:
-    """The side threads building batches run torch's ops on one thread each (a large collate
-    otherwise starts a thread team per side thread, which slowed the GPU step it fed); the
-    caller's setting is untouched, and op_threads=None leaves torch's default."""
+def test_prefetched_op_threads_set_the_workers_count_and_leave_the_callers() -> None:
+    """op_threads=1: the side threads building batches run torch's ops on one thread each, and
+    the caller's setting is untouched; by default a side thread keeps torch's default count."""
     import torch
 
     from eagle.dataset import prefetched
 
     before = torch.get_num_threads()
-    seen = list(prefetched(lambda _: torch.get_num_threads(), list(range(6)), 3))
+    seen = list(prefetched(lambda _: torch.get_num_threads(), list(range(6)), 3, op_threads=1))
     assert seen == [1] * 6 and torch.get_num_threads() == before
     assert list(prefetched(lambda _: torch.get_num_threads(), [0, 1], 2, op_threads=2)) == [2, 2]
     if before > 1:  # a fresh thread without the setting gets torch's default, as the caller's
-        assert list(prefetched(lambda _: torch.get_num_threads(), [0], 1, op_threads=None)) == [before]
+        assert list(prefetched(lambda _: torch.get_num_threads(), [0], 1)) == [before]
 
 
 def test_prefetched_raises_the_workers_error() -> None:
