@@ -24,7 +24,8 @@ under each feed, in this order, as the graph and as the eager step:
   built, again        `built` once more: what the order alone changes
 
 and the loader alone (built, no step) and collate alone on the main thread. Prints a table of ms a
-step; writes OUT/step_feed.json.
+step, with where the time goes: the main thread's wait for each batch, and (the `built` feeds)
+each batch's collate and copy on its loader thread; writes OUT/step_feed.json.
 """
 
 from __future__ import annotations
@@ -64,15 +65,22 @@ def reused_pinned(batch: Batch, store: threading.local) -> Batch:
 
 
 def feeds(host: Callable[[list[int], bool], Batch], order: list[list[int]], resident: list[Batch],
-          pre: list[Batch], dev: torch.device, workers: int) -> dict[str, Callable[[], Iterable[Batch]]]:
-    """Each feed: a function making a fresh iterator of batches on `dev` over the timed packs."""
+          pre: list[Batch], dev: torch.device, workers: int,
+          spans: list[tuple[float, float]]) -> dict[str, Callable[[], Iterable[Batch]]]:
+    """Each feed: a function making a fresh iterator of batches on `dev` over the timed packs. The
+    `built` feeds append each batch's (collate, copy) seconds on its loader thread to `spans`."""
     from eagle import dataset
 
     items = list(range(len(order)))
     store = threading.local()
 
     def built(i: int) -> Batch:
-        return dataset.to_device(host(order[i], True), dev)
+        t0 = time.perf_counter()
+        b = host(order[i], True)
+        t1 = time.perf_counter()
+        out = dataset.to_device(b, dev)
+        spans.append((t1 - t0, time.perf_counter() - t1))  # list.append is atomic under the GIL
+        return out
 
     return {
         "device": lambda: iter(resident),
@@ -140,10 +148,21 @@ def main(argv: list[str] | None = None) -> int:
                               "pack": f"{per_pack} x {seq - 1}", "workers": a.workers, "steps": steps,
                               "setup_s": round(time.perf_counter() - t0, 1), "ms_per_step": {}}
 
-    def timed(batches: Iterable[Batch], graph: bool) -> float:
+    spans: list[tuple[float, float]] = []
+
+    def timed(batches: Iterable[Batch], graph: bool) -> dict[str, float]:
+        """ms a step, ms a step the main thread waited for its batch, and the loader's ms a batch
+        collating and copying (the `built` feeds)."""
+        spans.clear()
         sync(dev)
-        start, count = time.perf_counter(), 0
-        for b in batches:
+        start, count, waited = time.perf_counter(), 0, 0.0
+        it = iter(batches)
+        while True:
+            t = time.perf_counter()
+            b = next(it, None)
+            waited += time.perf_counter() - t
+            if b is None:
+                break
             if graph:
                 graphed(b)  # type: ignore[misc]
                 sched.step()
@@ -151,14 +170,19 @@ def main(argv: list[str] | None = None) -> int:
                 train_step(model, b, opt, sched, params, ttt, losses, autocast)
             count += 1
         sync(dev)
-        return (time.perf_counter() - start) / max(count, 1) * 1000
+        n, k = max(count, 1), max(len(spans), 1)
+        return {"step": (time.perf_counter() - start) / n * 1000, "wait": waited / n * 1000,
+                "collate": sum(c for c, _ in spans) / k * 1000, "copy": sum(c for _, c in spans) / k * 1000}
 
-    print(f"{'feed':22s} {'graph':>9s} {'eager':>9s}   (ms a step; {a.workers} loader threads)", flush=True)
-    for name, feed in feeds(host, order, resident, pre, dev, a.workers).items():
-        row = {"graph": timed(feed(), True) if cuda else None, "eager": timed(feed(), False)}
-        result["ms_per_step"][name] = row
-        graph_ms = f"{row['graph']:9.2f}" if row["graph"] is not None else f"{'-':>9s}"
-        print(f"{name:22s} {graph_ms} {row['eager']:9.2f}", flush=True)
+    print(f"{'feed':20s} {'graph':>7s} {'eager':>7s} | graph: {'wait':>6s} {'collate':>7s} {'copy':>6s} | eager: "
+          f"{'wait':>6s} {'collate':>7s} {'copy':>6s}   (ms; {a.workers} loader threads)", flush=True)
+    for name, feed in feeds(host, order, resident, pre, dev, a.workers, spans).items():
+        g = timed(feed(), True) if cuda else None
+        e = timed(feed(), False)
+        result["ms_per_step"][name] = {"graph": g and g["step"], "eager": e["step"], "graph_detail": g, "eager_detail": e}
+        cols = (f"{g['step']:7.2f} {e['step']:7.2f} | graph: {g['wait']:6.2f} {g['collate']:7.2f} {g['copy']:6.2f}"
+                if g else f"{'-':>7s} {e['step']:7.2f} | graph: {'-':>6s} {'-':>7s} {'-':>6s}")
+        print(f"{name:20s} {cols} | eager: {e['wait']:6.2f} {e['collate']:7.2f} {e['copy']:6.2f}", flush=True)
     start = time.perf_counter()
     for _ in dataset.prefetched(lambda i: dataset.to_device(host(order[i], True), dev), list(range(steps)),
                                 a.workers):
