@@ -1,2 +1,15 @@
 """Benchmark scripts (not installed with the package): run each from the repository root as
 `python -m bench.NAME`; bench/README.md says what each measures, docs/benchmarks.md holds the results."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def write_json(out: str | Path | None, name: str, data: Any) -> None:  # noqa: ANN401 - any JSON-able value
+    """Write `data` as indented JSON to OUT/name (the folder made if missing); nothing when `out` is
+    None. Benches call it after every row or run, so a run cut short keeps what it measured."""
+    if out is None or out == "":
+        return
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / name).write_text(json.dumps(data, indent=1) + "\n")

@@ -20,15 +20,14 @@ Inductor's fused kernels, other), the batch's wall ms, the gap between them, the
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench import write_json
 from bench.gpu_decode import sync
 from bench.gpu_throughput import SMOKE, TARGET_1B, random_target, target_flops_per_token
 from bench.train_step_kernels import kernel_profile, matmul_rate
@@ -122,9 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             for t in prof["top"][:8]:
                 print(f"    {t['ms']:7.3f} ms {t['calls']:4d} x  {t['kernel']}", flush=True)
         result["runs"].append(r)
-        if a.out:
-            Path(a.out).mkdir(parents=True, exist_ok=True)
-            (Path(a.out) / "extract_kernels.json").write_text(json.dumps(result, indent=1) + "\n")
+        write_json(a.out, "extract_kernels.json", result)
     return 0
 
 

@@ -24,7 +24,6 @@ Measures, in this order, and prints one table at the end (also $OUT/gpu_throughp
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
@@ -37,6 +36,7 @@ from typing import Any
 
 import torch
 
+from bench import write_json
 from bench.gpu_decode import sync
 
 TARGET_1B = {"hidden_size": 2048, "num_hidden_layers": 22, "intermediate_size": 5632, "vocab_size": 32000,
@@ -52,8 +52,7 @@ OUT_DIR: list[Path] = []  # where save() writes, when --out / $OUT is set
 def save() -> None:
     """(Re)write OUT/gpu_throughput.{json,md}: after every row, so a run cut short keeps what it measured."""
     if OUT_DIR:
-        OUT_DIR[0].mkdir(parents=True, exist_ok=True)
-        (OUT_DIR[0] / "gpu_throughput.json").write_text(json.dumps({"meta": META, "rows": ROWS}, indent=1) + "\n")
+        write_json(OUT_DIR[0], "gpu_throughput.json", {"meta": META, "rows": ROWS})
         (OUT_DIR[0] / "gpu_throughput.md").write_text(markdown(META))
 
 

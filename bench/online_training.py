@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
 from bench.multi_gpu_scaling import REPO, SMOKE, TARGET_1B, free_port, make_data, make_target
 from bench.multi_gpu_scaling import table as rows_table
 
@@ -63,9 +64,7 @@ META: dict[str, Any] = {}
 def row(out: Path | None, name: str, value: float | str, unit: str = "", note: str = "") -> None:
     ROWS.append({"name": name, "value": value, "unit": unit, "note": note})
     print(f"  {name}: {value} {unit} {note}".rstrip(), file=sys.stderr, flush=True)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "online_training.json").write_text(json.dumps({"meta": META, "rows": ROWS}, indent=1) + "\n")
+    write_json(out, "online_training.json", {"meta": META, "rows": ROWS})
 
 
 def table() -> str:

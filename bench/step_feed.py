@@ -31,7 +31,6 @@ each batch's collate and copy on its loader thread; writes OUT/step_feed.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from typing import Any
 
 import torch
 
+from bench import write_json
 from bench.gpu_decode import sync
 from bench.gpu_throughput import SMOKE, TARGET_1B, random_target, save_verifier
 from bench.train_step_kernels import bench_drafter, samples
@@ -194,9 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     result["collate_alone_ms"] = (time.perf_counter() - start) / steps * 1000
     print(f"loader alone {result['loader_alone_ms']:.2f} ms a batch; collate alone (main thread) "
           f"{result['collate_alone_ms']:.2f} ms a batch", flush=True)
-    if a.out:
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "step_feed.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_json(a.out, "step_feed.json", result)
     return 0
 
 

@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
+
 MODES = ("real", "fixed", "speculators", "nobuckets", "nowarm", "dynb")
 TTT = 3
 VAL_FRACTION = 0.05
@@ -324,9 +326,7 @@ def main() -> int:
     results: dict[str, dict] = {}
 
     def save() -> None:
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "train_real_loop.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+        write_json(out, "train_real_loop.json", {"meta": meta, "results": results})
 
     t0 = time.perf_counter()
     target, data_v, data_f, lengths_v, layer_ids = prepare(work, shape, n, seq, modes + ["fixed"] * a.prepare_fixed,

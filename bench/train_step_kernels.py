@@ -30,7 +30,6 @@ OUT/train_step_kernels.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -41,6 +40,7 @@ from typing import Any
 
 import torch
 
+from bench import write_json
 from bench.gpu_decode import ATTENTION, MATMUL, sync
 from bench.gpu_throughput import (
     SMOKE,
@@ -331,9 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             if r.get("profile"):
                 print_profile(label, "profile", r["profile"], top=True)
         result["runs"].append(r)
-        if a.out:
-            Path(a.out).mkdir(parents=True, exist_ok=True)
-            (Path(a.out) / "train_step_kernels.json").write_text(json.dumps(result, indent=1) + "\n")
+        write_json(a.out, "train_step_kernels.json", result)
     return 0 if all("error" not in r for r in result["runs"]) else 2
 
 

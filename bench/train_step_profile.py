@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
+
 MODES = ("compiled", "nobuckets", "bucket256", "nocudnn", "limit256", "eager")
 DEFAULT_MODES = ("compiled", "nobuckets", "bucket256")
 
@@ -152,9 +154,7 @@ def main() -> int:
             print(f"  {r['mode']:<9} epoch {r['epoch']}: median {r['median_ms']:7.1f} ms  max {r['max_ms']:8.1f} ms  "
                   f"slow {r['slow_steps']:>2}/{r['steps']}  median-step {r['median_tok_s']:>9,.0f} tok/s  "
                   f"epoch {r['epoch_tok_s']:>9,.0f} tok/s  loss {r['train_loss']:.4f}", file=sys.stderr, flush=True)
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "train_step_profile.json").write_text(json.dumps(rows, indent=1) + "\n")
+        write_json(out, "train_step_profile.json", rows)
     return 0 if rows else 1
 
 

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
+
 REPO = Path(__file__).resolve().parents[1]
 
 ROWS: list[dict[str, Any]] = []
@@ -112,9 +114,7 @@ def main() -> None:
     print("\n| figure | value | unit | note |\n|---|---|---|---|")
     for r in ROWS:
         print(f"| {r['name']} | {r['value']:,} | {r['unit']} | {r['note']} |")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "vllm_cpu.json").write_text(json.dumps({"meta": meta, "rows": ROWS}, indent=1) + "\n")
+    write_json(args.out, "vllm_cpu.json", {"meta": meta, "rows": ROWS})
 
 
 if __name__ == "__main__":
