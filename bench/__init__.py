@@ -13,3 +13,18 @@ def write_json(out: str | Path | None, name: str, data: Any) -> None:  # noqa: A
         return
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / name).write_text(json.dumps(data, indent=1) + "\n")
+
+
+def bench_device(smoke: bool):  # noqa: ANN201 - torch.device | None; torch imported only here
+    """The device a GPU bench runs on: the CPU for `--smoke`, else CUDA; None (with the reason on
+    stderr) when there is no GPU and no --smoke, for the bench to exit 1."""
+    import sys
+
+    import torch
+
+    if smoke:
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    print("no GPU: use --smoke for a CPU check", file=sys.stderr)
+    return None

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from bench import write_json
+from bench import bench_device, write_json
 from bench.gpu_decode import sync
 from bench.gpu_throughput import SMOKE, TARGET_1B, random_target, target_flops_per_token
 from bench.train_step_kernels import kernel_profile, matmul_rate
@@ -79,9 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
     p.add_argument("--rows", type=int, default=96, help="2048-token rows timed per variant")
     a = p.parse_args(argv)
-    dev = torch.device("cpu" if a.smoke or not torch.cuda.is_available() else "cuda")
-    if dev.type == "cpu" and not a.smoke:
-        print("no GPU: use --smoke for a CPU check", file=sys.stderr)
+    dev = bench_device(a.smoke)
+    if dev is None:
         return 1
     variants = [v for v in a.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]

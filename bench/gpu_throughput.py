@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from bench import write_json
+from bench import bench_device, write_json
 from bench.gpu_decode import sync
 
 TARGET_1B = {"hidden_size": 2048, "num_hidden_layers": 22, "intermediate_size": 5632, "vocab_size": 32000,
@@ -502,9 +502,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.write_gib > 16:
         p.error("--write-gib: at most 16 (the machine's disk is 64 GiB)")
-    dev = torch.device("cpu" if a.smoke or not torch.cuda.is_available() else "cuda")
-    if dev.type == "cpu" and not a.smoke:
-        print("no GPU: use --smoke for a CPU check", file=sys.stderr)
+    dev = bench_device(a.smoke)
+    if dev is None:
         return 1
     shape = SMOKE if a.smoke else TARGET_1B
     dtype = torch.float32 if a.smoke else torch.bfloat16

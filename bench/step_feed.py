@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from bench import write_json
+from bench import bench_device, write_json
 from bench.gpu_decode import sync
 from bench.gpu_throughput import SMOKE, TARGET_1B, random_target, save_verifier
 from bench.train_step_kernels import bench_drafter, samples
@@ -101,9 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=30, help="timed steps of each feed")
     p.add_argument("--workers", type=int, default=2, help="loader threads")
     a = p.parse_args(argv)
-    dev = torch.device("cpu" if a.smoke or not torch.cuda.is_available() else "cuda")
-    if dev.type == "cpu" and not a.smoke:
-        print("no GPU: use --smoke for a CPU check", file=sys.stderr)
+    dev = bench_device(a.smoke)
+    if dev is None:
         return 1
     from eagle import dataset, drafter
     from eagle.train import compile_settings, graphed_train_step, lr_lambda, step_autocast, train_step

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from bench import write_json
+from bench import bench_device, write_json
 from bench.gpu_decode import ATTENTION, MATMUL, sync
 from bench.gpu_throughput import (
     SMOKE,
@@ -275,9 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [x for x in a.settings.split(",") if x]
     if not chosen or set(chosen) - {"torch", "eagle"} or chosen[-1:] == ["torch"] and "eagle" in chosen:
         p.error(f"--settings {a.settings!r}: torch and/or eagle, torch first")
-    dev = torch.device("cpu" if a.smoke or not torch.cuda.is_available() else "cuda")
-    if dev.type == "cpu" and not a.smoke:
-        print("no GPU: use --smoke for a CPU check", file=sys.stderr)
+    dev = bench_device(a.smoke)
+    if dev is None:
         return 1
     shape = SMOKE if a.smoke else TARGET_1B
     seq, dv, ttt, per_pack = (64, 64, 3, 2) if a.smoke else (2048, 8000, 3, 4)
