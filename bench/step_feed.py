@@ -21,6 +21,9 @@ under each feed, in this order, as the graph and as the eager step:
                       op_threads=1; collate's copies otherwise start a thread team per loader thread)
   built, reused pin   as `built`, built into pageable memory, then copied into a pinned buffer each
                       loader thread reuses (no pinned allocation per batch)
+  built, 2N threads   `built` with twice the loader threads (eagle train has 4 on 16 cores)
+  built, GIL 0.5 ms   `built` with Python's GIL switch interval at 0.5 ms, not 5: whether the main
+                      thread, which launches the step, waits for the GIL a loader thread holds
   built, again        `built` once more: what the order alone changes
 
 and the loader alone (built, no step) and collate alone on the main thread. Prints a table of ms a
@@ -36,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +54,12 @@ Batch = dict[str, torch.Tensor]
 
 
 def reused_pinned(batch: Batch, store: threading.local) -> Batch:
-    """The batch copied into pinned buffers this thread keeps (grown when too small, else reused)."""
+    """The batch copied into pinned buffers this thread keeps (grown when too small, else reused):
+    safe on CUDA, where dataset.to_device copies it to the GPU and waits before the thread builds
+    its next batch. On the CPU the batch itself (to_device would hand out the reused buffer, which
+    the next batch overwrites while autograd still holds it)."""
+    if not torch.cuda.is_available():
+        return batch
     bufs = store.__dict__.setdefault("bufs", {})
     out = {}
     for k, v in batch.items():
@@ -62,6 +70,17 @@ def reused_pinned(batch: Batch, store: threading.local) -> Batch:
         view.copy_(v)
         out[k] = view
     return out
+
+
+def switching(interval: float, batches: Iterable[Batch]) -> Iterator[Batch]:
+    """`batches` with Python's GIL switch interval set to `interval` seconds while they are drawn
+    (the default 5 ms is how long a thread may wait for the GIL held by another)."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(interval)
+    try:
+        yield from batches
+    finally:
+        sys.setswitchinterval(before)
 
 
 def feeds(host: Callable[[list[int], bool], Batch], order: list[list[int]], resident: list[Batch],
@@ -90,6 +109,8 @@ def feeds(host: Callable[[list[int], bool], Batch], order: list[list[int]], resi
         "built, 1 op thread": lambda: dataset.prefetched(built, items, workers, op_threads=1),
         "built, reused pin": lambda: dataset.prefetched(
             lambda i: dataset.to_device(reused_pinned(host(order[i], False), store), dev), items, workers),
+        f"built, {2 * workers} threads": lambda: dataset.prefetched(built, items, 2 * workers),
+        "built, GIL 0.5 ms": lambda: switching(0.0005, dataset.prefetched(built, items, workers)),
         "built, again": lambda: dataset.prefetched(built, items, workers),
     }
 
