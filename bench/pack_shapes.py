@@ -11,7 +11,8 @@ then, in the middle of training (issue 17: an 8-epoch run on the H200 lost 21 s 
 replays the trainer's own split and packing (eagle.dataset.split_indices, pack_batches, shard, the
 same seeds) and prints, per epoch, the pairs seen for the first time, for the current grid and for
 B rounded up to a multiple of --b-multiple (a candidate: fewer shapes, more padded grid cells), with
-the grid's fill (real tokens / cells) each costs. Nothing here needs a GPU: it decides which shape
+the grid's fill (real tokens / cells) each costs, and the packs' fill (real tokens / packs x
+--batch-tokens: the share of each padded step that trains, the real loop's ceiling against the step). Nothing here needs a GPU: it decides which shape
 rule the next GPU call should measure.
 """
 
@@ -41,6 +42,7 @@ class Replay:
     shapes: int
     new_by_epoch: list[list[tuple[int, int]]]
     grid_fill: list[float]
+    pack_fill: list[float]  # real tokens / (packs x batch tokens): what padding every pack to the budget keeps
 
     @property
     def new_after_epoch1(self) -> int:
@@ -49,10 +51,11 @@ class Replay:
 
 def replay(lengths: list[int], epochs: int, batch_tokens: int, val_fraction: float, seed: int, world: int,
            rank: int, b_multiple: int) -> Replay:
-    """Per epoch: the pairs first seen then, and the grid fill over the epoch (real tokens / B x Lmax)."""
+    """Per epoch: the pairs first seen then, the grid fill over the epoch (real tokens / B x Lmax)
+    and the pack fill (real tokens / packs x batch_tokens: the share of a padded step that trains)."""
     train_idx, _ = dataset.split_indices(len(lengths), val_fraction, seed)
     seen: set[tuple[int, int]] = set()
-    new_by_epoch, fill_by_epoch = [], []
+    new_by_epoch, fill_by_epoch, pack_fill = [], [], []
     for epoch in range(1, epochs + 1):
         batches = dataset.shard(dataset.pack_batches(train_idx, lengths, batch_tokens, seed, epoch), rank, world)
         real = cells = 0
@@ -66,7 +69,8 @@ def replay(lengths: list[int], epochs: int, batch_tokens: int, val_fraction: flo
                 new.append(shape)
         new_by_epoch.append(sorted(new))
         fill_by_epoch.append(real / cells if cells else float("nan"))
-    return Replay(b_multiple, len(seen), new_by_epoch, fill_by_epoch)
+        pack_fill.append(real / (len(batches) * batch_tokens) if batches else float("nan"))
+    return Replay(b_multiple, len(seen), new_by_epoch, fill_by_epoch, pack_fill)
 
 
 def main() -> int:
@@ -91,11 +95,13 @@ def main() -> int:
         return 0
     print(f"{a.rows} rows of {a.min_len}-{a.max_len} tokens, packs of {a.batch_tokens}, widths x{BUCKET_MULTIPLE}, "
           f"{a.world} process(es), seed {a.seed}")
-    print(f"{'B rounded to':>12}  {'shapes':>6}  {'new after epoch 1':>17}  {'grid fill':>9}  new shapes per epoch")
+    print(f"{'B rounded to':>12}  {'shapes':>6}  {'new after epoch 1':>17}  {'grid fill':>9}  {'pack fill':>9}  "
+          "new shapes per epoch")
     for r in rows:
         fill = sum(r.grid_fill) / len(r.grid_fill)
+        packed = sum(r.pack_fill) / len(r.pack_fill)
         per = " ".join(str(len(n)) for n in r.new_by_epoch)
-        print(f"{r.b_multiple:>12}  {r.shapes:>6}  {r.new_after_epoch1:>17}  {fill:>9.1%}  {per}")
+        print(f"{r.b_multiple:>12}  {r.shapes:>6}  {r.new_after_epoch1:>17}  {fill:>9.1%}  {packed:>9.1%}  {per}")
     return 0
 
 
