@@ -12,8 +12,8 @@ replays the trainer's own split and packing (eagle.dataset.split_indices, pack_b
 same seeds) and prints, per epoch, the pairs seen for the first time, for the current grid and for
 B rounded up to a multiple of --b-multiple (a candidate: fewer shapes, more padded grid cells), with
 the grid's fill (real tokens / cells) each costs, and the packs' fill (real tokens / packs x
---batch-tokens: the share of each padded step that trains, the real loop's ceiling against the step). Nothing here needs a GPU: it decides which shape
-rule the next GPU call should measure.
+--batch-tokens: the share of each padded step that trains, the real loop's ceiling against the
+step). Nothing here needs a GPU: it decides which shape rule the next GPU call should measure.
 """
 
 from __future__ import annotations
