@@ -26,7 +26,7 @@ test-fast: setup
 	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 # The GPU suite (tests/test_gpu.py) on a CUDA host; `make test-gpu PY=python3` uses another interpreter,
-# `make test-gpu GPU_K='cuda_graphs or train'` a part of it (the whole took ~15 min on one H200).
+# `make test-gpu GPU_K='cuda_graphs or train'` a part of it (the whole no longer fits one 10-minute call on one H200).
 GPU_K ?=
 test-gpu:
 	$(PY) -m pytest -q -m gpu -p no:cacheprovider --durations=0 -rA $(if $(GPU_K),-k "$(GPU_K)") tests/test_gpu.py

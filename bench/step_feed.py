@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"{'feed':20s} {'graph':>7s} {'eager':>7s} | graph: {'wait':>6s} {'collate':>7s} {'copy':>6s} | eager: "
           f"{'wait':>6s} {'collate':>7s} {'copy':>6s}   (ms; {a.workers} loader threads)", flush=True)
-    for name, feed in feeds(host, order, resident, pre, dev, a.workers, spans).items():
+    by_name = feeds(host, order, resident, pre, dev, a.workers, spans)
+    for name, feed in by_name.items():
         g = timed(feed(), True) if cuda else None
         e = timed(feed(), False)
         result["ms_per_step"][name] = {"graph": g and g["step"], "eager": e["step"], "graph_detail": g, "eager_detail": e}
@@ -204,8 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 if g else f"{'-':>7s} {e['step']:7.2f} | graph: {'-':>6s} {'-':>7s} {'-':>6s}")
         print(f"{name:20s} {cols} | eager: {e['wait']:6.2f} {e['collate']:7.2f} {e['copy']:6.2f}", flush=True)
     start = time.perf_counter()
-    for _ in dataset.prefetched(lambda i: dataset.to_device(host(order[i], True), dev), list(range(steps)),
-                                a.workers):
+    for _ in by_name["built"]():
         pass
     result["loader_alone_ms"] = (time.perf_counter() - start) / steps * 1000
     start = time.perf_counter()

@@ -175,12 +175,17 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
                                                                           dataset.loader_workers(dev)),
              "fed, copy stream (dataset.to_device)": lambda: dataset.prefetched(on_copy_stream, order[warmup:],
                                                                                 dataset.loader_workers(dev))}
-    def run(batches: Any) -> tuple[float, float]:
-        """(seconds, the last step's loss) of train steps over `batches`, synchronised at both ends."""
+    def run(batches: Any, graphed: Any = None) -> tuple[float, float]:
+        """(seconds, the last step's loss) of train steps over `batches`, synchronised at both ends;
+        with `graphed` (a GraphedStep) each step is its replay, the scheduler stepped after it."""
         sync(dev)
         t0 = time.perf_counter()
         for b in batches:
-            loss, _ = train_step(model, b, opt, sched, params, ttt, losses, autocast)
+            if graphed is None:
+                loss, _ = train_step(model, b, opt, sched, params, ttt, losses, autocast)
+            else:
+                loss = graphed(b)[0]
+                sched.step()
         sync(dev)
         return time.perf_counter() - t0, float(loss)
 
@@ -191,7 +196,8 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
         out["modes"][name] = {"tok_s": tokens / wall, "step_ms": wall / steps * 1000, "last_loss": last}
     if graphs and cuda:
         # the same model and optimizer from here on: speculators' accuracy counts without their host
-        # syncs (eager), then the whole step as CUDA graphs (eagle train's default on one GPU)
+        # syncs (eager, as eagle train always counts them), then the whole step as CUDA graphs
+        # (eagle train --cuda-graphs)
         drafter.use_sync_free_metrics()
         run(iter(resident[:2]))  # compiles the forward with the new counts
         wall, last = run(iter(resident[warmup:]))
@@ -202,18 +208,9 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
         graphed.capture(resident[0])
         out["capture_s"] = round(time.perf_counter() - t_capture, 1)
 
-        def run_graphed(batches: Any) -> tuple[float, float]:
-            sync(dev)
-            t0 = time.perf_counter()
-            for b in batches:
-                scalars = graphed(b)
-                sched.step()
-            sync(dev)
-            return time.perf_counter() - t0, float(scalars[0])
-
         for name, feed in (("device, CUDA graphs", feeds["device"]),
                            ("fed, copy stream, CUDA graphs", feeds["fed, copy stream (dataset.to_device)"])):
-            wall, last = run_graphed(feed())
+            wall, last = run(feed(), graphed)
             out["modes"][name] = {"tok_s": tokens / wall, "step_ms": wall / steps * 1000, "last_loss": last}
         out["graph_failure"] = graphed.failure
     if variable:
@@ -228,12 +225,11 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
         real = sum(min(n - 1, budget) for n in lengths) * passes
         eager_name = "real loop: variable rows, shape buckets, copy stream" + (", sync-free metrics" if graphs and cuda
                                                                               else "")
-        for name, runner in [(eager_name, run)] + (
-                [("real loop, CUDA graphs", run_graphed)] if graphs and cuda else []):
-            warm, _ = runner(dataset.prefetched(bucketed, packs, dataset.loader_workers(dev)))  # compiles, captures
+        for name, step in [(eager_name, None)] + ([("real loop, CUDA graphs", graphed)] if graphs and cuda else []):
+            warm, _ = run(dataset.prefetched(bucketed, packs, dataset.loader_workers(dev)), step)  # compiles, captures
             # the passes as one stream of batches, as an epoch's (a stream per pass would wait for
             # its first batch each time: a loader's latency every len(packs) steps)
-            wall, last = runner(dataset.prefetched(bucketed, packs * passes, dataset.loader_workers(dev)))
+            wall, last = run(dataset.prefetched(bucketed, packs * passes, dataset.loader_workers(dev)), step)
             out["modes"][name] = {
                 "tok_s": real / wall, "step_ms": wall / (passes * len(packs)) * 1000, "last_loss": last,
                 "packs": len(packs), "fill": sum(min(n - 1, budget) for n in lengths) / (len(packs) * budget),
@@ -266,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="variable-length rows (1024-2048 tokens) of the real-loop feed; 0 leaves it out")
     p.add_argument("--passes", type=int, default=4, help="timed passes over the real loop's packs")
     p.add_argument("--no-graphs", action="store_true",
-                   help="leave out the sync-free-metrics and CUDA-graph modes (eagle train's default step on one GPU)")
+                   help="leave out the sync-free-metrics and CUDA-graph modes (every mode then counts accuracy as "
+                        "speculators does, with its host syncs)")
     p.add_argument("--settings", default="eagle",
                    help="comma list of compile settings, each timed on a fresh compile: torch (torch's defaults), "
                         "eagle (eagle train's compile_settings; they stay set for the rest of the process, so "

@@ -881,7 +881,7 @@ def summary_metrics(log: TrainLog) -> dict[str, float]:
               help="Run the whole step (forward, backward, clip, AdamW) as one CUDA graph per pack shape, "
                    "captured in the warm-up: the host no longer launches its ~500 kernels one by one. Same "
                    "losses. Needs CUDA, shape buckets, one process and no --grad-accum [default: off: the "
-                   "step alone is 5% faster on the H200, but fed by the data loader it measured slower].")
+                   "step alone is 5-12% faster on the H200, but fed by the data loader it measured slower].")
 @click.option("--draft-config", type=click.Path(path_type=Path), default=None,
               help="JSON file with the drafter layer's shape (any of intermediate_size, num_attention_heads, "
                    "num_key_value_heads, head_dim; a published drafter's config.json works too). Flags below "
