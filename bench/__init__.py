@@ -28,3 +28,14 @@ def bench_device(smoke: bool):  # noqa: ANN201 - torch.device | None; torch impo
         return torch.device("cuda")
     print("no GPU: use --smoke for a CPU check", file=sys.stderr)
     return None
+
+
+def host_allocs(dev: Any) -> tuple[int, float]:  # noqa: ANN401 - a torch.device; torch imported only here
+    """(pinned blocks torch's host allocator has created, ms those cudaHostAlloc calls took) so far
+    in this process; (0, 0.0) off CUDA or on a torch without host_memory_stats."""
+    import torch
+
+    if dev.type != "cuda" or not hasattr(torch.cuda, "host_memory_stats"):
+        return 0, 0.0
+    stats = torch.cuda.host_memory_stats()
+    return int(stats.get("num_host_alloc", 0)), float(stats.get("host_alloc_time.total", 0)) / 1000

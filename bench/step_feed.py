@@ -1,10 +1,10 @@
 """Which part of feeding the drafter's step from the loader threads costs the CUDA-graph step its
-speed (issue 27): on the H200 the graphed 1.1B step ran at 27.1-27.6 ms with its batches on the
-device and at 27.7-28.2 ms when loader threads copied pre-built pinned batches to it, but at 36.3
-ms when the threads also built them (`dataset.collate` into pinned memory). Session 9's run gave
-28.7 ms with one intra-op thread per loader thread and 29.2 ms with a reused pinned buffer, both
-timed after `built`, so a warmer process could explain part of it: `built` is timed again last
-(docs/benchmarks.md, sessions 8 and 9).
+speed (issue 27). On the H200 the graphed 1.1B step runs at 27.0-27.6 ms with its batches on the
+device; fed by loader threads building batches it ran at 36-48 ms in the first feed that built
+them and at 28.3-28.9 ms in every later one (sessions 8-10). The pins column says why: that
+first feed made 5-9 new pinned blocks taking 246-1,633 ms of cudaHostAlloc (4 threads: 8-9 blocks,
+1.4-1.6 s; a one-time cost of the process's first batches), the later ones none
+(docs/benchmarks.md, session 10).
 
     python -m bench.step_feed --out $OUT      # on the H200: the 1.1B shape's drafter, ~2 min
     python -m bench.step_feed --smoke         # tiny shapes on the CPU, the eager step only (a check)
@@ -19,16 +19,15 @@ under each feed, in this order, as the graph and as the eager step:
   built               loader threads build (dataset.collate, pinned) and copy: eagle train's feed
   built, 1 op thread  the same with one torch intra-op thread per loader thread (dataset.prefetched's
                       op_threads=1; collate's copies otherwise start a thread team per loader thread)
-  built, reused pin   as `built`, built into pageable memory, then copied into a pinned buffer each
-                      loader thread reuses (no pinned allocation per batch)
   built, 2N threads   `built` with twice the loader threads (eagle train has 4 on 16 cores)
   built, GIL 0.5 ms   `built` with Python's GIL switch interval at 0.5 ms, not 5: whether the main
                       thread, which launches the step, waits for the GIL a loader thread holds
   built, again        `built` once more: what the order alone changes
 
 and the loader alone (built, no step) and collate alone on the main thread. Prints a table of ms a
-step, with where the time goes: the main thread's wait for each batch, and (the `built` feeds)
-each batch's collate and copy on its loader thread; writes OUT/step_feed.json.
+step, with where the time goes: the main thread's wait for each batch, (the `built` feeds) each
+batch's collate and copy on its loader thread, and the pinned blocks torch's host allocator
+created during the feed with their cudaHostAlloc ms; writes OUT/step_feed.json.
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ import argparse
 import os
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -45,7 +43,7 @@ from typing import Any
 
 import torch
 
-from bench import bench_device, write_json
+from bench import bench_device, host_allocs, write_json
 from bench.gpu_decode import sync
 from bench.gpu_throughput import SMOKE, TARGET_1B, random_target, save_verifier
 from bench.train_step_kernels import bench_drafter, samples
@@ -53,23 +51,9 @@ from bench.train_step_kernels import bench_drafter, samples
 Batch = dict[str, torch.Tensor]
 
 
-def reused_pinned(batch: Batch, store: threading.local) -> Batch:
-    """The batch copied into pinned buffers this thread keeps (grown when too small, else reused):
-    safe on CUDA, where dataset.to_device copies it to the GPU and waits before the thread builds
-    its next batch. On the CPU the batch itself (to_device would hand out the reused buffer, which
-    the next batch overwrites while autograd still holds it)."""
-    if not torch.cuda.is_available():
-        return batch
-    bufs = store.__dict__.setdefault("bufs", {})
-    out = {}
-    for k, v in batch.items():
-        buf = bufs.get(k)
-        if buf is None or buf.numel() < v.numel() or buf.dtype != v.dtype:
-            buf = bufs[k] = torch.empty(v.numel(), dtype=v.dtype, pin_memory=torch.cuda.is_available())
-        view = buf[: v.numel()].view(v.shape)
-        view.copy_(v)
-        out[k] = view
-    return out
+def pins(d: dict[str, float]) -> str:
+    """A feed's pinned allocations as `count/ms`."""
+    return f"{int(d['pin_allocs'])}/{d['pin_alloc_ms']:.0f}"
 
 
 def switching(interval: float, batches: Iterable[Batch]) -> Iterator[Batch]:
@@ -91,7 +75,6 @@ def feeds(host: Callable[[list[int], bool], Batch], order: list[list[int]], resi
     from eagle import dataset
 
     items = list(range(len(order)))
-    store = threading.local()
 
     def built(i: int) -> Batch:
         t0 = time.perf_counter()
@@ -107,8 +90,6 @@ def feeds(host: Callable[[list[int], bool], Batch], order: list[list[int]], resi
         "copied": lambda: dataset.prefetched(lambda i: dataset.to_device(pre[i], dev), items, workers),
         "built": lambda: dataset.prefetched(built, items, workers),
         "built, 1 op thread": lambda: dataset.prefetched(built, items, workers, op_threads=1),
-        "built, reused pin": lambda: dataset.prefetched(
-            lambda i: dataset.to_device(reused_pinned(host(order[i], False), store), dev), items, workers),
         f"built, {2 * workers} threads": lambda: dataset.prefetched(built, items, 2 * workers),
         "built, GIL 0.5 ms": lambda: switching(0.0005, dataset.prefetched(built, items, workers)),
         "built, again": lambda: dataset.prefetched(built, items, workers),
@@ -171,9 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     spans: list[tuple[float, float]] = []
 
     def timed(batches: Iterable[Batch], graph: bool) -> dict[str, float]:
-        """ms a step, ms a step the main thread waited for its batch, and the loader's ms a batch
-        collating and copying (the `built` feeds)."""
+        """ms a step, ms a step the main thread waited for its batch, the loader's ms a batch
+        collating and copying (the `built` feeds), and the pinned blocks torch's host allocator
+        had to create during the feed (each a cudaHostAlloc: page-locking 64-128 MB takes
+        milliseconds; a warm cache creates none) with the ms they took."""
         spans.clear()
+        pinned = host_allocs(dev)
         sync(dev)
         start, count, waited = time.perf_counter(), 0, 0.0
         it = iter(batches)
@@ -191,19 +175,23 @@ def main(argv: list[str] | None = None) -> int:
             count += 1
         sync(dev)
         n, k = max(count, 1), max(len(spans), 1)
+        allocs, alloc_ms = (after - before for after, before in zip(host_allocs(dev), pinned, strict=True))
         return {"step": (time.perf_counter() - start) / n * 1000, "wait": waited / n * 1000,
-                "collate": sum(c for c, _ in spans) / k * 1000, "copy": sum(c for _, c in spans) / k * 1000}
+                "collate": sum(c for c, _ in spans) / k * 1000, "copy": sum(c for _, c in spans) / k * 1000,
+                "pin_allocs": allocs, "pin_alloc_ms": alloc_ms}
 
-    print(f"{'feed':20s} {'graph':>7s} {'eager':>7s} | graph: {'wait':>6s} {'collate':>7s} {'copy':>6s} | eager: "
-          f"{'wait':>6s} {'collate':>7s} {'copy':>6s}   (ms; {a.workers} loader threads)", flush=True)
+    print(f"{'feed':20s} {'graph':>7s} {'eager':>7s} | graph: {'wait':>6s} {'collate':>7s} {'copy':>6s} {'pins':>9s} | "
+          f"eager: {'wait':>6s} {'collate':>7s} {'copy':>6s} {'pins':>9s}   (ms; {a.workers} loader threads; pins: "
+          "pinned blocks allocated / their ms in all)", flush=True)
     by_name = feeds(host, order, resident, pre, dev, a.workers, spans)
     for name, feed in by_name.items():
         g = timed(feed(), True) if cuda else None
         e = timed(feed(), False)
         result["ms_per_step"][name] = {"graph": g and g["step"], "eager": e["step"], "graph_detail": g, "eager_detail": e}
-        cols = (f"{g['step']:7.2f} {e['step']:7.2f} | graph: {g['wait']:6.2f} {g['collate']:7.2f} {g['copy']:6.2f}"
-                if g else f"{'-':>7s} {e['step']:7.2f} | graph: {'-':>6s} {'-':>7s} {'-':>6s}")
-        print(f"{name:20s} {cols} | eager: {e['wait']:6.2f} {e['collate']:7.2f} {e['copy']:6.2f}", flush=True)
+        cols = (f"{g['step']:7.2f} {e['step']:7.2f} | graph: {g['wait']:6.2f} {g['collate']:7.2f} {g['copy']:6.2f} "
+                f"{pins(g):>9s}" if g else f"{'-':>7s} {e['step']:7.2f} | graph: {'-':>6s} {'-':>7s} {'-':>6s} {'-':>9s}")
+        print(f"{name:20s} {cols} | eager: {e['wait']:6.2f} {e['collate']:7.2f} {e['copy']:6.2f} {pins(e):>9s}",
+              flush=True)
     start = time.perf_counter()
     for _ in by_name["built"]():
         pass

@@ -15,7 +15,9 @@ copy on the step's own stream (as `eagle train` did before dataset.to_device) or
 (dataset.to_device); then `eagle train`'s real loop on `--rows` variable-length rows (1024-2048
 tokens: packs padded to the same 8188-token budget, shape buckets, per-document widths rounded to
 256, the copy stream; an untimed pass compiles the packs' shapes, `--passes` timed ones follow;
-real tokens counted, padding not). Each feed's tok/s also as a fraction of the step alone. Per feed: steady tok/s and MFU (FLOPs of
+real tokens counted, padding not). Each feed's tok/s also as a fraction of the step alone, the main
+thread's wait for its batches, and the pinned blocks torch's host allocator created during the feed
+(cudaHostAlloc: page-locking 64-128 MB takes tens of ms). Per feed: steady tok/s and MFU (FLOPs of
 bench/gpu_throughput.drafter_flops_per_token over the measured bf16 matmul rate); then a kernel
 profile of 3 device-fed steps: device ms per step by category (matmul, attention, loss, optimizer,
 Inductor's fused elementwise, other), kernels per step, the step's wall time under the profiler, and
@@ -40,7 +42,7 @@ from typing import Any
 
 import torch
 
-from bench import bench_device, write_json
+from bench import bench_device, host_allocs, write_json
 from bench.gpu_decode import ATTENTION, MATMUL, sync
 from bench.gpu_throughput import (
     SMOKE,
@@ -152,14 +154,12 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
     hdt = torch.bfloat16 if dev.type == "cuda" else torch.float32
     cuda = dev.type == "cuda"
 
-    def host(idx: list[int]) -> dict[str, torch.Tensor]:
-        return dataset.collate([shifted[i] for i in idx], dtype=hdt, layout=True, pin=cuda)
-
     def on_step_stream(idx: list[int]) -> dict[str, torch.Tensor]:  # HiddenStates.batch before to_device
-        return {k: v.to(dev, non_blocking=True) for k, v in host(idx).items()}
+        b = dataset.collate([shifted[i] for i in idx], dtype=hdt, layout=True, pin=cuda)
+        return {k: v.to(dev, non_blocking=True) for k, v in b.items()}
 
-    def on_copy_stream(idx: list[int]) -> dict[str, torch.Tensor]:
-        return dataset.to_device(host(idx), dev)
+    def on_copy_stream(idx: list[int]) -> dict[str, torch.Tensor]:  # HiddenStates.batch now
+        return dataset.to_device(dataset.collate([shifted[i] for i in idx], dtype=hdt, layout=True, pin=cuda), dev)
 
     resident = [on_step_stream(idx) for idx in order]
     sync(dev)
@@ -175,34 +175,48 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
                                                                           dataset.loader_workers(dev)),
              "fed, copy stream (dataset.to_device)": lambda: dataset.prefetched(on_copy_stream, order[warmup:],
                                                                                 dataset.loader_workers(dev))}
-    def run(batches: Any, graphed: Any = None) -> tuple[float, float]:
-        """(seconds, the last step's loss) of train steps over `batches`, synchronised at both ends;
-        with `graphed` (a GraphedStep) each step is its replay, the scheduler stepped after it."""
+    def run(batches: Any, graphed: Any = None) -> dict[str, float]:
+        """Train steps over `batches`, synchronised at both ends; with `graphed` (a GraphedStep)
+        each step is its replay, the scheduler stepped after it. Returns the seconds, steps, the
+        last step's loss, the main thread's ms a step waiting for its batch, and the pinned blocks
+        torch's host allocator created meanwhile with their ms (a cold cache's cudaHostAllocs)."""
+        pinned = host_allocs(dev)
         sync(dev)
-        t0 = time.perf_counter()
-        for b in batches:
+        t0, waited, count = time.perf_counter(), 0.0, 0
+        it = iter(batches)
+        while True:
+            t = time.perf_counter()
+            b = next(it, None)
+            waited += time.perf_counter() - t
+            if b is None:
+                break
             if graphed is None:
                 loss, _ = train_step(model, b, opt, sched, params, ttt, losses, autocast)
             else:
                 loss = graphed(b)[0]
                 sched.step()
+            count += 1
         sync(dev)
-        return time.perf_counter() - t0, float(loss)
+        allocs, alloc_ms = (after - before for after, before in zip(host_allocs(dev), pinned, strict=True))
+        return {"s": time.perf_counter() - t0, "steps": count, "loss": float(loss), "pin_allocs": allocs,
+                "pin_alloc_ms": round(alloc_ms, 1), "wait_ms": round(waited / max(count, 1) * 1000, 3)}
+
+    def mode(r: dict[str, float], tokens: int) -> dict[str, Any]:
+        """A timed run as a mode's row: tok/s of `tokens`, ms a step, and run's feed figures."""
+        return {"tok_s": tokens / r["s"], "step_ms": r["s"] / r["steps"] * 1000, "last_loss": r["loss"],
+                "wait_ms": r["wait_ms"], "pin_allocs": r["pin_allocs"], "pin_alloc_ms": r["pin_alloc_ms"]}
 
     tokens = sum(int(b["loss_mask"].numel()) for b in resident[warmup:])
     out["modes"] = {}
     for name, feed in feeds.items():
-        wall, last = run(feed())
-        out["modes"][name] = {"tok_s": tokens / wall, "step_ms": wall / steps * 1000, "last_loss": last}
+        out["modes"][name] = mode(run(feed()), tokens)
     if graphs and cuda:
         # the same model and optimizer from here on: speculators' accuracy counts without their host
         # syncs (eager, as eagle train always counts them), then the whole step as CUDA graphs
         # (eagle train --cuda-graphs)
         drafter.use_sync_free_metrics()
         run(iter(resident[:2]))  # compiles the forward with the new counts
-        wall, last = run(iter(resident[warmup:]))
-        out["modes"]["device, sync-free metrics"] = {"tok_s": tokens / wall, "step_ms": wall / steps * 1000,
-                                                     "last_loss": last}
+        out["modes"]["device, sync-free metrics"] = mode(run(iter(resident[warmup:])), tokens)
         graphed = graphed_train_step(model, opt, params, ttt, losses, autocast)
         t_capture = time.perf_counter()
         graphed.capture(resident[0])
@@ -210,8 +224,7 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
 
         for name, feed in (("device, CUDA graphs", feeds["device"]),
                            ("fed, copy stream, CUDA graphs", feeds["fed, copy stream (dataset.to_device)"])):
-            wall, last = run(feed(), graphed)
-            out["modes"][name] = {"tok_s": tokens / wall, "step_ms": wall / steps * 1000, "last_loss": last}
+            out["modes"][name] = mode(run(feed(), graphed), tokens)
         out["graph_failure"] = graphed.failure
     if variable:
         var_shifted = [dataset.shift_sample(s, budget) for s in variable]
@@ -226,14 +239,13 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
         eager_name = "real loop: variable rows, shape buckets, copy stream" + (", sync-free metrics" if graphs and cuda
                                                                               else "")
         for name, step in [(eager_name, None)] + ([("real loop, CUDA graphs", graphed)] if graphs and cuda else []):
-            warm, _ = run(dataset.prefetched(bucketed, packs, dataset.loader_workers(dev)), step)  # compiles, captures
+            warm = run(dataset.prefetched(bucketed, packs, dataset.loader_workers(dev)), step)  # compiles, captures
             # the passes as one stream of batches, as an epoch's (a stream per pass would wait for
             # its first batch each time: a loader's latency every len(packs) steps)
-            wall, last = run(dataset.prefetched(bucketed, packs * passes, dataset.loader_workers(dev)), step)
             out["modes"][name] = {
-                "tok_s": real / wall, "step_ms": wall / (passes * len(packs)) * 1000, "last_loss": last,
+                **mode(run(dataset.prefetched(bucketed, packs * passes, dataset.loader_workers(dev)), step), real),
                 "packs": len(packs), "fill": sum(min(n - 1, budget) for n in lengths) / (len(packs) * budget),
-                "warm_pass_s": round(warm, 1)}
+                "warm_pass_s": round(warm["s"], 1)}
         if graphs and cuda:
             out["graphs_captured"] = graphed.captured
     out["tok_s"], out["step_ms"] = out["modes"]["device"]["tok_s"], out["modes"]["device"]["step_ms"]
@@ -318,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
                 extra = (f"; {m['packs']} packs {m['fill']:.1%} full, warm pass {m['warm_pass_s']} s"
                          if "packs" in m else "")
                 print(f"[{label}] {name}: {m['tok_s']:,.0f} tok/s, step {m['step_ms']:.2f} ms, MFU {m['mfu']:.1%}, "
-                      f"{m['of_step']:.3f} of the step{extra}", flush=True)
+                      f"{m['of_step']:.3f} of the step; waits {m['wait_ms']:.2f} ms a step, pinned blocks "
+                      f"{m['pin_allocs']} ({m['pin_alloc_ms']:.0f} ms){extra}", flush=True)
             if "capture_s" in r:
                 print(f"[{label}] first capture {r['capture_s']} s; shapes captured {r.get('graphs_captured')}; "
                       f"failure {r.get('graph_failure')}", flush=True)

@@ -251,11 +251,10 @@ def prefetched(make, items: list, workers: int = 1, op_threads: int | None = Non
     step; torch's copies release the GIL, so several workers use several cores).
 
     op_threads sets torch's intra-op threads on each side thread (the side thread's own setting:
-    the caller's thread keeps its count); None leaves torch's default. On the H200 a graphed step
-    fed by 2 threads building batches ran at 36.3 ms with the default and 28.7 ms with one each
-    (bench/step_feed.py), but fed by 4 threads with one each it still ran at 39.9 ms
-    (bench/train_step_kernels.py): not settled, so `eagle train` keeps the default
-    (docs/benchmarks.md, session 9)."""
+    the caller's thread keeps its count); None leaves torch's default, which `eagle train` keeps:
+    on the H200 one thread each made no difference once torch's pinned-memory cache was warm
+    (graphed step fed by 4 threads: 28.9 ms, 28.5 ms with the default; bench/step_feed.py,
+    docs/benchmarks.md session 10)."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 

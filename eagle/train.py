@@ -459,8 +459,8 @@ def resolve_args(args: TrainArgs, hidden_size: int, device: Any) -> TrainArgs:
     """Fill the settings left to the run: the learning rate (default_lr), the shape buckets (on for
     CUDA: every pack padded to --batch-tokens and per-document widths rounded up to BUCKET_MULTIPLE,
     so the compiled step sees a few shapes instead of one per batch) and the CUDA graphs (asked for
-    only: fed by the loader's threads they measured slower than the eager step, docs/benchmarks.md;
-    refused where they cannot run)."""
+    only: faster in the real loop on the H200, but slower than the eager step in one fixed-pack
+    feed, cause open, docs/benchmarks.md session 10; refused where they cannot run)."""
     buckets = device.type == "cuda" if args.shape_buckets is None else args.shape_buckets
     multiple = args.layout_multiple or (BUCKET_MULTIPLE if buckets else 1)
     warm = buckets if args.warm_shapes is None else args.warm_shapes
@@ -880,8 +880,9 @@ def summary_metrics(log: TrainLog) -> dict[str, float]:
 @click.option("--cuda-graphs/--no-cuda-graphs", default=None,
               help="Run the whole step (forward, backward, clip, AdamW) as one CUDA graph per pack shape, "
                    "captured in the warm-up: the host no longer launches its ~500 kernels one by one. Same "
-                   "losses. Needs CUDA, shape buckets, one process and no --grad-accum [default: off: the "
-                   "step alone is 5-12% faster on the H200, but fed by the data loader it measured slower].")
+                   "losses. Needs CUDA, shape buckets, one process and no --grad-accum [default: off; on the "
+                   "H200 eagle train's loop ran 1.14x as fast with it (1,000 rows, 1.1B shape), but a fixed-pack "
+                   "feed measured slower with it than without, for a reason not yet found].")
 @click.option("--draft-config", type=click.Path(path_type=Path), default=None,
               help="JSON file with the drafter layer's shape (any of intermediate_size, num_attention_heads, "
                    "num_key_value_heads, head_dim; a published drafter's config.json works too). Flags below "
