@@ -39,3 +39,31 @@ def host_allocs(dev: Any) -> tuple[int, float]:  # noqa: ANN401 - a torch.device
         return 0, 0.0
     stats = torch.cuda.host_memory_stats()
     return int(stats.get("num_host_alloc", 0)), float(stats.get("host_alloc_time.total", 0)) / 1000
+
+
+def timed_feed(batches: Any, step: Any, dev: Any) -> dict[str, Any]:  # noqa: ANN401 - iterable, callable, torch.device
+    """step(batch) for each batch of `batches` (an iterable: a feed), the device synchronised at
+    both ends. Returns the seconds, the steps, the last step's return value, the seconds the main
+    thread waited for its batches (a feed that cannot keep up), and the pinned blocks torch's host
+    allocator created meanwhile with their ms (host_allocs)."""
+    import time
+
+    from bench.gpu_decode import sync
+
+    pinned = host_allocs(dev)
+    sync(dev)
+    t0, waited, count, last = time.perf_counter(), 0.0, 0, None
+    it = iter(batches)
+    while True:
+        t = time.perf_counter()
+        b = next(it, None)
+        waited += time.perf_counter() - t
+        if b is None:
+            break
+        last = step(b)
+        count += 1
+    sync(dev)
+    seconds = time.perf_counter() - t0
+    allocs, alloc_ms = (after - before for after, before in zip(host_allocs(dev), pinned, strict=True))
+    return {"s": seconds, "steps": count, "last": last, "wait_s": waited, "pin_allocs": allocs,
+            "pin_alloc_ms": alloc_ms}

@@ -43,8 +43,7 @@ from typing import Any
 
 import torch
 
-from bench import bench_device, host_allocs, write_json
-from bench.gpu_decode import sync
+from bench import bench_device, timed_feed, write_json
 from bench.gpu_throughput import SMOKE, TARGET_1B, random_target, save_verifier
 from bench.train_step_kernels import bench_drafter, samples
 
@@ -155,30 +154,20 @@ def main(argv: list[str] | None = None) -> int:
         """ms a step, ms a step the main thread waited for its batch, the loader's ms a batch
         collating and copying (the `built` feeds), and the pinned blocks torch's host allocator
         had to create during the feed (each a cudaHostAlloc: page-locking 64-128 MB takes
-        milliseconds; a warm cache creates none) with the ms they took."""
-        spans.clear()
-        pinned = host_allocs(dev)
-        sync(dev)
-        start, count, waited = time.perf_counter(), 0, 0.0
-        it = iter(batches)
-        while True:
-            t = time.perf_counter()
-            b = next(it, None)
-            waited += time.perf_counter() - t
-            if b is None:
-                break
+        milliseconds; a warm cache creates none) with the ms they took (bench.timed_feed)."""
+        def step(b: Batch) -> None:
             if graph:
                 graphed(b)  # type: ignore[misc]
                 sched.step()
             else:
                 train_step(model, b, opt, sched, params, ttt, losses, autocast)
-            count += 1
-        sync(dev)
-        n, k = max(count, 1), max(len(spans), 1)
-        allocs, alloc_ms = (after - before for after, before in zip(host_allocs(dev), pinned, strict=True))
-        return {"step": (time.perf_counter() - start) / n * 1000, "wait": waited / n * 1000,
+
+        spans.clear()
+        r = timed_feed(batches, step, dev)
+        n, k = max(r["steps"], 1), max(len(spans), 1)
+        return {"step": r["s"] / n * 1000, "wait": r["wait_s"] / n * 1000,
                 "collate": sum(c for c, _ in spans) / k * 1000, "copy": sum(c for _, c in spans) / k * 1000,
-                "pin_allocs": allocs, "pin_alloc_ms": alloc_ms}
+                "pin_allocs": r["pin_allocs"], "pin_alloc_ms": r["pin_alloc_ms"]}
 
     print(f"{'feed':20s} {'graph':>7s} {'eager':>7s} | graph: {'wait':>6s} {'collate':>7s} {'copy':>6s} {'pins':>9s} | "
           f"eager: {'wait':>6s} {'collate':>7s} {'copy':>6s} {'pins':>9s}   (ms; {a.workers} loader threads; pins: "

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from bench import bench_device, host_allocs, write_json
+from bench import bench_device, timed_feed, write_json
 from bench.gpu_decode import ATTENTION, MATMUL, sync
 from bench.gpu_throughput import (
     SMOKE,
@@ -176,30 +176,20 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
              "fed, copy stream (dataset.to_device)": lambda: dataset.prefetched(on_copy_stream, order[warmup:],
                                                                                 dataset.loader_workers(dev))}
     def run(batches: Any, graphed: Any = None) -> dict[str, float]:
-        """Train steps over `batches`, synchronised at both ends; with `graphed` (a GraphedStep)
-        each step is its replay, the scheduler stepped after it. Returns the seconds, steps, the
-        last step's loss, the main thread's ms a step waiting for its batch, and the pinned blocks
-        torch's host allocator created meanwhile with their ms (a cold cache's cudaHostAllocs)."""
-        pinned = host_allocs(dev)
-        sync(dev)
-        t0, waited, count = time.perf_counter(), 0.0, 0
-        it = iter(batches)
-        while True:
-            t = time.perf_counter()
-            b = next(it, None)
-            waited += time.perf_counter() - t
-            if b is None:
-                break
+        """Train steps over `batches` (bench.timed_feed); with `graphed` (a GraphedStep) each step is
+        its replay, the scheduler stepped after it. Returns the seconds, steps, the last step's
+        loss, the main thread's ms a step waiting for its batch, and the pinned blocks torch's host
+        allocator created meanwhile with their ms (a cold cache's cudaHostAllocs)."""
+        def step(b: dict[str, torch.Tensor]) -> Any:
             if graphed is None:
-                loss, _ = train_step(model, b, opt, sched, params, ttt, losses, autocast)
-            else:
-                loss = graphed(b)[0]
-                sched.step()
-            count += 1
-        sync(dev)
-        allocs, alloc_ms = (after - before for after, before in zip(host_allocs(dev), pinned, strict=True))
-        return {"s": time.perf_counter() - t0, "steps": count, "loss": float(loss), "pin_allocs": allocs,
-                "pin_alloc_ms": round(alloc_ms, 1), "wait_ms": round(waited / max(count, 1) * 1000, 3)}
+                return train_step(model, b, opt, sched, params, ttt, losses, autocast)[0]
+            loss = graphed(b)[0]
+            sched.step()
+            return loss
+
+        r = timed_feed(batches, step, dev)
+        return {"s": r["s"], "steps": r["steps"], "loss": float(r["last"]), "pin_allocs": r["pin_allocs"],
+                "pin_alloc_ms": round(r["pin_alloc_ms"], 1), "wait_ms": round(r["wait_s"] / max(r["steps"], 1) * 1000, 3)}
 
     def mode(r: dict[str, float], tokens: int) -> dict[str, Any]:
         """A timed run as a mode's row: tok/s of `tokens`, ms a step, and run's feed figures."""
