@@ -1,10 +1,10 @@
 """Which part of feeding the drafter's step from the loader threads costs the CUDA-graph step its
 speed (issue 27). On the H200 the graphed 1.1B step runs at 27.0-27.6 ms with its batches on the
-device; fed by loader threads building batches it ran at 36-48 ms in the first feed that built
-them and at 28.3-28.9 ms in every later one (sessions 8-10). The pins column says why: that
-first feed made 5-9 new pinned blocks taking 246-1,633 ms of cudaHostAlloc (4 threads: 8-9 blocks,
-1.4-1.6 s; a one-time cost of the process's first batches), the later ones none
-(docs/benchmarks.md, session 10).
+device; fed by loader threads building batches it ran at 32-45 ms in the first feed that built
+them and at 28.3-28.9 ms in every later feed that made no new pinned block (sessions 8-10). The
+pins column says why: that first feed made 5 (2 threads) or 9 (4 threads) new pinned blocks
+taking 246 or 1,365 ms of cudaHostAlloc, and twice the threads later made 13 more (435 ms, 36.8
+ms a step) (docs/benchmarks.md, session 10).
 
     python -m bench.step_feed --out $OUT      # on the H200: the 1.1B shape's drafter, ~2 min
     python -m bench.step_feed --smoke         # tiny shapes on the CPU, the eager step only (a check)
