@@ -30,22 +30,23 @@ def bench_device(smoke: bool):  # noqa: ANN201 - torch.device | None; torch impo
     return None
 
 
-def host_allocs(dev: Any) -> tuple[int, float]:  # noqa: ANN401 - a torch.device; torch imported only here
-    """(pinned blocks torch's host allocator has created, ms those cudaHostAlloc calls took) so far
-    in this process; (0, 0.0) off CUDA or on a torch without host_memory_stats."""
+def host_allocs(dev: Any) -> tuple[int, float, float]:  # noqa: ANN401 - a torch.device; torch imported only here
+    """(pinned blocks torch's host allocator has created, ms those cudaHostAlloc calls took, MB
+    they hold) so far in this process; zeros off CUDA or on a torch without host_memory_stats."""
     import torch
 
     if dev.type != "cuda" or not hasattr(torch.cuda, "host_memory_stats"):
-        return 0, 0.0
+        return 0, 0.0, 0.0
     stats = torch.cuda.host_memory_stats()
-    return int(stats.get("num_host_alloc", 0)), float(stats.get("host_alloc_time.total", 0)) / 1000
+    return (int(stats.get("num_host_alloc", 0)), float(stats.get("host_alloc_time.total", 0)) / 1000,
+            float(stats.get("allocated_bytes.allocated", 0)) / 2**20)
 
 
 def timed_feed(batches: Any, step: Any, dev: Any) -> dict[str, Any]:  # noqa: ANN401 - iterable, callable, torch.device
     """step(batch) for each batch of `batches` (an iterable: a feed), the device synchronised at
     both ends. Returns the seconds, the steps, the last step's return value, the seconds the main
     thread waited for its batches (a feed that cannot keep up), and the pinned blocks torch's host
-    allocator created meanwhile with their ms (host_allocs)."""
+    allocator created meanwhile with their ms and MB (host_allocs)."""
     import time
 
     from bench.gpu_decode import sync
@@ -64,6 +65,6 @@ def timed_feed(batches: Any, step: Any, dev: Any) -> dict[str, Any]:  # noqa: AN
         count += 1
     sync(dev)
     seconds = time.perf_counter() - t0
-    allocs, alloc_ms = (after - before for after, before in zip(host_allocs(dev), pinned, strict=True))
+    allocs, alloc_ms, alloc_mb = (after - before for after, before in zip(host_allocs(dev), pinned, strict=True))
     return {"s": seconds, "steps": count, "last": last, "wait_s": waited, "pin_allocs": allocs,
-            "pin_alloc_ms": alloc_ms}
+            "pin_alloc_ms": alloc_ms, "pin_alloc_mb": alloc_mb}

@@ -27,7 +27,7 @@ under each feed, in this order, as the graph and as the eager step:
 and the loader alone (built, no step) and collate alone on the main thread. Prints a table of ms a
 step, with where the time goes: the main thread's wait for each batch, (the `built` feeds) each
 batch's collate and copy on its loader thread, and the pinned blocks torch's host allocator
-created during the feed with their cudaHostAlloc ms; writes OUT/step_feed.json.
+created during the feed with their cudaHostAlloc ms and MB; writes OUT/step_feed.json.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ Batch = dict[str, torch.Tensor]
 
 
 def pins(d: dict[str, float]) -> str:
-    """A feed's pinned allocations as `count/ms`."""
-    return f"{int(d['pin_allocs'])}/{d['pin_alloc_ms']:.0f}"
+    """A feed's pinned allocations as `count/ms/MB`."""
+    return f"{int(d['pin_allocs'])}/{d['pin_alloc_ms']:.0f}/{d['pin_alloc_mb']:.0f}"
 
 
 def switching(interval: float, batches: Iterable[Batch]) -> Iterator[Batch]:
@@ -167,19 +167,19 @@ def main(argv: list[str] | None = None) -> int:
         n, k = max(r["steps"], 1), max(len(spans), 1)
         return {"step": r["s"] / n * 1000, "wait": r["wait_s"] / n * 1000,
                 "collate": sum(c for c, _ in spans) / k * 1000, "copy": sum(c for _, c in spans) / k * 1000,
-                "pin_allocs": r["pin_allocs"], "pin_alloc_ms": r["pin_alloc_ms"]}
+                "pin_allocs": r["pin_allocs"], "pin_alloc_ms": r["pin_alloc_ms"], "pin_alloc_mb": r["pin_alloc_mb"]}
 
-    print(f"{'feed':20s} {'graph':>7s} {'eager':>7s} | graph: {'wait':>6s} {'collate':>7s} {'copy':>6s} {'pins':>9s} | "
-          f"eager: {'wait':>6s} {'collate':>7s} {'copy':>6s} {'pins':>9s}   (ms; {a.workers} loader threads; pins: "
-          "pinned blocks allocated / their ms in all)", flush=True)
+    print(f"{'feed':20s} {'graph':>7s} {'eager':>7s} | graph: {'wait':>6s} {'collate':>7s} {'copy':>6s} {'pins':>13s} | "
+          f"eager: {'wait':>6s} {'collate':>7s} {'copy':>6s} {'pins':>13s}   (ms; {a.workers} loader threads; pins: "
+          "pinned blocks allocated / their ms / their MB in all)", flush=True)
     by_name = feeds(host, order, resident, pre, dev, a.workers, spans)
     for name, feed in by_name.items():
         g = timed(feed(), True) if cuda else None
         e = timed(feed(), False)
         result["ms_per_step"][name] = {"graph": g and g["step"], "eager": e["step"], "graph_detail": g, "eager_detail": e}
         cols = (f"{g['step']:7.2f} {e['step']:7.2f} | graph: {g['wait']:6.2f} {g['collate']:7.2f} {g['copy']:6.2f} "
-                f"{pins(g):>9s}" if g else f"{'-':>7s} {e['step']:7.2f} | graph: {'-':>6s} {'-':>7s} {'-':>6s} {'-':>9s}")
-        print(f"{name:20s} {cols} | eager: {e['wait']:6.2f} {e['collate']:7.2f} {e['copy']:6.2f} {pins(e):>9s}",
+                f"{pins(g):>13s}" if g else f"{'-':>7s} {e['step']:7.2f} | graph: {'-':>6s} {'-':>7s} {'-':>6s} {'-':>13s}")
+        print(f"{name:20s} {cols} | eager: {e['wait']:6.2f} {e['collate']:7.2f} {e['copy']:6.2f} {pins(e):>13s}",
               flush=True)
     start = time.perf_counter()
     for _ in by_name["built"]():

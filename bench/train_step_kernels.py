@@ -189,12 +189,14 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
 
         r = timed_feed(batches, step, dev)
         return {"s": r["s"], "steps": r["steps"], "loss": float(r["last"]), "pin_allocs": r["pin_allocs"],
-                "pin_alloc_ms": round(r["pin_alloc_ms"], 1), "wait_ms": round(r["wait_s"] / max(r["steps"], 1) * 1000, 3)}
+                "pin_alloc_ms": round(r["pin_alloc_ms"], 1), "pin_alloc_mb": round(r["pin_alloc_mb"], 1),
+                "wait_ms": round(r["wait_s"] / max(r["steps"], 1) * 1000, 3)}
 
     def mode(r: dict[str, float], tokens: int) -> dict[str, Any]:
         """A timed run as a mode's row: tok/s of `tokens`, ms a step, and run's feed figures."""
         return {"tok_s": tokens / r["s"], "step_ms": r["s"] / r["steps"] * 1000, "last_loss": r["loss"],
-                "wait_ms": r["wait_ms"], "pin_allocs": r["pin_allocs"], "pin_alloc_ms": r["pin_alloc_ms"]}
+                "wait_ms": r["wait_ms"], "pin_allocs": r["pin_allocs"], "pin_alloc_ms": r["pin_alloc_ms"],
+                "pin_alloc_mb": r["pin_alloc_mb"]}
 
     tokens = sum(int(b["loss_mask"].numel()) for b in resident[warmup:])
     out["modes"] = {}
@@ -321,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                          if "packs" in m else "")
                 print(f"[{label}] {name}: {m['tok_s']:,.0f} tok/s, step {m['step_ms']:.2f} ms, MFU {m['mfu']:.1%}, "
                       f"{m['of_step']:.3f} of the step; waits {m['wait_ms']:.2f} ms a step, pinned blocks "
-                      f"{m['pin_allocs']} ({m['pin_alloc_ms']:.0f} ms){extra}", flush=True)
+                      f"{m['pin_allocs']} ({m['pin_alloc_ms']:.0f} ms, {m['pin_alloc_mb']:.0f} MB){extra}", flush=True)
             if "capture_s" in r:
                 print(f"[{label}] first capture {r['capture_s']} s; shapes captured {r.get('graphs_captured')}; "
                       f"failure {r.get('graph_failure')}", flush=True)
