@@ -16,7 +16,7 @@ dataset.prefetched). Each feed runs twice (a first and a second pass) with the h
 ahead of the GPU by, in this order:
 
   in step   none: the host waits for each step (as an eager step with host syncs)
-  2 ahead   two steps: before queueing step k the host waits for step k-2 to finish
+  2 ahead   two steps: after queueing step k the host waits for step k-2 to finish
   free      any number of steps (as eagle train's loop with --cuda-graphs); last, so a warm cache
             cannot explain new blocks here
 
@@ -37,8 +37,7 @@ from typing import Any
 import torch
 
 from bench import bench_device, timed_feed, write_json
-from bench.gpu_decode import sync
-from bench.gpu_throughput import SMOKE, TARGET_1B
+from bench.gpu_throughput import SMOKE, TARGET_1B, timed
 from bench.train_step_kernels import samples
 
 Batch = dict[str, torch.Tensor]
@@ -51,11 +50,8 @@ def busy_step(dev: torch.device, like: torch.Tensor, step_ms: float, n: int) -> 
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     a = torch.randn(n, n, device=dev, dtype=dtype)
     static = torch.empty_like(like, device=dev)
-    t0 = time.perf_counter()
-    for _ in range(3):
-        a @ a
-    sync(dev)
-    products = max(1, round(step_ms / 1000 / ((time.perf_counter() - t0) / 3)))
+    # a product's median time after warm-up (a process's first product also sets up cuBLAS)
+    products = max(1, round(step_ms / 1000 / timed(lambda: a @ a, dev, 5)))
 
     def work() -> None:
         for _ in range(products):
@@ -82,21 +78,19 @@ def busy_step(dev: torch.device, like: torch.Tensor, step_ms: float, n: int) -> 
 
 
 def bounded(step: Callable[[Batch], None], ahead: int | None, dev: torch.device) -> Callable[[Batch], None]:
-    """`step`, with the host waiting before each call until at most `ahead` earlier steps are still
-    queued on the GPU (None: no wait)."""
+    """`step`, the host then waiting until at most `ahead` steps (this one included) are still
+    queued on the GPU: 0 waits for each step, 2 for the one before last (None: no wait)."""
     if ahead is None or dev.type != "cuda":
         return step
-    done: deque[torch.cuda.Event] = deque()
+    queued: deque[torch.cuda.Event] = deque()
 
     def run(batch: Batch) -> None:
-        while len(done) > ahead:
-            done.popleft().synchronize()
         step(batch)
         event = torch.cuda.Event()
         event.record()
-        done.append(event)
-        if ahead == 0:
-            done.popleft().synchronize()
+        queued.append(event)
+        while len(queued) > ahead:
+            queued.popleft().synchronize()
     return run
 
 
