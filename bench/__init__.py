@@ -44,9 +44,9 @@ def host_allocs(dev: Any) -> tuple[int, float, float]:  # noqa: ANN401 - a torch
 
 def timed_feed(batches: Any, step: Any, dev: Any) -> dict[str, Any]:  # noqa: ANN401 - iterable, callable, torch.device
     """step(batch) for each batch of `batches` (an iterable: a feed), the device synchronised at
-    both ends. Returns the seconds, the steps, the last step's return value, the seconds the main
-    thread waited for its batches (a feed that cannot keep up), and the pinned blocks torch's host
-    allocator created meanwhile with their ms and MB (host_allocs)."""
+    both ends. Returns the seconds, the steps, the last step's return value, ms a step, the ms a
+    step the main thread waited for its batch (a feed that cannot keep up), and the pinned blocks
+    torch's host allocator created meanwhile with their ms and MB (host_allocs)."""
     import time
 
     from bench.gpu_decode import sync
@@ -66,5 +66,6 @@ def timed_feed(batches: Any, step: Any, dev: Any) -> dict[str, Any]:  # noqa: AN
     sync(dev)
     seconds = time.perf_counter() - t0
     allocs, alloc_ms, alloc_mb = (after - before for after, before in zip(host_allocs(dev), pinned, strict=True))
-    return {"s": seconds, "steps": count, "last": last, "wait_s": waited, "pin_allocs": allocs,
-            "pin_alloc_ms": alloc_ms, "pin_alloc_mb": alloc_mb}
+    per_step = 1000 / max(count, 1)
+    return {"s": seconds, "steps": count, "last": last, "step_ms": seconds * per_step, "wait_ms": waited * per_step,
+            "pin_allocs": allocs, "pin_alloc_ms": alloc_ms, "pin_alloc_mb": alloc_mb}

@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
 
         spans.clear()
         r = timed_feed(batches, step, dev)
-        n, k = max(r["steps"], 1), max(len(spans), 1)
-        return {"step": r["s"] / n * 1000, "wait": r["wait_s"] / n * 1000,
+        k = max(len(spans), 1)
+        return {"step": r["step_ms"], "wait": r["wait_ms"],
                 "collate": sum(c for c, _ in spans) / k * 1000, "copy": sum(c for _, c in spans) / k * 1000,
                 "pin_allocs": r["pin_allocs"], "pin_alloc_ms": r["pin_alloc_ms"], "pin_alloc_mb": r["pin_alloc_mb"]}
 
