@@ -20,8 +20,10 @@ ahead of the GPU by, in this order:
   free      any number of steps (as eagle train's loop with --cuda-graphs); last, so a warm cache
             cannot explain new blocks here
 
-and prints, per pass, ms a step, the main thread's wait for batches, and the pinned blocks
-created (count, cudaHostAlloc ms, MB). Writes OUT/pinned_feed.json.
+and prints, per pass, ms a step, the main thread's wait for batches, the pinned blocks created
+(count, cudaHostAlloc ms, MB), the blocks given back to CUDA (freed: something emptied the cache)
+and the most blocks torch's allocator counted as in use at once (busy: handed out, or freed with
+their copy's event not yet seen complete). Writes OUT/pinned_feed.json.
 """
 
 from __future__ import annotations
@@ -94,6 +96,16 @@ def bounded(step: Callable[[Batch], None], ahead: int | None, dev: torch.device)
     return run
 
 
+def host_pool(dev: torch.device) -> tuple[int, int]:
+    """(pinned blocks torch's host allocator has given back to CUDA so far, the most blocks it counted
+    as in use at once since the last reset_peak_host_memory_stats: handed out, or freed with their
+    copy's event not yet seen complete); zeros off CUDA or on a torch without these stats."""
+    if dev.type != "cuda" or not hasattr(torch.cuda, "host_memory_stats"):
+        return 0, 0
+    stats = torch.cuda.host_memory_stats()
+    return int(stats.get("num_host_free", 0)), int(stats.get("active_requests.peak", 0))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the code, measures nothing")
@@ -128,16 +140,22 @@ def main(argv: list[str] | None = None) -> int:
     result["step_alone_ms"] = step_alone["step_ms"]
     print(f"step alone {result['step_alone_ms']:.2f} ms; {a.workers} loader threads; pins: new pinned blocks / "
           "their cudaHostAlloc ms / their MB", flush=True)
-    print(f"{'host ahead by':14s} {'pass':5s} {'step ms':>8s} {'wait ms':>8s} {'pins':>16s}", flush=True)
+    print(f"{'host ahead by':14s} {'pass':5s} {'step ms':>8s} {'wait ms':>8s} {'pins':>16s} {'freed':>6s} "
+          f"{'busy':>6s}", flush=True)
     for name, ahead in AHEAD.items():
         for pass_name in ("1st", "2nd"):
+            if cuda and hasattr(torch.cuda, "reset_peak_host_memory_stats"):
+                torch.cuda.reset_peak_host_memory_stats()
+            freed = host_pool(dev)[0]
             r = timed_feed(dataset.prefetched(build, order, a.workers), bounded(step, ahead, dev), dev)
+            frees, busy = host_pool(dev)
             row = {"ahead": name, "pass": pass_name, "step_ms": r["step_ms"], "wait_ms": r["wait_ms"],
-                   "pin_allocs": r["pin_allocs"],
-                   "pin_alloc_ms": r["pin_alloc_ms"], "pin_alloc_mb": r["pin_alloc_mb"]}
+                   "pin_allocs": r["pin_allocs"], "pin_alloc_ms": r["pin_alloc_ms"], "pin_alloc_mb": r["pin_alloc_mb"],
+                   "pin_frees": frees - freed, "pin_busy_peak": busy}
             result["passes"].append(row)
             pins = f"{row['pin_allocs']}/{row['pin_alloc_ms']:.0f}/{row['pin_alloc_mb']:.0f}"
-            print(f"{name:14s} {pass_name:5s} {row['step_ms']:8.2f} {row['wait_ms']:8.2f} {pins:>16s}", flush=True)
+            print(f"{name:14s} {pass_name:5s} {row['step_ms']:8.2f} {row['wait_ms']:8.2f} {pins:>16s} "
+                  f"{row['pin_frees']:6d} {busy:6d}", flush=True)
             write_json(a.out, "pinned_feed.json", result)
     return 0
 

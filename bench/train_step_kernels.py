@@ -268,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-graphs", action="store_true",
                    help="leave out the sync-free-metrics and CUDA-graph modes (every mode then counts accuracy as "
                         "speculators does, with its host syncs)")
+    p.add_argument("--attention", choices=("auto", "grid", "varlen"), default="auto",
+                   help="the drafter's per-document attention form (eagle/doc_attention.py): auto (eagle train's "
+                        "choice: varlen on a GPU that runs it), grid, varlen")
     p.add_argument("--settings", default="eagle",
                    help="comma list of compile settings, each timed on a fresh compile: torch (torch's defaults), "
                         "eagle (eagle train's compile_settings; they stay set for the rest of the process, so "
@@ -279,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     dev = bench_device(a.smoke)
     if dev is None:
         return 1
+    from eagle import doc_attention
+
+    doc_attention.use_varlen = {"auto": None, "grid": False, "varlen": True}[a.attention]
     shape = SMOKE if a.smoke else TARGET_1B
     seq, dv, ttt, per_pack = (64, 64, 3, 2) if a.smoke else (2048, 8000, 3, 4)
     steps, warmup = (2, 1) if a.smoke else (a.steps, a.warmup)
@@ -300,10 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__,
                               "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (smoke)",
                               "shape": shape, "pack": f"{per_pack} x {seq - 1}", "ttt": ttt, "draft_vocab": dv,
+                              "attention": a.attention,
                               "matmul_tflops": round(matmul / 1e12, 1), "gflop_per_token": round(flops / 1e9, 3),
                               "runs": []}
     print(f"bf16 matmul {matmul / 1e12:.1f} TFLOP/s; drafter step {flops / 1e9:.3f} GFLOP/token; "
-          f"packs {per_pack} x {seq - 1}", flush=True)
+          f"packs {per_pack} x {seq - 1}; attention {a.attention}", flush=True)
     for impl, settings in [(i, x) for x in chosen for i in impls]:
         label = f"{impl}, {settings} settings"
         torch._dynamo.reset()

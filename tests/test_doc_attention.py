@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import _train_data as td
+import pytest
 import torch
 
 
@@ -109,8 +110,6 @@ def test_bucketed_step_equals_the_unbucketed_one(tmp_path: Path) -> None:
 
 
 def test_a_pack_that_overflows_its_bucket_is_refused() -> None:
-    import pytest
-
     from eagle import dataset
     from eagle.common import EagleError
 
@@ -143,21 +142,28 @@ def _attention_by_definition(query: torch.Tensor, key: torch.Tensor, value: torc
 
 
 def worst_error_against_the_definition(device: str, dtype: torch.dtype, amplitude: float, blocks: int,
-                                       seed: int = 0) -> tuple[float, float]:
-    """(largest |doc_sdpa - definition|, largest |definition|) on 3 documents of 5/9/3 tokens (widths
-    rounded to 8), 4 query heads on 2 kv heads, head size 16; `amplitude` scales q and k (large
-    scores test the diagonal score's precision)."""
+                                       seed: int = 0, total: int = 17,
+                                       varlen: bool | None = None) -> tuple[float, float]:
+    """(largest |doc_sdpa - definition|, largest |definition|) on the real tokens of 3 documents of
+    5/9/3 tokens (widths rounded to 8) in a pack of `total` (17: no padding), 4 query heads on 2 kv
+    heads, head size 16; `amplitude` scales q and k (large scores test the diagonal score's
+    precision); `varlen` picks doc_sdpa's form (None: its own choice)."""
     from eagle import doc_attention
 
     g = torch.Generator().manual_seed(seed)
-    lay = doc_attention.layout([5, 9, 3], multiple=8)
-    t = 17
-    q = (torch.randn(1, 4, t, 16, generator=g) * amplitude).to(device, dtype)
-    k = (torch.randn(1, 2, blocks * t, 16, generator=g) * amplitude).to(device, dtype)
-    v = torch.randn(1, 2, blocks * t, 16, generator=g).to(device, dtype)
-    out, _ = doc_attention.doc_sdpa(_Attn(), q, k, v, None, **{n: x.to(device) for n, x in lay.items()}, scaling=0.25)
+    lay = doc_attention.layout([5, 9, 3], multiple=8, total=total)
+    q = (torch.randn(1, 4, total, 16, generator=g) * amplitude).to(device, dtype)
+    k = (torch.randn(1, 2, blocks * total, 16, generator=g) * amplitude).to(device, dtype)
+    v = torch.randn(1, 2, blocks * total, 16, generator=g).to(device, dtype)
+    doc_attention.use_varlen = varlen
+    try:
+        out, _ = doc_attention.doc_sdpa(_Attn(), q, k, v, None, **{n: x.to(device) for n, x in lay.items()},
+                                        scaling=0.25)
+    finally:
+        doc_attention.use_varlen = None
     ref = _attention_by_definition(q, k, v, lay, 0.25)
-    return float((out[0].double().cpu() - ref).abs().max()), float(ref.abs().max())
+    real = lay["doc_index"][lay["doc_mask"]]
+    return float((out[0, real].double().cpu() - ref[real]).abs().max()), float(ref[real].abs().max())
 
 
 def bf16_ulp(x: float) -> float:
@@ -180,3 +186,55 @@ def test_doc_sdpa_equals_the_attention_by_definition() -> None:
             for amplitude in (1.0, 6.0):
                 err, size = worst_error_against_the_definition("cpu", torch.bfloat16, amplitude, blocks, seed)
                 assert err <= 1.5 * bf16_ulp(size), (blocks, seed, amplitude, err, size)
+
+
+def _varlen_by_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                        max_q: int, max_k: int, scale: float | None = None,
+                        window_size: tuple[int, int] = (-1, -1)) -> torch.Tensor:
+    """torch's varlen_attn (CUDA only) restated on the CPU: a causal SDPA per sequence of `cu_q`."""
+    assert window_size == (-1, 0) and torch.equal(cu_q, cu_k)
+    out = []
+    for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True):
+        assert b - a <= max_q
+        rows = [x[a:b].transpose(0, 1) for x in (q, k, v)]
+        out.append(torch.nn.functional.scaled_dot_product_attention(*rows, is_causal=True, scale=scale,
+                                                                    enable_gqa=True).transpose(0, 1))
+    return torch.cat(out)
+
+
+def test_varlen_form_gathers_each_document_with_its_anchors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """doc_varlen's own part (the documents' sequences, their anchor rows, the padding joining the
+    last document, the rows read back) on the CPU, its flash kernel restated as an SDPA per sequence
+    (the kernel itself runs in tests/test_gpu.py): outputs equal the attention by definition on every
+    real token, and with the loss's gradient on real tokens only (padding carries none) the
+    gradients of q, k and v equal the grid form's, for 0-2 earlier draft blocks and packs with and
+    without padding."""
+    from eagle import doc_attention
+
+    monkeypatch.setattr(doc_attention, "_varlen_attn", _varlen_by_sequence)
+    monkeypatch.setattr(doc_attention, "_VARLEN_PARAMS", frozenset({"scale", "window_size"}))
+    g = torch.Generator().manual_seed(0)
+    for lengths, total in (([5, 9, 3], 17), ([5, 9, 3], 22), ([7], 10), ([4, 4], 8)):
+        lay = doc_attention.layout(lengths, multiple=8, total=total)
+        real = lay["doc_index"][lay["doc_mask"]]
+        for blocks in (1, 2, 3):
+            q = torch.randn(1, 4, total, 16, generator=g)
+            k = torch.randn(1, 2, blocks * total, 16, generator=g)
+            v = torch.randn(1, 2, blocks * total, 16, generator=g)
+            grad = torch.zeros(1, total, 4, 16)
+            grad[0, real] = torch.randn(len(real), 4, 16, generator=g)
+            grads = {}
+            for varlen in (True, False):
+                leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+                doc_attention.use_varlen = varlen
+                try:
+                    out, _ = doc_attention.doc_sdpa(_Attn(), *leaves, None, **lay, scaling=0.25)
+                finally:
+                    doc_attention.use_varlen = None
+                out.backward(grad)
+                grads[varlen] = [x.grad for x in leaves]
+                if varlen:
+                    ref = _attention_by_definition(q, k, v, lay, 0.25)
+                    assert float((out[0, real].double() - ref[real]).abs().max()) < 1e-5, (lengths, total, blocks)
+            for mine, grid in zip(grads[True], grads[False], strict=True):
+                assert torch.allclose(mine, grid, atol=1e-5), (lengths, total, blocks, float((mine - grid).abs().max()))
