@@ -16,7 +16,7 @@ Two forms of the same attention, `use_varlen` choosing (None, the default: varle
   varlen  the pack as it lies, one causal sequence per document (torch's variable-length flash
           attention, `doc_varlen`): pays each document's own triangle.
 Measured on an H200 (1.1B-shape drafter, 1,000 rows of 1024-2048 tokens; docs/benchmarks.md,
-session 11): `eagle train`'s eager real loop 247.9k tok/s with varlen against the grid's 232.0k
+session 11): `eagle train`'s eager real loop 248.0k tok/s with varlen against the grid's 232.0k
 (session 10); as CUDA graphs equal (265.1k); on fixed packs of 4 x 2047 tokens the grid is faster
 (its step 30.19 ms eager, 27.35 ms as graphs, against 31.13 and 29.26): flash's kernels are slower
 per cell than cuDNN's there, and the grid of equal documents wastes nothing.
