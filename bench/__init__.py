@@ -30,16 +30,29 @@ def bench_device(smoke: bool):  # noqa: ANN201 - torch.device | None; torch impo
     return None
 
 
-def host_allocs(dev: Any) -> tuple[int, float, float]:  # noqa: ANN401 - a torch.device; torch imported only here
-    """(pinned blocks torch's host allocator has created, ms those cudaHostAlloc calls took, MB
-    they hold) so far in this process; zeros off CUDA or on a torch without host_memory_stats."""
+def _host_stats(dev: Any) -> dict[str, Any]:  # noqa: ANN401 - a torch.device; torch imported only here
+    """torch's host (pinned) allocator statistics; empty off CUDA or on a torch without them."""
     import torch
 
     if dev.type != "cuda" or not hasattr(torch.cuda, "host_memory_stats"):
-        return 0, 0.0, 0.0
-    stats = torch.cuda.host_memory_stats()
+        return {}
+    return dict(torch.cuda.host_memory_stats())
+
+
+def host_allocs(dev: Any) -> tuple[int, float, float]:  # noqa: ANN401 - a torch.device
+    """(pinned blocks torch's host allocator has created, ms those cudaHostAlloc calls took, MB
+    they hold) so far in this process; zeros off CUDA or on a torch without host_memory_stats."""
+    stats = _host_stats(dev)
     return (int(stats.get("num_host_alloc", 0)), float(stats.get("host_alloc_time.total", 0)) / 1000,
             float(stats.get("allocated_bytes.allocated", 0)) / 2**20)
+
+
+def host_pool(dev: Any) -> tuple[int, int]:  # noqa: ANN401 - a torch.device
+    """(pinned blocks torch's host allocator has given back to CUDA so far, the most blocks it counted
+    as in use at once since the last reset_peak_host_memory_stats: handed out, or freed with their
+    copy's event not yet seen complete); zeros off CUDA or on a torch without these stats."""
+    stats = _host_stats(dev)
+    return int(stats.get("num_host_free", 0)), int(stats.get("active_requests.peak", 0))
 
 
 def timed_feed(batches: Any, step: Any, dev: Any) -> dict[str, Any]:  # noqa: ANN401 - iterable, callable, torch.device

@@ -31,7 +31,7 @@ import torch
 
 from bench import bench_device, write_json
 from bench.gpu_throughput import timed
-from bench.train_step_kernels import kernel_profile
+from bench.train_step_kernels import kernel_profile, row_lengths
 
 
 class _Module(torch.nn.Module):
@@ -41,14 +41,12 @@ class _Module(torch.nn.Module):
     is_causal = True
 
 
-def packs(rows: int, budget: int, seed: int = 1) -> dict[str, list[int]]:
+def packs(rows: int, budget: int) -> dict[str, list[int]]:
     """The fixed pack and, for each document count B the real loop makes, its first pack: name ->
     document lengths (shifted: a row of n tokens trains n - 1)."""
     from eagle import dataset
 
-    g = torch.Generator().manual_seed(seed)
-    seq, lo = 2048, 1024
-    lengths = [lo + int(x) for x in torch.randint(0, seq - lo + 1, (rows,), generator=g)]
+    lengths = row_lengths(rows, 2048)
     out = {"fixed 4 x 2047": [2047] * 4}
     for pack in dataset.pack_batches(list(range(rows)), lengths, budget, seed=0):
         docs = [min(lengths[i] - 1, budget) for i in pack]
@@ -71,20 +69,16 @@ def fwd_bwd(form: str, docs: list[int], total: int, steps: int, dev: torch.devic
     grad = torch.zeros(1, total, h, d, device=dev, dtype=dtype)  # the pack's padding tokens carry no loss
     grad[0, real] = torch.randn(len(real), h, d, generator=g).to(dev, dtype)
 
-    def run() -> None:
-        doc_attention.use_varlen = form == "varlen"
-        try:
+    def run() -> torch.Tensor:
+        with doc_attention.forced(form == "varlen"):
             out, _ = doc_attention.doc_sdpa(_Module(), q, k, v, None, **lay, scaling=d ** -0.5)
-        finally:
-            doc_attention.use_varlen = None
         out.backward(grad)
-        run.out = out.detach()  # type: ignore[attr-defined]
+        return out.detach()
 
-    q.grad = k.grad = v.grad = None
-    run()
+    out = run()
     rows = torch.cat([real + j * total for j in range(steps + 1)])
-    result = {"out": run.out[0, real].float(), "dq": q.grad[0][:, real].float(),  # type: ignore[attr-defined]
-              "dk": k.grad[0][:, rows].float(), "dv": v.grad[0][:, rows].float()}
+    result = {"out": out[0, real].float(), "dq": q.grad[0][:, real].float(),  # type: ignore[index]
+              "dk": k.grad[0][:, rows].float(), "dv": v.grad[0][:, rows].float()}  # type: ignore[index]
     return run, result
 
 
@@ -114,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'pack':22s} {'grid cells':>10s} " + " ".join(f"{f + ' ms':>10s}" for f in forms)
           + f" {'varlen/grid':>11s} {'worst diff':>10s}", flush=True)
     for name, docs in chosen.items():
-        row: dict[str, Any] = {"pack": name, "documents": docs,
-                               "grid_cells": len(docs) * -(-max(docs) // 256) * 256}
+        row: dict[str, Any] = {"pack": name, "documents": docs,  # the grid's cells: doc_attention.layout's
+                               "grid_cells": doc_attention.layout(docs, 256, total)["doc_mask"].numel()}
         ms: dict[str, float] = {}
         kernels: dict[str, float] = {}  # the flash / cuDNN kernels alone (torch.profiler)
         device: dict[str, float] = {}  # every kernel of the three calls

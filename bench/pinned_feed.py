@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from bench import bench_device, timed_feed, write_json
+from bench import bench_device, host_pool, timed_feed, write_json
 from bench.gpu_throughput import SMOKE, TARGET_1B, timed
 from bench.train_step_kernels import samples
 
@@ -94,16 +94,6 @@ def bounded(step: Callable[[Batch], None], ahead: int | None, dev: torch.device)
         while len(queued) > ahead:
             queued.popleft().synchronize()
     return run
-
-
-def host_pool(dev: torch.device) -> tuple[int, int]:
-    """(pinned blocks torch's host allocator has given back to CUDA so far, the most blocks it counted
-    as in use at once since the last reset_peak_host_memory_stats: handed out, or freed with their
-    copy's event not yet seen complete); zeros off CUDA or on a torch without these stats."""
-    if dev.type != "cuda" or not hasattr(torch.cuda, "host_memory_stats"):
-        return 0, 0
-    stats = torch.cuda.host_memory_stats()
-    return int(stats.get("num_host_free", 0)), int(stats.get("active_requests.peak", 0))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -99,6 +99,14 @@ def samples(shape: dict[str, int], lengths: list[int], aux: int, seed: int = 0) 
              "loss_mask": torch.ones(t, dtype=torch.long)} for t in lengths]
 
 
+def row_lengths(rows: int, seq: int, seed: int = 1) -> list[int]:
+    """The token counts of the real loop's variable-length rows: seq/2..seq, seeded (the same rows
+    in every bench that replays this loop)."""
+    g = torch.Generator().manual_seed(seed)
+    lo = seq // 2
+    return [lo + int(x) for x in torch.randint(0, seq - lo + 1, (rows,), generator=g)]
+
+
 def bench_drafter(vdir: Path, vocab: int, dv: int, layer_ids: list[int], ttt: int,
                   dev: torch.device) -> tuple[Any, list[torch.nn.Parameter], torch.optim.Optimizer]:
     """(drafter, its trainable parameters, AdamW as eagle train's) for these benches: the draft
@@ -299,10 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     flops = drafter_flops_per_token(shape["hidden_size"], shape["intermediate_size"], shape["num_attention_heads"],
                                     shape["num_key_value_heads"], dv, ttt, seq)
     raw = samples(shape, [seq] * (2 * per_pack), len(layer_ids))
-    g = torch.Generator().manual_seed(1)  # the real loop's rows: 1024-2048 tokens (the smoke: 16-64)
-    lo = seq // 2
-    variable = samples(shape, [lo + int(x) for x in torch.randint(0, seq - lo + 1, (a.rows,), generator=g)],
-                       len(layer_ids), seed=2) if a.rows else None
+    # the real loop's rows: 1024-2048 tokens (the smoke: 32-64)
+    variable = samples(shape, row_lengths(a.rows, seq), len(layer_ids), seed=2) if a.rows else None
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__,
                               "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (smoke)",
                               "shape": shape, "pack": f"{per_pack} x {seq - 1}", "ttt": ttt, "draft_vocab": dv,

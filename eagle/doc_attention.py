@@ -28,7 +28,9 @@ then pass the LAYOUT_KEYS tensors to the model's forward (they reach the attenti
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -125,6 +127,18 @@ try:  # read once here, not under torch.compile
 except ImportError:
     pass
 _flash_gpus: dict[int, bool] = {}  # device index -> compute capability >= 8.0 (flash attention's floor)
+
+
+@contextlib.contextmanager
+def forced(varlen: bool | None) -> Iterator[None]:
+    """Within: doc_sdpa runs the varlen form (True), the grid (False) or picks (None); `use_varlen`
+    is given its earlier value back on leaving (the benches and tests compare the forms with it)."""
+    global use_varlen
+    before, use_varlen = use_varlen, varlen
+    try:
+        yield
+    finally:
+        use_varlen = before
 
 
 def varlen_available(query: torch.Tensor, steps: int = 0) -> bool:

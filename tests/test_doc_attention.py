@@ -155,12 +155,9 @@ def worst_error_against_the_definition(device: str, dtype: torch.dtype, amplitud
     q = (torch.randn(1, 4, total, 16, generator=g) * amplitude).to(device, dtype)
     k = (torch.randn(1, 2, blocks * total, 16, generator=g) * amplitude).to(device, dtype)
     v = torch.randn(1, 2, blocks * total, 16, generator=g).to(device, dtype)
-    doc_attention.use_varlen = varlen
-    try:
+    with doc_attention.forced(varlen):
         out, _ = doc_attention.doc_sdpa(_Attn(), q, k, v, None, **{n: x.to(device) for n, x in lay.items()},
                                         scaling=0.25)
-    finally:
-        doc_attention.use_varlen = None
     ref = _attention_by_definition(q, k, v, lay, 0.25)
     real = lay["doc_index"][lay["doc_mask"]]
     return float((out[0, real].double().cpu() - ref[real]).abs().max()), float(ref[real].abs().max())
@@ -226,11 +223,8 @@ def test_varlen_form_gathers_each_document_with_its_anchors(monkeypatch: pytest.
             grads = {}
             for varlen in (True, False):
                 leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-                doc_attention.use_varlen = varlen
-                try:
+                with doc_attention.forced(varlen):
                     out, _ = doc_attention.doc_sdpa(_Attn(), *leaves, None, **lay, scaling=0.25)
-                finally:
-                    doc_attention.use_varlen = None
                 out.backward(grad)
                 grads[varlen] = [x.grad for x in leaves]
                 if varlen:
