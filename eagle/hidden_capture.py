@@ -13,8 +13,9 @@ What it does, and why each part is there (figures are the H200 ones in docs/benc
   layers; the hooks stay outside the compiled region): fuses the RMSNorm / RoPE / SiLU*mul
   element-wise work that eager mode does in many memory-bound passes.
   `scope="decoder"` compiles the whole capture as one graph instead (hooks traced; no causal mask
-  built: `use_causal_sdpa`); on the H200 it is no faster (bench/extract_kernels.py), so the
-  per-layer graphs stay the default.
+  built: `use_causal_sdpa`; the rotary tables made outside the graph); on the H200 it is 2-3%
+  faster (bench/extract_kernels.py, docs/benchmarks.md), and the per-layer graphs stay the default:
+  one graph a layer is the form every architecture has been tested with.
 - On CUDA, hands each batch to the host without stalling the GPU: the stacked [B, T, L+1, H]
   tensor is copied into one of a few pinned host buffers on a side stream (ordered after the
   forward by an event), and writer threads wait for the copy's event, then write the files
@@ -139,6 +140,7 @@ class HiddenCapture:
         self._whole: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._graphs = False
         self._restore_attn: str | None = None
+        self._eager_rope: torch.nn.Module | None = None  # the rotary module compile_decoder keeps out of the graph
         if compile:
             self.compile_layers() if scope == "layers" else self.compile_decoder()
 
@@ -159,14 +161,21 @@ class HiddenCapture:
                 layer._eagle_compiled = True
         self.compiled = True
 
-    def compile_decoder(self, graphs: bool = False) -> None:
+    def compile_decoder(self, graphs: bool = False, rope_in_graph: bool = False) -> None:
         """torch.compile the whole capture (decoder, hooks and the stack) as one graph: Inductor fuses
         across layer boundaries (a layer's residual add into the next layer's norm), drops the unused
         final norm and writes the stacked states in place. A plain-causal sdpa target builds no mask
         (`use_causal_sdpa`): until `uncompile` or `close` the target ignores attention masks, so
         run it only through this capture. `graphs`: replay each shape's forward as a CUDA graph
-        (torch's "reduce-overhead" mode; each result is cloned out of the graph's memory)."""
+        (torch's "reduce-overhead" mode; each result is cloned out of the graph's memory).
+        The decoder's rotary tables (its `rotary_emb`, where it has one) are made outside the graph
+        unless `rope_in_graph`: inside it Inductor recomputes them in every layer's rope kernel
+        (on the H200, 2.6 ms a 16k-token batch where reading them takes 0.7 ms)."""
         self._restore_attn = use_causal_sdpa(self.decoder.config) if hasattr(self.decoder, "config") else None
+        rope = getattr(self.decoder, "rotary_emb", None)
+        if not rope_in_graph and isinstance(rope, torch.nn.Module) and "forward" not in vars(rope):
+            rope.forward = torch._dynamo.disable(rope.forward)  # a graph break: the tables become inputs
+            self._eager_rope = rope
         self._graphs = graphs
         self._whole = torch.compile(self._capture, mode="reduce-overhead" if graphs else None)
         self.compiled = True
@@ -178,13 +187,17 @@ class HiddenCapture:
                 del layer.forward
                 del layer._eagle_compiled
         self._whole = None
-        self._restore_attention()
+        self._restore_target()
         self.compiled = False
 
-    def _restore_attention(self) -> None:
+    def _restore_target(self) -> None:
+        """Give the target back what compile_decoder changed: its attention implementation and rotary forward."""
         if self._restore_attn is not None:
             self.decoder.config._attn_implementation = self._restore_attn
             self._restore_attn = None
+        if self._eager_rope is not None:
+            del self._eager_rope.forward
+            self._eager_rope = None
 
     def _capture(self, input_ids: torch.Tensor) -> torch.Tensor:
         self.store.clear()
@@ -204,11 +217,11 @@ class HiddenCapture:
         return self._whole(input_ids).clone()
 
     def close(self) -> None:
-        """Remove the hooks and give the target its own attention implementation back."""
+        """Remove the hooks and give the target its own attention implementation (and rotary forward) back."""
         for h in self.handles:
             h.remove()
         self.handles = []
-        self._restore_attention()
+        self._restore_target()
 
 
 # ---------------------------------------------------------------- files

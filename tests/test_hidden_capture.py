@@ -197,3 +197,37 @@ def test_whole_decoder_compile_equals_the_eager_capture():
     assert model.config._attn_implementation == "sdpa"
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rope_in_graph", [False, True])
+def test_whole_decoder_compile_makes_the_rope_tables_outside_the_graph(rope_in_graph):
+    """compile_decoder runs the decoder's rotary embedding outside the compiled graph (one graph break
+    there: its tables become the graph's inputs; inside the graph Inductor recomputes them in every
+    layer), unless rope_in_graph (one graph, no break); the states are the eager capture's either
+    way, and closing gives the module its own forward back."""
+    from torch._dynamo.utils import counters
+
+    model = tiny_llama(layers=2)
+    rope = model.model.rotary_emb
+    x = hc.padded_input([[5, 9, 14, 2, 7, 30, 11], [3, 8, 1]], [0, 1], 8)
+    eager = hc.HiddenCapture(model, [0, 1])
+    want = eager.run(x)
+    eager.close()
+    torch._dynamo.reset()
+    counters.clear()
+    cap = hc.HiddenCapture(model, [0, 1])
+    cap.compile_decoder(rope_in_graph=rope_in_graph)
+    try:
+        assert ("forward" in vars(rope)) is not rope_in_graph
+        got = cap.run(x)
+        again = cap.run(x)
+    finally:
+        cap.close()
+    assert "forward" not in vars(rope)
+    breaks = list(counters["graph_break"])
+    if rope_in_graph:
+        assert breaks == [] and counters["stats"]["unique_graphs"] == 1
+    else:
+        assert breaks and all(type(rope).__name__ + ".forward" in b for b in breaks), breaks
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(again, got)
