@@ -82,3 +82,82 @@ def timed_feed(batches: Any, step: Any, dev: Any) -> dict[str, Any]:  # noqa: AN
     per_step = 1000 / max(count, 1)
     return {"s": seconds, "steps": count, "last": last, "step_ms": seconds * per_step, "wait_ms": waited * per_step,
             "pin_allocs": allocs, "pin_alloc_ms": alloc_ms, "pin_alloc_mb": alloc_mb}
+
+
+def per_call_ms(fn: Any, dev: Any, iters: int) -> float:  # noqa: ANN401 - a callable, a torch.device
+    """Mean ms of fn() over `iters` back-to-back calls after a warm-up (CUDA events; wall clock on a CPU)."""
+    import time
+
+    import torch
+
+    for _ in range(2):
+        fn()
+    if dev.type != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - t0) * 1000 / iters
+    torch.cuda.synchronize(dev)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+class Clocks:
+    """The SM clock (MHz) and board power (W), sampled every 20 ms on a thread while `with` holds (NVML,
+    where nvidia-ml-py is installed): shows whether a figure ran at the boost clock or a power-capped one."""
+
+    def __init__(self, dev: Any) -> None:  # noqa: ANN401 - a torch.device
+        self.nvml: Any = None
+        self.samples: list[tuple[int, float]] = []
+        if dev.type == "cuda":
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                self.nvml = pynvml
+                self.handle = pynvml.nvmlDeviceGetHandleByIndex(dev.index or 0)
+            except Exception:  # noqa: BLE001 - no NVML: no clock column
+                self.nvml = None
+
+    def __enter__(self) -> "Clocks":
+        import threading
+
+        self.samples, self._stop = [], threading.Event()
+        if self.nvml is not None:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        n = self.nvml
+        while not self._stop.wait(0.02):  # every 20 ms: a thread that takes the GIL seldom
+            self.samples.append((n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM),
+                                 n.nvmlDeviceGetPowerUsage(self.handle) / 1000))
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self.nvml is not None:
+            self._thread.join()
+
+    def summary(self) -> dict[str, float] | None:
+        if not self.samples:
+            return None
+        mhz = sorted(c for c, _ in self.samples)
+        watts = sorted(w for _, w in self.samples)
+        return {"sm_mhz_median": mhz[len(mhz) // 2], "sm_mhz_min": mhz[0], "watts_median": watts[len(watts) // 2],
+                "samples": len(mhz)}
+
+    def describe(self) -> str:
+        """'1635 MHz (min 1440), 691 W' of the samples; 'no clock read' when there are none."""
+        return self.text(self.summary())
+
+    @staticmethod
+    def text(summary: dict[str, float] | None) -> str:
+        if not summary:
+            return "no clock read"
+        return f"{summary['sm_mhz_median']} MHz (min {summary['sm_mhz_min']}), {summary['watts_median']:.0f} W"

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from bench import bench_device, timed_feed, write_json
+from bench import Clocks, bench_device, per_call_ms, timed_feed, write_json
 from bench.gpu_decode import ATTENTION, MATMUL, sync
 from bench.gpu_throughput import (
     SMOKE,
@@ -258,9 +258,24 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
 
 
 def matmul_rate(dev: torch.device, n: int) -> float:
-    """Measured bf16 FLOP/s of an n^3 product (the MFU's denominator, as bench/gpu_throughput's)."""
+    """Measured bf16 FLOP/s of an n^3 product (the MFU's denominator, as bench/gpu_throughput's): ten
+    products after three, a burst the card runs at its boost clock (sustained_matmul_rate: held)."""
     mat = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
     return 2 * n ** 3 / timed(lambda: mat @ mat, dev, 10 if n >= 4096 else 3, 3)
+
+
+def sustained_matmul_rate(dev: torch.device, n: int, seconds: float = 2.0) -> tuple[float, dict[str, Any] | None]:
+    """bf16 FLOP/s of n^3 products back to back for `seconds`, timed over the latter half, with the SM
+    clock and board power over that half (bench.Clocks). On the H200 a held load meets the card's
+    power cap (~700 W) and its clock falls from 1980 MHz to ~1500: the rate any long job can have,
+    where matmul_rate's burst is the boost clock's."""
+    mat = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    one_ms = per_call_ms(lambda: mat @ mat, dev, 3)
+    calls = max(3, int(seconds * 500 / one_ms))  # half the time each
+    per_call_ms(lambda: mat @ mat, dev, calls)  # the first half: the clock settles
+    with Clocks(dev) as clk:
+        ms = per_call_ms(lambda: mat @ mat, dev, calls)
+    return 2 * n ** 3 / (ms / 1000), clk.summary()
 
 
 def main(argv: list[str] | None = None) -> int:
