@@ -80,7 +80,7 @@ def measure(model: Any, variant: str, rows: list[list[int]], layer_ids: list[int
     tokens = per_batch * seq
     return {"variant": variant, "scope": scope, "cuda_graphs": graphs, "batch_tokens": tokens,
             "warmup_s": round(warm, 1), "tok_s": st.tok_s, "batch_ms": tokens / st.tok_s * 1000,
-            "host_launch_ms": round(host_ms, 2), "clocks": clk.summary(), "clock_text": clk.describe(),
+            "host_launch_ms": round(host_ms, 2), "clocks": clk.summary(),
             "profile": prof}
 
 
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             prof = r["profile"] or {"by_category_ms": {}, "device_ms": 0.0, "kernels": 0, "top": []}  # none on a CPU
             cats = ", ".join(f"{k} {ms:.2f}" for k, ms in prof["by_category_ms"].items())
             print(f"[{v}] {r['tok_s']:,.0f} tok/s = {r['of_roofline']:.1%} of the burst roofline, "
-                  f"{r['of_roofline_sustained']:.1%} of the held one ({r['clock_text']}); batch {r['batch_ms']:.2f} "
+                  f"{r['of_roofline_sustained']:.1%} of the held one ({Clocks.text(r['clocks'])}); batch {r['batch_ms']:.2f} "
                   f"ms, device {prof['device_ms']:.2f} ms ({prof['kernels']} kernels; {cats}), gap "
                   f"{r['batch_ms'] - prof['device_ms']:.2f} ms; host launch {r['host_launch_ms']:.2f} ms; "
                   f"warm-up {r['warmup_s']} s", flush=True)

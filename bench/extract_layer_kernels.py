@@ -23,6 +23,7 @@ layer count, against the batch time that 80% of the roofline allows. Writes OUT/
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
@@ -35,8 +36,6 @@ import torch.nn.functional as F
 from bench import Clocks, bench_device, per_call_ms, write_json
 from bench.gpu_throughput import SMOKE, TARGET_1B, random_target, target_flops_per_token
 from bench.train_step_kernels import matmul_rate
-
-Row = dict[str, Any]
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -77,7 +76,7 @@ class Bench:
 
 def optional(name: str) -> Any:  # noqa: ANN401 - a module or None
     try:
-        return __import__(name, fromlist=["_"])
+        return importlib.import_module(name)
     except Exception as e:  # noqa: BLE001 - absent or unusable here: report and go on
         print(f"({name} not usable here: {type(e).__name__}: {str(e)[:200]})", flush=True)
         return None
