@@ -25,11 +25,11 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
-# The GPU suite (tests/test_gpu.py) on a CUDA host; `make test-gpu PY=python3` uses another interpreter,
+# The GPU suite (tests/gpu/test_gpu.py) on a CUDA host; `make test-gpu PY=python3` uses another interpreter,
 # `make test-gpu GPU_K='cuda_graphs or train'` a part of it (the whole no longer fits one 10-minute call on one H200).
 GPU_K ?=
 test-gpu:
-	$(PY) -m pytest -q -m gpu -p no:cacheprovider --durations=0 -rA $(if $(GPU_K),-k "$(GPU_K)") tests/test_gpu.py
+	$(PY) -m pytest -q -m gpu -p no:cacheprovider --durations=0 -rA $(if $(GPU_K),-k "$(GPU_K)") tests/gpu/test_gpu.py
 
 lint: setup
 	$(PY) -m ruff check runbook eagle tests bench

@@ -1,5 +1,5 @@
 """The drafter's training attention in its two forms, side by side (issue 27: the real loop within
-10% of the fixed-shape step): eagle/doc_attention.py's grid (each pack's documents gathered into
+10% of the fixed-shape step): eagle/train/doc_attention.py's grid (each pack's documents gathered into
 [B, Lmax], one causal SDPA, cuDNN's kernel on the H200) and its varlen form (the pack as it lies,
 torch's variable-length flash attention, one causal sequence per document). Both carry the draft
 blocks' diagonal as anchor keys. A pack of real rows (B documents of 1024-2048 tokens) pays the
@@ -44,7 +44,7 @@ class _Module(torch.nn.Module):
 def packs(rows: int, budget: int) -> dict[str, list[int]]:
     """The fixed pack and, for each document count B the real loop makes, its first pack: name ->
     document lengths (shifted: a row of n tokens trains n - 1)."""
-    from eagle import dataset
+    from eagle.train import dataset
 
     lengths = row_lengths(rows, 2048)
     out = {"fixed 4 x 2047": [2047] * 4}
@@ -57,7 +57,7 @@ def packs(rows: int, budget: int) -> dict[str, list[int]]:
 def fwd_bwd(form: str, docs: list[int], total: int, steps: int, dev: torch.device, dtype: torch.dtype,
             heads: tuple[int, int, int] = (32, 4, 64), seed: int = 0) -> tuple[Any, dict[str, torch.Tensor]]:
     """(a call running forward + backward, the output and q/k/v gradients of one run on the real tokens)."""
-    from eagle import doc_attention
+    from eagle.train import doc_attention
 
     h, hkv, d = heads
     g = torch.Generator().manual_seed(seed)
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = bench_device(a.smoke)
     if dev is None:
         return 1
-    from eagle import doc_attention
+    from eagle.train import doc_attention
 
     cuda = dev.type == "cuda"
     budget = 4 * 2047

@@ -3,7 +3,7 @@
     python -m bench.extract_kernels --out $OUT      # on the H200: the 1.1B Llama shape, ~4 min
     python -m bench.extract_kernels --smoke          # tiny shapes on the CPU (a check of the code)
 
-The capture engine (eagle/hidden_capture.py, compute only: no copy to the host, no files) on
+The capture engine (eagle/data/capture.py, compute only: no copy to the host, no files) on
 bench/gpu_throughput's 1.1B Llama target (random bf16 weights, aux layers 2, 11, 19 + the pre-norm
 last layer, rows of 2048 tokens) for each variant of `--variants`:
 - `layers`: each decoder layer compiled on its own (the hooks outside the graphs);
@@ -49,7 +49,7 @@ VARIANTS = {  # name: (compile scope, CUDA graphs, rows per batch, rope tables m
 
 def measure(model: Any, variant: str, rows: list[list[int]], layer_ids: list[int], dev: torch.device,
             smoke: bool) -> dict[str, Any]:
-    from eagle import hidden_capture as hc
+    from eagle.data import capture as hc
 
     scope, graphs, per_batch, rope_in_graph = VARIANTS[variant]
     seq = len(rows[0])

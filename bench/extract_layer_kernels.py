@@ -162,7 +162,7 @@ def layer_parts(b: Bench, shape: dict[str, int], rows: int, seq: int, dtype: tor
             with sdpa_kernel(backend):
                 ref = F.scaled_dot_product_attention(qt, kr, vr, is_causal=True)
     if dev.type == "cuda":
-        from eagle import doc_attention as da
+        from eagle.train import doc_attention as da
 
         try:
             from torch.nn.attention.varlen import varlen_attn  # noqa: F401 - torch >= 2.9
@@ -213,7 +213,7 @@ def whole_layer(b: Bench, shape: dict[str, int], rows: int, seq: int, dtype: tor
     and over, then all the target's layers in turn (each its own weights), then the capture engine
     itself, each briefly and sustained (~1 s), beside the n^3 matmul briefly and sustained: where the
     capture's batch goes beyond its layers' sum, and what a sustained load does to the clock."""
-    from eagle import hidden_capture as hc
+    from eagle.data import capture as hc
 
     model = random_target(shape, b.dev, dtype)
     layers = model.model.layers

@@ -6,13 +6,13 @@
 
 1. Builds a Qwen3 of Qwen3-8B's shape (hidden 4096, 36 layers, intermediate 12288, 32 / 8 heads of
    128, vocab 151936) with random bf16 weights on the device, and a random EAGLE-3 drafter for it
-   (eagle/draft_infer.py's Drafter: one Llama layer of the target's shape, draft vocab 32000).
-2. Decodes with the generic path (eagle/generic_decode.py: the target's own transformers forward
+   (eagle/decode/draft_infer.py's Drafter: one Llama layer of the target's shape, draft vocab 32000).
+2. Decodes with the generic path (eagle/decode/generic.py: the target's own transformers forward
    with a DynamicCache, the path every architecture the fast decoder lacks takes): speculative and
    plain greedy on the same random prompts (greedy_match), as `eagle evaluate --decoder generic`
    does; with --cli, also that command itself on the saved model (16 GB written and read back).
 3. Times one decode step (1 token after a 128-token prompt) and the (k+1)-token verify of: the
-   generic path on that Qwen3, the fast decoder's CUDA graph on the same weights (eagle/decode.py
+   generic path on that Qwen3, the fast decoder's CUDA graph on the same weights (eagle/decode/fast.py
    implements Qwen3), and the fast decoder on the 8B Llama shape of bench/gpu_decode.py; each
    against its bandwidth bound (weight bytes read per token, embedding excluded, over the measured
    device-to-device copy bandwidth). Rows are printed as they are measured.
@@ -35,8 +35,8 @@ import torch
 
 from bench.gpu_decode import copy_bandwidth, random_target
 from bench.gpu_throughput import random_hf
-from eagle.decode import Decoder, TargetModel, required_len
-from eagle.generic_decode import GenericDecoder
+from eagle.decode.fast import Decoder, TargetModel, required_len
+from eagle.decode.generic import GenericDecoder
 
 QWEN3_8B = {"hidden_size": 4096, "num_hidden_layers": 36, "intermediate_size": 12288, "vocab_size": 151936,
             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}
@@ -78,8 +78,8 @@ def random_drafter(shape: dict, model: torch.nn.Module, device: torch.device, dt
     """An untrained EAGLE-3 drafter for `model`: one Llama layer of the target's shape, its embedding."""
     from transformers import LlamaConfig
 
-    from eagle.draft_infer import Drafter, DraftSpec
-    from eagle.llama_ops import Rope, rope_inv_freq
+    from eagle.decode.draft_infer import Drafter, DraftSpec
+    from eagle.decode.llama_ops import Rope, rope_inv_freq
 
     n = shape["num_hidden_layers"]
     cfg = LlamaConfig(**{**shape, "num_hidden_layers": 1}, rms_norm_eps=1e-6, max_position_embeddings=4096,
@@ -103,7 +103,7 @@ def random_drafter(shape: dict, model: torch.nn.Module, device: torch.device, dt
 
 def fast_from(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> TargetModel:
     """The fast decoder's module with the weights of the transformers model (no second load from disk)."""
-    from eagle.llama_ops import Rope, check_and_assign, rope_inv_freq
+    from eagle.decode.llama_ops import Rope, check_and_assign, rope_inv_freq
 
     tensors = {k.removeprefix("model."): v for k, v in model.state_dict().items() if "rotary_emb" not in k}
     fast = TargetModel(model.config, device="meta")
@@ -193,7 +193,7 @@ def main() -> None:
 def run_cli(model: torch.nn.Module, shape: dict, work: Path, device: torch.device, dtype: torch.dtype,
             result: dict) -> None:
     """Save the target with a tokenizer and a speculators drafter, then run `eagle evaluate --decoder generic`."""
-    from eagle import drafter as edr
+    from eagle.drafter import model as edr
     from eagle.target import open_target
     from eagle.toy import build_tokenizer, make_prompts
 

@@ -38,9 +38,9 @@ from pathlib import Path
 
 import torch
 
-from eagle import llama_ops
-from eagle.decode import Decoder, TargetModel, load_decoder, required_len
-from eagle.leviathan import acceptance_from_accept_len, leviathan_speedup
+from eagle.decode import llama_ops
+from eagle.decode.fast import Decoder, TargetModel, load_decoder, required_len
+from eagle.decode.leviathan import acceptance_from_accept_len, leviathan_speedup
 
 LLAMA_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 32000,
             "num_attention_heads": 32, "num_key_value_heads": 8}
@@ -242,7 +242,7 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], new_tokens: int, device
               dtype: torch.dtype) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
-    from eagle.decode import eos_ids_of
+    from eagle.decode.fast import eos_ids_of
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
     pad = (eos_ids_of(model_dir) or [0])[0]

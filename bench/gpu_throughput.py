@@ -7,14 +7,14 @@ Measures, in this order, and prints one table at the end (also $OUT/gpu_throughp
 1. ceilings: bf16 matmul TFLOP/s (8192^3, random data), device-to-device copy (bytes read + written),
    disk write with fsync (64 MiB writes, one fsync per 256 MiB file).
 2. extraction on the target (2k-token sequences, 16k tokens per batch): a naive transformers forward
-   with output_hidden_states (logits and all layers); eagle/hidden_capture.py eager and compiled,
+   with output_hidden_states (logits and all layers); eagle/data/capture.py eager and compiled,
    compute only; compiled plus device-to-host copies; compiled plus files written with fsync
    (<= --write-gib), against the disk bound (disk bytes/s / bytes per token).
 3. drafter training (speculators' Eagle3DraftModel, 1 layer, draft vocab 8000, ttt 3, sdpa, eager
    kl_div loss, bf16 autocast) on the same packed batches (hidden states captured from the target,
    4 x 2047 tokens a step, the same shape every step): speculators' own Trainer (its defaults:
-   log_freq 1, linear warm-up), then eagle.train's step as written with speculators' packed-mask sdpa
-   and with eagle/doc_attention.py's per-document attention (what `eagle train` uses), batches
+   log_freq 1, linear warm-up), then eagle.train.trainer's step as written with speculators' packed-mask sdpa
+   and with eagle/train/doc_attention.py's per-document attention (what `eagle train` uses), batches
    prefetched on a side thread. Tokens/s after warm-up, model FLOP utilisation against the measured
    matmul rate, per-step accuracies (rate of "steps 0..k all right", as conditional per-step
    accuracy) averaged over the last 10 steps. Fixed shapes: the real loop on variable-length packs
@@ -161,7 +161,7 @@ def target_flops_per_token(shape: dict[str, int], seq: int) -> float:
 
 def extraction(shape: dict[str, int], dev: torch.device, dtype: torch.dtype, ceil: dict[str, float], smoke: bool,
                scratch: Path, write_gib: float, layer_ids: list[int], writers: int = 4) -> tuple[Any, Any]:
-    from eagle import hidden_capture as hc
+    from eagle.data import capture as hc
 
     seq, bsz = (64, 4) if smoke else (2048, 8)
     model = random_target(shape, dev, dtype)
@@ -252,7 +252,7 @@ def file_ceiling(d: Path, seq: int, layers: int, hidden: int, threads: int, gib:
     (hidden_capture.write_safetensors: temp file, write, fsync, rename), from memory, no GPU."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from eagle import hidden_capture as hc
+    from eagle.data import capture as hc
 
     d.mkdir(parents=True, exist_ok=True)
     hs = torch.randn(seq, layers, hidden).to(torch.bfloat16)
@@ -314,16 +314,17 @@ def _kernel_profile(step: Any, dev: torch.device, top: int) -> None:
 
 
 def conditional(rates: list[float]) -> list[float]:
-    from eagle.train import step_accuracies
+    from eagle.train.trainer import step_accuracies
 
     return step_accuracies(rates, [1.0] * len(rates))
 
 
 def training(model: Any, rows: list[list[int]], shape: dict[str, int], dev: torch.device, ceil: dict[str, float],
              smoke: bool, scratch: Path, layer_ids: list[int], steps: int, warmup: int) -> None:
-    from eagle import dataset, drafter
-    from eagle import hidden_capture as hc
-    from eagle.train import lr_lambda, step_autocast
+    from eagle.data import capture as hc
+    from eagle.drafter import model as drafter
+    from eagle.train import dataset
+    from eagle.train.trainer import lr_lambda, step_autocast
 
     ttt, dv_want = 3, (64 if smoke else 8000)
     seq = len(rows[0])
@@ -428,11 +429,11 @@ def training(model: Any, rows: list[list[int]], shape: dict[str, int], dev: torc
     except Exception as e:  # noqa: BLE001
         failed(name, e)
 
-    # (b) eagle.train's own step (train.train_step, bf16 pinned batches, loss read once at the end): with
+    # (b) eagle.train.trainer's own step (train.train_step, bf16 pinned batches, loss read once at the end): with
     # speculators' packed [T, (k+1)T] sdpa mask (the step before per-document attention) and as `eagle train`
-    # runs it now (eagle/doc_attention.py: attention per document; the next batch collated and pinned on a
+    # runs it now (eagle/train/doc_attention.py: attention per document; the next batch collated and pinned on a
     # side thread, dataset.prefetched)
-    from eagle.train import train_step, use_doc_attention
+    from eagle.train.trainer import train_step, use_doc_attention
 
     def eagle_loop(per_doc: bool, prof: bool = False) -> tuple[float, list[list[float]]]:
         model_e = build()

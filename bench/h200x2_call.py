@@ -7,7 +7,7 @@
 Phase A, two lanes at once:
   GPU 1   with --decode first `bench/gpu_decode.py --attention sdpa,triton --skip-part2` (issue 27)
           -> attention.json, its table in summary.txt
-  GPU 1   `make test-gpu PY=python3` (tests/test_gpu.py; CUDA_VISIBLE_DEVICES=1, so its DDP test runs
+  GPU 1   `make test-gpu PY=python3` (tests/gpu/test_gpu.py; CUDA_VISIBLE_DEVICES=1, so its DDP test runs
           2 processes sharing one GPU over gloo)                                      -> test_gpu.log
           then the --lane1-modes of train_real_loop on the same prepared data (e.g. fixed: the
           fixed-shape step on its own H200 while GPU 0 runs real and speculators; merged into
@@ -231,7 +231,7 @@ def main() -> int:
                        {**base, **gpu1, **smoke_env}, min(300.0, lane_end - time.time()), work / "logs" / "decode.log")
         if a.tests == "make":
             cmd = ["make", "test-gpu", f"PY={py}"] if shutil.which("make") else [
-                py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "--durations=0", "tests/test_gpu.py"]
+                py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "--durations=0", "tests/gpu/test_gpu.py"]
             run_logged("test-gpu", cmd, {**base, **gpu1, "PYTEST_ADDOPTS": "-vv -rA"}, lane_end - time.time(),
                        out / "test_gpu.log")
         if lane1_modes:

@@ -91,14 +91,14 @@ def _metrics_for(name: str, rng: random.Random, good: bool) -> dict[str, float]:
 
 def build(repo: Path, runs: int, seed: int = 0) -> dict:
     """The workspace with `runs` records; returns facts about it (sizes, phases)."""
-    from runbook import writeback
-    from runbook.criteria import metric_names
-    from runbook.envprint import fingerprint
-    from runbook.execute import judge, merge_metrics
-    from runbook.ledger import iso, run_path
     from runbook.model import RunRecord, StepResult
-    from runbook.parse import parse_plan
-    from runbook.select import resolved_commands
+    from runbook.plan import writeback
+    from runbook.plan.criteria import metric_names
+    from runbook.plan.parse import parse_plan
+    from runbook.run.envprint import fingerprint
+    from runbook.run.local import judge, merge_metrics
+    from runbook.run.select import resolved_commands
+    from runbook.store.ledger import iso, run_path
 
     rng = random.Random(seed)
     repo.mkdir(parents=True, exist_ok=True)
@@ -187,10 +187,11 @@ def git_growth(repo: Path, runs: int = 5) -> dict:
     """What git gains per run at this ledger size: `runs` more runs recorded the way `runbook next`
     records one (the record written, the plan's blocks written back, both committed by
     gitops.commit_paths), measured as loose objects, then packed (`git gc`)."""
-    from runbook import gitops, writeback
-    from runbook.ledger import load_run, run_path
-    from runbook.ledger_index import LedgerIndex
-    from runbook.parse import parse_plan
+    from runbook.plan import writeback
+    from runbook.plan.parse import parse_plan
+    from runbook.store import gitops
+    from runbook.store.index import LedgerIndex
+    from runbook.store.ledger import load_run, run_path
 
     def sizes() -> dict[str, int]:
         out = _git(repo, "count-objects", "-v")

@@ -20,7 +20,7 @@ only the time left and is skipped when too little is):
            parameters' count, float32, and in bfloat16 as a compression hook would send them) between
            N processes (NCCL on GPUs, NCCL_DEBUG=INFO: the transport it picked, in logs/allreduce-*.log),
            ms per all-reduce and bus bandwidth; with every gradient ready only at the backward's end
-           (eagle/train.py), it adds to the step time one to one.
+           (eagle/train/trainer.py), it adds to the step time one to one.
   train    `eagle train` under torchrun (DDP over NCCL; gloo on CPU) on bench/train_real_loop.py's
            variable-length data, against 1 process on the same data, epochs and arguments (its `real`
            mode's result with --train-baseline, else run here).
@@ -159,7 +159,7 @@ def make_data(vocab: int, samples: int, seq_len: int, where: Path, seed: int = 0
 
 
 def row_lengths(data: Path) -> list[int]:
-    from eagle import hidden_io
+    from eagle.data import hidden_io
 
     return [len(r) for r in hidden_io.open_prepared(data).with_format(None)["input_ids"]]
 
@@ -243,8 +243,8 @@ def child_disk(data: str, out: str, rank: int, world: int, layers: int, hidden: 
 
     import torch
 
-    from eagle import hidden_io
-    from eagle.hidden_capture import write_safetensors
+    from eagle.data import hidden_io
+    from eagle.data.capture import write_safetensors
 
     lengths = row_lengths(Path(data))
     mine = [i for i in range(len(lengths)) if i % world == rank]
@@ -300,9 +300,9 @@ def child_capture(target: str, data: str, sync: str, rank: int, world: int, reps
     """Compute-only capture: warm up, then (rank 0 alone) all rows, then (everyone at once) own shard."""
     import torch
 
-    from eagle import hidden_io
-    from eagle.data import load_model
-    from eagle.hidden_capture import CapturePipeline, HiddenCapture, plan_buckets
+    from eagle.data import hidden_io
+    from eagle.data.capture import CapturePipeline, HiddenCapture, plan_buckets
+    from eagle.data.prepare import load_model
     from eagle.target import open_target
 
     device = f"cuda:{rank}" if gpu else "cpu"
@@ -508,7 +508,8 @@ class Bench:
     def allreduce(self, target: Path, data: Path) -> None:
         import torch
 
-        from eagle import dataset, drafter
+        from eagle.drafter import model as drafter
+        from eagle.train import dataset
 
         d2t, t2d = dataset.read_vocab(data)
         model = drafter.build_drafter(target, layer_ids=dataset.read_layer_ids(data), d2t=d2t, t2d=t2d, ttt_steps=3)

@@ -5,7 +5,7 @@
 
 Runs the real CLIs in subprocesses (bench/multi_gpu_scaling.py's helpers), in this order:
 1. Speed, on a random-weight target (1.1B Llama shape on the GPU) and random-token rows (lengths
-   seq_len/2..seq_len): the capture engine's compute-only rate in this process (eagle/hidden_capture.py,
+   seq_len/2..seq_len): the capture engine's compute-only rate in this process (eagle/data/capture.py,
    no files, second pass after a warm-up pass); `eagle extract` to files; `eagle vocab`; `eagle train`
    offline and `eagle train --online`, the same epochs, batch, seed and learning rate.
    tok/s of training is the last epoch's train_tok_s (epoch 1 carries torch.compile's warm-up); the
@@ -75,9 +75,9 @@ def capture_rate(target: Path, data: Path, gpu: bool, batch_tokens: int) -> floa
     """Compute-only tok/s of the capture engine (the online loop's target forward), after a warm-up pass."""
     import torch
 
-    from eagle.data import load_model
-    from eagle.hidden_capture import extract_rows
-    from eagle.hidden_io import open_prepared
+    from eagle.data.capture import extract_rows
+    from eagle.data.hidden_io import open_prepared
+    from eagle.data.prepare import load_model
     from eagle.target import default_layer_ids
 
     model = load_model(target, "cuda" if gpu else "cpu")

@@ -8,7 +8,7 @@ of the per-document attention grid [B, Lmax] is rounded up to 256 columns: the c
 one shape per (B, Lmax), B the pack's document count. A pair first seen after epoch 1 is compiled
 then, in the middle of training (issue 17: an 8-epoch run on the H200 lost 21 s in epoch 4), unless
 `eagle train --warm-shapes` (the default with buckets) runs every pair once before step 1. This
-replays the trainer's own split and packing (eagle.dataset.split_indices, pack_batches, shard, the
+replays the trainer's own split and packing (eagle.train.dataset.split_indices, pack_batches, shard, the
 same seeds) and prints, per epoch, the pairs seen for the first time, for the current grid and for
 B rounded up to a multiple of --b-multiple (a candidate: fewer shapes, more padded grid cells), with
 the grid's fill (real tokens / cells) each costs, and the packs' fill (real tokens / packs x
@@ -25,13 +25,13 @@ import sys
 from dataclasses import dataclass
 
 from bench.train_real_loop import variable_lengths
-from eagle import dataset
-from eagle.train import BUCKET_MULTIPLE
+from eagle.train import dataset
+from eagle.train.trainer import BUCKET_MULTIPLE
 
 
 def grid(batch: list[int], lengths: list[int], batch_tokens: int, b_multiple: int) -> tuple[int, int]:
     """(B, Lmax) of a pack: the trainer's own grid shape with shape buckets' width rounding
-    (eagle.dataset.grid_shape), then B rounded up to `b_multiple`."""
+    (eagle.train.dataset.grid_shape), then B rounded up to `b_multiple`."""
     b, lmax = dataset.grid_shape(batch, lengths, batch_tokens, BUCKET_MULTIPLE)
     return -(-b // b_multiple) * b_multiple, lmax
 

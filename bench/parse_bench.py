@@ -81,7 +81,7 @@ def main() -> None:
 
     from markdown_it import MarkdownIt
 
-    from runbook.parse import parse_plan
+    from runbook.plan.parse import parse_plan
 
     text = make_plan(args.phases, args.lines)
     plan, problems = parse_plan(text, "bench.md")  # warm-up, and a sanity check
@@ -89,7 +89,7 @@ def main() -> None:
     assert plan is not None and not errors, errors[:3]
     assert len(plan.phases) == args.phases, len(plan.phases)
 
-    from runbook.parse import _markdown
+    from runbook.plan.parse import _markdown
 
     md = MarkdownIt()
     ours_md = _markdown()

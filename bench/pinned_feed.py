@@ -9,7 +9,7 @@ close. This bench has no drafter to compile (~1 minute on the H200):
     python -m bench.pinned_feed --smoke            # tiny shapes on the CPU (a check of the code)
 
 The "step" is a CUDA graph of bf16 matrix products lasting about --step-ms, after a copy of the
-batch's hidden states into its static input (as eagle.step_graph's replay starts). Batches are
+batch's hidden states into its static input (as eagle.train.step_graph's replay starts). Batches are
 eagle train's: packs of 4 x 2047 tokens of the 1.1B shape's random states (3 aux layers), built on
 --workers loader threads (dataset.collate into pinned memory, dataset.to_device on a copy stream,
 dataset.prefetched). Each feed runs twice (a first and a second pass) with the host allowed to run
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = bench_device(a.smoke)
     if dev is None:
         return 1
-    from eagle import dataset
+    from eagle.train import dataset
 
     cuda = dev.type == "cuda"
     shape = SMOKE if a.smoke else TARGET_1B

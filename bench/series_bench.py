@@ -4,7 +4,7 @@ $RUNBOOK_SERIES, and how much the ledger keeps (and git then stores) per run.
     .venv/bin/python -m bench.series_bench [--steps 100000]
 
 Writes a step's series file like `eagle train` would (8 values per optimizer step, 6 per validation
-every 1,000 steps, smooth curves with noise), reads it with runbook.series, saves the compact file
+every 1,000 steps, smooth curves with noise), reads it with runbook.store.series, saves the compact file
 and prints: the raw size, the read time, the points kept, the kept file's size and its gzip size
 (about what git stores for it), and the time to draw the PNG of one series.
 """
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from runbook import series
+from runbook.store import series
 
 TRAIN = ["train_loss", "train_loss_0", "train_loss_1", "train_loss_2", "train_acc_0", "train_acc_1", "train_acc_2", "lr"]
 VAL = ["val_loss", "est_accept_len", "val_acc_0", "val_acc_1", "val_acc_2", "train_tok_s"]
@@ -47,7 +47,7 @@ def main() -> None:
         assert kept is not None
         data = kept.read_bytes()
         from runbook.model import RunRecord
-        from runbook.plotting import draw, plan_chart
+        from runbook.report.plotting import draw, plan_chart
 
         record = RunRecord(run_id="run", plan="p.md", plan_blob="0", phase="p", phase_label="0", phase_text_hash="0",
                            started="2026-11-30T00:00:00Z", verdict="pass", series=series.summary(found))

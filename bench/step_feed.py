@@ -9,8 +9,8 @@ ms a step) (docs/benchmarks.md, session 10).
     python -m bench.step_feed --out $OUT      # on the H200: the 1.1B shape's drafter, ~2 min
     python -m bench.step_feed --smoke         # tiny shapes on the CPU, the eager step only (a check)
 
-One drafter (eagle.train's step, sync-free accuracy counts, fixed packs of 4 x 2047 tokens, random
-bf16 states), compiled once and captured once (eagle.step_graph), then timed over the same packs
+One drafter (eagle.train.trainer's step, sync-free accuracy counts, fixed packs of 4 x 2047 tokens, random
+bf16 states), compiled once and captured once (eagle.train.step_graph), then timed over the same packs
 under each feed, in this order, as the graph and as the eager step:
 
   device              batches already on the device
@@ -71,7 +71,7 @@ def feeds(host: Callable[[list[int], bool], Batch], order: list[list[int]], resi
           spans: list[tuple[float, float]]) -> dict[str, Callable[[], Iterable[Batch]]]:
     """Each feed: a function making a fresh iterator of batches on `dev` over the timed packs. The
     `built` feeds append each batch's (collate, copy) seconds on its loader thread to `spans`."""
-    from eagle import dataset
+    from eagle.train import dataset
 
     items = list(range(len(order)))
 
@@ -105,8 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     dev = bench_device(a.smoke)
     if dev is None:
         return 1
-    from eagle import dataset, drafter
-    from eagle.train import compile_settings, graphed_train_step, lr_lambda, step_autocast, train_step
+    from eagle.drafter import model as drafter
+    from eagle.train.trainer import (
+        compile_settings,
+        dataset,
+        graphed_train_step,
+        lr_lambda,
+        step_autocast,
+        train_step,
+    )
 
     cuda = dev.type == "cuda"
     shape = SMOKE if a.smoke else TARGET_1B

@@ -4,7 +4,7 @@
     python -m bench.step_times --out DIR -- train --model T --data D ...          # 1 process
 
 Runs eagle's own CLI (the arguments after `--`, exactly as `eagle` takes them) in this process after
-wrapping eagle.train's `backward_step` and `optimizer_step`, and DDP's gradient all-reduce: a comm
+wrapping eagle.train.trainer's `backward_step` and `optimizer_step`, and DDP's gradient all-reduce: a comm
 hook notes when each gradient bucket is ready, then all-reduces it as DDP does by default
 (`allreduce_hook`: the sum over ranks divided by their count). Times come from CUDA events on the
 training stream (nothing is synchronised during training; the events are read after it) or, on the
@@ -54,7 +54,7 @@ class Marks:
 
 
 class StepTimes:
-    """Wraps eagle.train so every optimizer step leaves its marks; `rows()` turns them into times."""
+    """Wraps eagle.train.trainer so every optimizer step leaves its marks; `rows()` turns them into times."""
 
     def __init__(self, keep: int = 4000) -> None:
         self.keep = keep
@@ -108,7 +108,7 @@ class StepTimes:
                 self.register_comm_hook(None, hook)
 
         train_mod.backward_step, train_mod.optimizer_step, train_mod.warm_up = backward_step, optimizer_step, warm_up
-        torch.nn.parallel.DistributedDataParallel = TimedDDP  # eagle.train imports it inside train()
+        torch.nn.parallel.DistributedDataParallel = TimedDDP  # eagle.train.trainer imports it inside train()
 
     def rows(self) -> list[dict[str, Any]]:
         """Per optimizer step, in ms (after training: reading a CUDA event waits for it)."""
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv[:cut])
     from eagle import cli
-    from eagle import train as train_mod
+    from eagle.train import trainer as train_mod
 
     times = StepTimes()
     times.install(train_mod)

@@ -10,7 +10,7 @@ What it does (every mode in its own process with its own warm-up; the on-disk in
 a later mode may find kernels compiled: steady figures leave epoch 1 out):
   data     a random 1.1B-shape target; V = rows of 1024-2048 tokens (variable), F = rows of exactly
            2048 tokens (fixed); `eagle extract` writes both to files, `eagle vocab` a draft vocab of 8000
-  real     `eagle train` on V as a user runs it (defaults: shape buckets on CUDA)     [eagle.train.train]
+  real     `eagle train` on V as a user runs it (defaults: shape buckets on CUDA)     [eagle.train.trainer.train]
   nobuckets  the same with --no-shape-buckets (the loop before shape buckets)
   nowarm   the real loop with --no-warm-shapes (shapes first met in a later epoch compile there)
   dynb     nowarm with the attention grid's dimensions [documents, width] marked dynamic for dynamo
@@ -44,7 +44,7 @@ MODES = ("real", "fixed", "speculators", "nobuckets", "nowarm", "dynb")
 TTT = 3
 VAL_FRACTION = 0.05
 BATCH_TOKENS = {"gpu": 8192, "smoke": 96}
-LR = {"gpu": 2e-4, "smoke": 3e-3}  # eagle.train.default_lr of the 1.1B shape; the smoke's tiny shape needs more
+LR = {"gpu": 2e-4, "smoke": 3e-3}  # eagle.train.trainer.default_lr of the 1.1B shape; the smoke's tiny shape needs more
 
 
 # ---------------------------------------------------------------- children
@@ -52,7 +52,7 @@ def child_eagle(mode: str, target: str, data: str, out: str, epochs: int, batch_
     import torch
     from torch._dynamo.utils import counters
 
-    import eagle.train as train_mod
+    import eagle.train.trainer as train_mod
 
     graphs: list[int] = []
     original = train_mod.optimizer_step
@@ -100,7 +100,7 @@ def child_speculators(target: str, data: str, out: str, batch_tokens: int, lr: f
     import numpy as np
     import torch
 
-    from eagle import dataset
+    from eagle.train import dataset
 
     d2t, t2d = dataset.read_vocab(Path(data))
     np.save(Path(out) / "d2t.npy", d2t.numpy())
@@ -129,7 +129,7 @@ def child_speculators(target: str, data: str, out: str, batch_tokens: int, lr: f
     from speculators.train.cli import main
     from speculators.train.config import TrainConfig
 
-    from eagle.train import compile_settings
+    from eagle.train.trainer import compile_settings
 
     compile_settings()  # the same inductor workaround as eagle train (else its compile can assert alike)
 

@@ -4,7 +4,7 @@ shapes, the real loop within 10% of it), and what feeding it from the host costs
     python -m bench.train_step_kernels --out $OUT        # on the H200: the 1.1B shape's drafter, ~2 min
     python -m bench.train_step_kernels --smoke            # tiny shapes on the CPU (a check of the code)
 
-The step is `eagle.train.train_step` as `eagle train` runs it (speculators' compiled drafter forward,
+The step is `eagle.train.trainer.train_step` as `eagle train` runs it (speculators' compiled drafter forward,
 per-document attention, bf16 autocast, AdamW, clip 1.0, its compile settings; `--settings torch,eagle`
 also times torch's defaults) on fixed packs of 4 x 2047 tokens with
 random bf16 hidden states (a step's time does not depend on their values) for the 1.1B Llama shape
@@ -23,7 +23,7 @@ profile of 3 device-fed steps: device ms per step by category (matmul, attention
 Inductor's fused elementwise, other), kernels per step, the step's wall time under the profiler, and
 the top kernels. Then, on the same drafter (left out with `--no-graphs`): the step with
 speculators' accuracy counts made sync-free (drafter.use_sync_free_metrics), and the step as CUDA
-graphs (eagle/step_graph.py, `eagle train --cuda-graphs`) on the device, fed on the copy stream and
+graphs (eagle/train/step_graph.py, `eagle train --cuda-graphs`) on the device, fed on the copy stream and
 in the real loop, with its profile. `--losses eager,fused` repeats it all with speculators' fused Triton KL loss (on
 torch 2.11 dynamo fails to trace its autotuner: the run reports the error). Writes
 OUT/train_step_kernels.json.
@@ -111,8 +111,8 @@ def bench_drafter(vdir: Path, vocab: int, dv: int, layer_ids: list[int], ttt: in
                   dev: torch.device) -> tuple[Any, list[torch.nn.Parameter], torch.optim.Optimizer]:
     """(drafter, its trainable parameters, AdamW as eagle train's) for these benches: the draft
     vocabulary is the target's first `dv` ids, per-document attention, training mode, seed 0."""
-    from eagle import drafter
-    from eagle.train import use_doc_attention
+    from eagle.drafter import model as drafter
+    from eagle.train.trainer import use_doc_attention
 
     d2t = torch.zeros(dv, dtype=torch.long)  # draft id i = target id i
     t2d = torch.zeros(vocab, dtype=torch.bool)
@@ -146,8 +146,15 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
     packs compiling their shapes, then `passes` timed ones; its tok/s counts real tokens only."""
     from speculators.losses import resolve_loss_config
 
-    from eagle import dataset, drafter
-    from eagle.train import compile_settings, graphed_train_step, lr_lambda, step_autocast, train_step
+    from eagle.drafter import model as drafter
+    from eagle.train.trainer import (
+        compile_settings,
+        dataset,
+        graphed_train_step,
+        lr_lambda,
+        step_autocast,
+        train_step,
+    )
 
     if settings == "eagle":
         compile_settings()  # eagle train's (dynamo's recompile limit 64, two Inductor tiling options off)
@@ -292,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="leave out the sync-free-metrics and CUDA-graph modes (every mode then counts accuracy as "
                         "speculators does, with its host syncs)")
     p.add_argument("--attention", choices=("auto", "grid", "varlen"), default="auto",
-                   help="the drafter's per-document attention form (eagle/doc_attention.py): auto (eagle train's "
+                   help="the drafter's per-document attention form (eagle/train/doc_attention.py): auto (eagle train's "
                         "choice: varlen on a GPU that runs it), grid, varlen")
     p.add_argument("--settings", default="eagle",
                    help="comma list of compile settings, each timed on a fresh compile: torch (torch's defaults), "
@@ -305,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = bench_device(a.smoke)
     if dev is None:
         return 1
-    from eagle import doc_attention
+    from eagle.train import doc_attention
 
     doc_attention.use_varlen = {"auto": None, "grid": False, "varlen": True}[a.attention]
     shape = SMOKE if a.smoke else TARGET_1B

@@ -4,7 +4,7 @@ settings: why the real loop runs slower than bench/gpu_throughput.py's fixed-sha
     python -m bench.train_step_profile              # on the H200: 1.1B Llama shape (random bf16), --online data
     python -m bench.train_step_profile --smoke      # tiny shapes on the CPU (a check of the code)
 
-Each mode runs `eagle.train.train` in its own process (fresh torch.compile caches) with --online
+Each mode runs `eagle.train.trainer.train` in its own process (fresh torch.compile caches) with --online
 hidden states (no extraction needed), timing every `train_step` with a device sync before and
 after it (the target's forward is outside the timed region). Modes:
   compiled        as `eagle train` runs by default (speculators compiles the drafter's forward on CUDA;
@@ -46,8 +46,8 @@ def child(mode: str, target: str, data: str, out: str, epochs: int, batch_tokens
     """One mode in this process; prints one JSON line with the step times."""
     import torch
 
-    import eagle.train as train_mod
-    from eagle.train import TrainArgs
+    import eagle.train.trainer as train_mod
+    from eagle.train.trainer import TrainArgs
 
     if mode not in MODES:
         raise SystemExit(f"unknown mode {mode!r}; use {', '.join(MODES)}")
@@ -124,7 +124,7 @@ def main() -> int:
     import torch
 
     from bench.multi_gpu_scaling import SMOKE, TARGET_1B, make_data, make_target
-    from eagle.vocab import build_vocab
+    from eagle.data.vocab import build_vocab
 
     gpu = not a.smoke and torch.cuda.is_available()
     samples = a.samples or (16 if a.smoke else 128)

@@ -53,9 +53,9 @@ def main() -> None:
     import torch
     from safetensors.torch import load_file
 
-    from eagle import hidden_io, serve
     from eagle.common import quiet_hf
-    from eagle.data import prepare
+    from eagle.data import hidden_io, prepare
+    from eagle.serving import server as serve
     from eagle.toy import cached_target
 
     quiet_hf()

@@ -14,17 +14,17 @@ import click
 # verb -> (module holding `command`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "toy-target": ("eagle.toy", "Make a tiny trained target (Llama, Qwen3, DeepSeek-V3, Kimi-K2.5 layout) or its successor locally."),
-    "prepare": ("eagle.data", "Conversations -> token ids + assistant-only loss mask."),
-    "extract": ("eagle.extract", "Target hidden states in speculators' offline format."),
-    "vocab": ("eagle.vocab", "Draft vocabulary: d2t / t2d from token frequencies."),
-    "train": ("eagle.train", "Train (or fine-tune) the EAGLE-3 drafter."),
-    "evaluate": ("eagle.evaluate", "Greedy speculative decoding: acceptance length, exactness."),
-    "bench": ("eagle.bench", "tok/s of plain vs speculative decoding, Leviathan bound."),
-    "probe": ("eagle.probe", "How alike two targets are; does a drafter carry over?"),
-    "serve-bench": ("eagle.serve_bench", "vLLM: the target alone and with the drafter; speedup, acceptance."),
-    "serve-config": ("eagle.serve_config", "The vLLM and SGLang command lines that serve the drafter."),
-    "check-checkpoint": ("eagle.check", "Static checks of a drafter checkpoint against its target."),
-    "import-drafter": ("eagle.import_drafter", "A drafter of any published EAGLE-3 layout, written in ours."),
+    "prepare": ("eagle.data.prepare", "Conversations -> token ids + assistant-only loss mask."),
+    "extract": ("eagle.data.extract", "Target hidden states in speculators' offline format."),
+    "vocab": ("eagle.data.vocab", "Draft vocabulary: d2t / t2d from token frequencies."),
+    "train": ("eagle.train.trainer", "Train (or fine-tune) the EAGLE-3 drafter."),
+    "evaluate": ("eagle.decode.evaluate", "Greedy speculative decoding: acceptance length, exactness."),
+    "bench": ("eagle.decode.bench", "tok/s of plain vs speculative decoding, Leviathan bound."),
+    "probe": ("eagle.decode.probe", "How alike two targets are; does a drafter carry over?"),
+    "serve-bench": ("eagle.serving.serve_bench", "vLLM: the target alone and with the drafter; speedup, acceptance."),
+    "serve-config": ("eagle.serving.serve_config", "The vLLM and SGLang command lines that serve the drafter."),
+    "check-checkpoint": ("eagle.drafter.check", "Static checks of a drafter checkpoint against its target."),
+    "import-drafter": ("eagle.drafter.import_drafter", "A drafter of any published EAGLE-3 layout, written in ours."),
 }
 
 

@@ -142,9 +142,9 @@ def concrete_device(device: str | torch.device) -> torch.device:
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
-# The fast decoder's attention kernels (eagle/llama_ops.py dispatches on them; `--attention`):
-# torch's SDPA over the whole static cache, or eagle/triton_attention.py's split-KV kernels with
-# eagle/triton_ops.py's fused rope/norm/SwiGLU/accept kernels. `--attention auto` (the default,
+# The fast decoder's attention kernels (eagle/decode/llama_ops.py dispatches on them; `--attention`):
+# torch's SDPA over the whole static cache, or eagle/decode/triton_attention.py's split-KV kernels with
+# eagle/decode/triton_ops.py's fused rope/norm/SwiGLU/accept kernels. `--attention auto` (the default,
 # decode.resolve_attention): triton for the fast decoder on CUDA where triton is installed, else sdpa.
 ATTENTION_KERNELS = ("sdpa", "triton")
 ATTENTION_CHOICES = ("auto", *ATTENTION_KERNELS)

@@ -44,7 +44,7 @@ def write_metrics(metrics: dict[str, float], path: str | os.PathLike[str] | None
 
 # ---- metric series ($RUNBOOK_SERIES) ----------------------------------------------------------------
 
-# TensorBoard tags (eagle/step_log.py) -> series names, so that a series and the summary metric of
+# TensorBoard tags (eagle/train/step_log.py) -> series names, so that a series and the summary metric of
 # the same quantity share a name (`val_loss`, `val_acc_0`, `est_accept_len`, `train_tok_s`).
 _SERIES_NAMES = {"train/loss": "train_loss", "train/lr": "lr", "val/loss": "val_loss",
                  "val/est_accept_len": "est_accept_len", "speed/train_tok_s": "train_tok_s"}
@@ -63,7 +63,7 @@ def series_name(tag: str) -> str:
 
 class SeriesWriter:
     """Appends `{"step": N, name: value, ...}` lines to $RUNBOOK_SERIES (runbook keeps them as the
-    run's metric series, runbook/series.py). Non-finite values are written as null (a gap).
+    run's metric series, runbook/store/series.py). Non-finite values are written as null (a gap).
 
     `from_env()` gives None when the variable is not set (not run by runbook) or `enabled` is false
     (a DDP rank other than the main one), so callers write `if writer: writer.write(...)`."""

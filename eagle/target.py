@@ -16,7 +16,7 @@ Every eagle command that reads a target asks this module, never config.json itse
   passed `--trust-remote-code` (the error says to pass it when the target needs it) and place a
   model too big for one GPU across the visible GPUs with `device_map="auto"`;
 - `Target.draft_layer_config` is the drafter's decoder layer: one Llama layer whatever the target,
-  its shape the target's unless the user sets it (`DraftShape`, eagle/drafter.py builds it).
+  its shape the target's unless the user sets it (`DraftShape`, eagle/drafter/model.py builds it).
 
 Problems with the user's input are EagleErrors with exit code 2, naming the file and the fix.
 """
@@ -38,7 +38,7 @@ CONFIG_FILE = "config.json"
 TEXT_KEYS = ("text_config", "language_config", "llm_config")
 # The text fields without which nothing here can work.
 TEXT_FIELDS = ("num_hidden_layers", "hidden_size", "vocab_size")
-# Text model types the fast CUDA-graph decoder (eagle/decode.py) implements.
+# Text model types the fast CUDA-graph decoder (eagle/decode/fast.py) implements.
 FAST_DECODER_TYPES = ("llama", "qwen3")
 USAGE = 2  # exit code of a bad --model / --layer-ids / drafter shape
 
@@ -167,7 +167,7 @@ class Target(BaseModel):
 
     @property
     def fast_decoder(self) -> bool:
-        """Whether eagle/decode.py's fast decoder implements this target's text model."""
+        """Whether eagle/decode/fast.py's fast decoder implements this target's text model."""
         return self.text_model_type in FAST_DECODER_TYPES
 
     def default_layer_ids(self) -> list[int]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from runbook.mdtext import ends_with_newline
+from runbook.plan.mdtext import ends_with_newline
 
 if TYPE_CHECKING:
     from runbook.contract import ErrorInfo

@@ -31,8 +31,8 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from runbook.criteria import Comparison
 from runbook.model import Problem, RunRecord, SeriesInfo, StepResult, Verdict, criterion_display
+from runbook.plan.criteria import Comparison
 
 SCHEMA_VERSION: Literal[1] = 1
 V = TypeVar("V")
@@ -119,7 +119,7 @@ class LockHolder(Model):
     label: str | None = None
     step: str | None = None  # the step now running
     log_path: str | None = None  # that step's log, repo-relative
-    # from the run's live state (runbook/live.py), when it has one
+    # from the run's live state (runbook/store/live.py), when it has one
     detached: bool = False  # run by a supervisor (`runbook next --detach`)
     executor: str | None = None  # local or slurm
     step_started: str | None = None
@@ -218,7 +218,7 @@ class RunView(Model):
 def _comparisons(record: RunRecord) -> list[Comparison]:
     if not record.criterion:
         return []
-    from runbook.criteria import CriterionError, evaluate, parse_criterion
+    from runbook.plan.criteria import CriterionError, evaluate, parse_criterion
 
     try:
         return evaluate(parse_criterion(record.criterion), {**record.metrics, **record.ref_metrics}).comparisons
@@ -228,7 +228,7 @@ def _comparisons(record: RunRecord) -> list[Comparison]:
 
 def failures(record: RunRecord, comparisons: list[Comparison]) -> list[str]:
     """What went wrong in a run, one line each (log lines indented by four spaces)."""
-    from runbook.criteria import FAILED_MARK
+    from runbook.plan.criteria import FAILED_MARK
 
     out: list[str] = []
     if record.verdict == "fail":
@@ -272,7 +272,7 @@ class StepLine(Model):
 
 
 class NextAction(Model):
-    """THE next action (runbook/planstate.py): what `runbook next` does now, as data."""
+    """THE next action (runbook/run/planstate.py): what `runbook next` does now, as data."""
 
     kind: NextKind
     why: str  # one paragraph, self-contained

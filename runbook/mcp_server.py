@@ -52,10 +52,10 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from runbook.agents import runbook_argv
 from runbook.cli import COMMANDS, Output, error_info, refusal
 from runbook.contract import envelope_json, output_schema
 from runbook.errors import RunbookError
+from runbook.report.agents import runbook_argv
 
 __all__ = ["TOOLS", "build_server", "serve"]
 
@@ -461,9 +461,9 @@ PLAN_URI, NOTES_URI, RUN_URI = "runbook://plan/", "runbook://notes/", "runbook:/
 
 def _documents() -> list[tuple[str, str, Path, str]]:
     """(uri, name, path, description) of every plan of the workspace and of each plan's notes."""
-    from runbook.parse import read_plan
-    from runbook.project import discover_plans
-    from runbook.workspace import Workspace
+    from runbook.plan.parse import read_plan
+    from runbook.store.project import discover_plans
+    from runbook.store.workspace import Workspace
 
     ws = Workspace.at()
     docs: list[tuple[str, str, Path, str]] = []
@@ -482,7 +482,7 @@ def _documents() -> list[tuple[str, str, Path, str]]:
 @contextlib.contextmanager
 def _as_mcp_error(uri: str | None = None) -> Iterator[None]:
     """A workspace that cannot be read (broken runbook.toml, unreadable file) as an MCP error."""
-    from runbook.project import ConfigError
+    from runbook.store.project import ConfigError
 
     try:
         yield
@@ -516,7 +516,7 @@ def read_resource(uri: str) -> types.ReadResourceResult:
 
 def _read_run(uri: str, ref: str) -> types.ReadResourceResult:
     from runbook.contract import RunView
-    from runbook.workspace import Workspace
+    from runbook.store.workspace import Workspace
 
     index = Workspace.at().ledger()
     rows = index.rows()

@@ -198,7 +198,7 @@ class Phase(BaseModel):
     needs: list[str] = []
     timeout_s: float | None = None
     executor: Literal["local", "slurm"] | None = None  # `Executor:`; None -> local
-    resources: dict[str, str] = {}  # `Resources:` words (runbook/resources.py), in order
+    resources: dict[str, str] = {}  # `Resources:` words (runbook/plan/resources.py), in order
     columns: list[str] = []  # `Columns:`: more metrics (or vars) for the results table than `Pass:` reads
     status: PhaseStatus | None = None
     blocks: dict[str, Block] = {}
@@ -298,14 +298,14 @@ class EnvFingerprint(BaseModel):
 
 class SeriesInfo(BaseModel):
     """A metric series a step wrote to $RUNBOOK_SERIES, summarised (the points are in
-    `state/runs/<run-id>.series.jsonl`, runbook/series.py)."""
+    `state/runs/<run-id>.series.jsonl`, runbook/store/series.py)."""
 
     model_config = ConfigDict(ser_json_inf_nan="strings")
 
     name: str  # "train_loss"
     step_id: str  # the step that wrote it
     points: int  # points the step wrote
-    kept: int  # points the ledger keeps (every k-th and the last, at most runbook.series.MAX_POINTS)
+    kept: int  # points the ledger keeps (every k-th and the last, at most runbook.store.series.MAX_POINTS)
     first_x: float | None = None
     last_x: float | None = None
     last: float | None = None  # the last finite value
@@ -338,7 +338,7 @@ class RunRecord(BaseModel):
     dirty_files: list[str] = []
     commit: str | None = None  # the commit that recorded this run, when known
     env: EnvFingerprint | None = None
-    executor: Literal["local", "slurm"] = "local"  # where its steps ran (runbook/executor.py)
+    executor: Literal["local", "slurm"] = "local"  # where its steps ran (runbook/run/executor.py)
     detached: bool = False  # run by a supervisor that outlived the `runbook next --detach` that started it
     # every var the phase's commands used, with the value they ran with (empty in records older
     # than this field); `overrides` names those set with `runbook next --set` for this run

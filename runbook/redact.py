@@ -3,7 +3,7 @@
 `redact_credentials` replaces the password of `scheme://user:password@host` with `***`. The run
 record's models apply it to everything a user or a step wrote that the record keeps (step
 commands, log tails, vars: runbook/model.py), so no code path can commit one; env values are
-filtered in runbook/envprint.py. Pure, no imports beyond `re`.
+filtered in runbook/run/envprint.py. Pure, no imports beyond `re`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ treat the returned directories as read-only.
 
 A test that uses a fixture of `TRAINS` must be marked slow (checked at collection); a fast test
 that trains past a few steps or starts vLLM anyway, in its own process or in one it starts, fails
-(tests/training_guard.py).
+(tests/support/training_guard.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from helpers import Counts
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = REPO / "plans" / "data" / "prompts.jsonl"
 HELDOUT = REPO / "plans" / "data" / "prompts-heldout.jsonl"
-SITE = Path(__file__).resolve().parent / "site"  # sitecustomize.py: the guard in child processes
+SITE = Path(training_guard.__file__).resolve().parent / "site"  # sitecustomize.py: the guard in child processes
 # Fixtures that train a model (on a machine where nothing is cached yet) or start vLLM.
 TRAINS = {"toy_target", "toy_successor", "toy_data", "toy_drafter", "toy_drafter_normed", "arch_targets"}
 # The longest modules, started first so that no worker is left with one of them at the end
@@ -140,8 +140,8 @@ def toy_data(toy_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     """A prepared + extracted data dir: 32 regenerated prompts of plans/data/prompts.jsonl,
     default layer ids, hidden states on disk, vocab of 256. Read-only for tests."""
     from eagle.data import prepare
-    from eagle.extract import extract
-    from eagle.vocab import build_vocab
+    from eagle.data.extract import extract
+    from eagle.data.vocab import build_vocab
 
     def build(out: Path) -> None:
         prepare(model=toy_target, data=PROMPTS, out=out, limit=32, regenerate=True, max_new_tokens=48, batch_size=32,
@@ -154,7 +154,7 @@ def toy_data(toy_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 @pytest.fixture(scope="session")
 def plan_states(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The plan states of docs/next.md's table (tests/plan_states.py), each a git repo built with
+    """The plan states of docs/next.md's table (tests/support/plan_states.py), each a git repo built with
     real `runbook next` runs, `running` aside. Read-only: copy one (plan_states.py `copy`) to change it."""
     import plan_states as states
 
@@ -165,7 +165,7 @@ def plan_states(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
-    """A real single-node Slurm cluster of this test session (tests/slurm_cluster.py): installed with
+    """A real single-node Slurm cluster of this test session (tests/support/slurm_cluster.py): installed with
     apt-get when missing, started in a private directory, stopped by its pid files at the end.
     Skips, with the reason, only where Slurm cannot be installed."""
     import slurm_cluster as helper
@@ -200,7 +200,7 @@ def toy_drafter(toy_target: Path, toy_data: Path, tmp_path_factory: pytest.TempP
 def toy_drafter_normed(toy_target: Path, toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`toy_drafter` trained with speculators 0.9's default norm flags (norm_before_fc with its
     input_norm, norm_output, norm_before_residual). Read-only for tests."""
-    from eagle.train import TrainArgs, train
+    from eagle.train.trainer import TrainArgs, train
 
     return built_once(tmp_path_factory, "toy-drafter-normed/draft", lambda out: train(
         TrainArgs(model=str(toy_target), data=str(toy_data), out=str(out), norm_before_fc=True, norm_output=True,

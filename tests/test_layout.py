@@ -1,6 +1,7 @@
-"""The repository is laid out as it says: docs/architecture.md names every module, the benchmark
-scripts import the packages like any program, and the repository root is a runbook workspace whose
-own plans validate there."""
+"""The repository is laid out as it says: imports run down the wings and form no circle
+(tests/support/import_rules.py), docs/architecture.md names every module, the benchmark scripts import
+the packages like any program, and the repository root is a runbook workspace whose own plans
+validate there."""
 
 from __future__ import annotations
 
@@ -10,16 +11,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import import_rules
+import pytest
+
 from runbook.cli import COMMANDS
 from runbook.commands.init import PLANS_DIR, STATE_DIR, gitignore_addition
-from runbook.templates import render
+from runbook.report.templates import render
 
 REPO = Path(__file__).resolve().parents[1]
 RUNBOOK = [sys.executable, "-c", "from runbook.cli import main; main()"]
 
 
 def _table_modules(title: str) -> set[str]:
-    """The `name.py` modules named in the first column of the table under `## title`."""
+    """The `path/name.py` modules named in the first column of the table under `## title`."""
     doc = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
     start = doc.index(f"## {title}")
     end = doc.find("\n## ", start + 1)
@@ -27,17 +31,54 @@ def _table_modules(title: str) -> set[str]:
     named: set[str] = set()
     for line in section.splitlines():
         if line.startswith("| `"):
-            named |= set(re.findall(r"`([a-z_0-9]+\.py)`", line.split("|")[1]))
+            named |= set(re.findall(r"`([a-z_0-9/]+\.py)`", line.split("|")[1]))
     return named
 
 
 def _modules(package: str) -> set[str]:
-    return {p.name for p in (REPO / package).glob("*.py") if p.name != "__init__.py"}
+    """Every module of `package` as its path inside it (`plan/parse.py`), package __init__ files too
+    (`plan/__init__.py`) but not the top one."""
+    return {p.relative_to(REPO / package).as_posix() for p in (REPO / package).rglob("*.py")} - {"__init__.py"}
+
+
+@pytest.mark.parametrize("package", ["runbook", "eagle"])
+def test_imports_run_down_the_wings_and_form_no_circle(package: str) -> None:
+    """Every import, top-level or inside a function: never up a wing (tests/support/import_rules.py's
+    WINGS, the order docs/architecture.md draws), never in a circle."""
+    assert import_rules.check(REPO, package) == []
+
+
+def test_the_import_check_finds_an_upward_import_a_circle_and_an_unplaced_module(tmp_path: Path) -> None:
+    """The checker itself: an import inside a function that runs up a wing, a circle of two modules
+    of one wing, a relative import, and a module no wing names are each reported; an import under
+    `if TYPE_CHECKING:` is not."""
+    files = {
+        "runbook/__init__.py": "",
+        "runbook/plan/__init__.py": "",
+        "runbook/plan/a.py": "def f():\n    from runbook.store import b\n",
+        "runbook/store/__init__.py": "",
+        "runbook/store/b.py": "from . import c\n",
+        "runbook/store/c.py": "import runbook.store.b\nfrom typing import TYPE_CHECKING\n"
+                              "if TYPE_CHECKING:\n    from runbook.report import d\n",
+        "runbook/report/__init__.py": "",
+        "runbook/report/d.py": "from runbook.plan.a import f\n",
+        "runbook/stray.py": "from runbook.plan import a\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert import_rules.check(tmp_path, "runbook") == [
+        "runbook.plan.a (line 2, wing plan) imports runbook.store.b (wing store, above it)",
+        "runbook.stray: in no wing of tests/support/import_rules.py",
+        "import circle: runbook.store.b <-> runbook.store.c",
+    ]
 
 
 def test_the_architecture_doc_names_every_module_and_no_other() -> None:
     for package, title in (("runbook", "runbook modules"), ("eagle", "eagle modules")):
         named, present = _table_modules(title), _modules(package)
+        # the verbs' modules (commands/VERB.py) are checked against the CLI's table below
+        present = {name for name in present if not name.endswith("__init__.py") and not name.startswith("commands/")}
         assert present - named == set(), f"{package}/ modules missing from docs/architecture.md"
         assert named - present == set(), f"docs/architecture.md names {package}/ modules that do not exist"
 
@@ -108,5 +149,9 @@ def test_the_example_plan_has_one_source_and_the_package_ships_its_bytes(tmp_pat
     assert done.returncode == 0, done.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     with zipfile.ZipFile(wheel) as archive:
+        shipped_modules = {n for n in archive.namelist() if n.endswith(".py")}
+        for package in ("runbook", "eagle"):
+            missing = {f"{package}/{m}" for m in _modules(package) | {"__init__.py"}} - shipped_modules
+            assert missing == set(), f"the wheel lacks {sorted(missing)}: pyproject's package list"
         for source, dest in EXAMPLES["eagle3"]:
             assert archive.read(f"runbook_templates/examples/eagle3/{source}") == (REPO / dest).read_bytes(), source

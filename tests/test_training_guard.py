@@ -1,4 +1,4 @@
-"""The guard behind `make test-fast` (tests/training_guard.py) notices what it promises to notice:
+"""The guard behind `make test-fast` (tests/support/training_guard.py) notices what it promises to notice:
 a drafter trained past a few optimizer steps or vLLM started, in the test's process or in a child
 that only inherits the environment, and stays silent for a few steps."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import training_guard
 
-SITE = Path(__file__).resolve().parent / "site"
+SITE = Path(training_guard.__file__).resolve().parent / "site"
 STEPS = """
 import torch
-from eagle.train import optimizer_step
+from eagle.train.trainer import optimizer_step
 w = torch.nn.Parameter(torch.zeros(2))
 opt = torch.optim.SGD([w], lr=0.1)
 for _ in range({n}):
@@ -41,7 +41,7 @@ def test_a_child_process_training_past_the_limit_is_noticed(tmp_path: Path) -> N
 def test_in_process_training_and_a_vllm_engine_are_noticed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from eagle import train
+    from eagle.train import trainer as train
 
     w = torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.SGD([w], lr=0.1)
@@ -110,7 +110,8 @@ def test_conftest_fails_the_fast_tests_that_train_and_passes_the_rest(tmp_path: 
     tests = tmp_path / "tests"
     (tests / "site").mkdir(parents=True)
     for name in ("conftest.py", "helpers.py", "training_guard.py", "site/sitecustomize.py"):
-        (tests / name).write_text((here / name).read_text())
+        source = here / name if name == "conftest.py" else here / "support" / name
+        (tests / name).write_text(source.read_text())
     (tests / "test_probe.py").write_text(PROBE.format(steps=STEPS.format(n=25)))
     env = {k: v for k, v in os.environ.items() if k not in (training_guard.ENV, "PYTHONPATH")}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",

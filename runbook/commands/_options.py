@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from runbook.model import Plan, RunRecord
-    from runbook.workspace import Workspace
+    from runbook.store.workspace import Workspace
 
 plan_option = click.option(
     "--plan",
@@ -40,7 +40,7 @@ def unrecord_options(fn: F) -> F:
 def forget_and_say(ws: Workspace, runs: list[RunRecord], subject: str, no_commit: bool,
                    said: str) -> tuple[bool, str | None, str]:
     """Forget `runs` (committed unless no_commit): (plan rewritten, commit sha, `said` + what was done)."""
-    from runbook.unrecord import forget_runs
+    from runbook.run.unrecord import forget_runs
 
     updated, sha = forget_runs(ws, runs, subject, commit=not no_commit,
                                warn=lambda msg: click.echo(f"warning: {msg}", err=True))
@@ -51,7 +51,7 @@ def forget_and_say(ws: Workspace, runs: list[RunRecord], subject: str, no_commit
 
 def open_plan(plan_opt: str | None) -> Workspace:
     """The workspace and its validated plan; warnings (plan problems, unreadable ledger files) on stderr."""
-    from runbook.workspace import Workspace
+    from runbook.store.workspace import Workspace
 
     ws = Workspace.open(plan_opt)
     ws.load_plan()
@@ -64,7 +64,7 @@ def open_runs_filter(plan_opt: str | None, phase_ref: str | None) -> tuple[Works
     """Where a verb that reads runs looks: with --plan or a PHASE, the plan's workspace, the plan
     (validated) and the phase's id (an unknown phase refused); otherwise the workspace alone, and
     the runs of every plan in it."""
-    from runbook.workspace import Workspace
+    from runbook.store.workspace import Workspace
 
     if not (plan_opt or phase_ref):
         return Workspace.at(), None, None

@@ -25,8 +25,8 @@ never cut. --json gives the whole brief (cut only when --max-chars is given), sc
 @plan_option
 def command(as_json: bool, max_chars: int | None, plan_opt: str | None) -> Output:
     """Print what a newcomer needs to carry the plan on: where it stands and what to run next."""
-    from runbook.brief import DEFAULT_MAX_CHARS, build_brief, fit_brief
-    from runbook.planstate import for_workspace
+    from runbook.report.brief import DEFAULT_MAX_CHARS, build_brief, fit_brief
+    from runbook.run.planstate import for_workspace
 
     ws = open_plan(plan_opt)
     ws.check_notes_inside()

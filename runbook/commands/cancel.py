@@ -1,4 +1,4 @@
-"""`runbook cancel`: stop the run in progress cleanly (runbook/cancel.py)."""
+"""`runbook cancel`: stop the run in progress cleanly (runbook/run/cancel.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def command(plan_opt: str | None, wait_s: float, as_json: bool) -> Output:
     Exit 0 when the run stopped (or nothing ran), 4 when it did not stop within --wait, 5 when it
     runs on another host.
     """
-    from runbook.cancel import cancel
+    from runbook.run.cancel import cancel
 
     ws = open_plan(plan_opt)
 

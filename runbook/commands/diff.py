@@ -1,4 +1,4 @@
-"""`runbook diff [RUN_A] [RUN_B]`: what differs between two runs (runbook/compare.py)."""
+"""`runbook diff [RUN_A] [RUN_B]`: what differs between two runs (runbook/report/compare.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from runbook.errors import RunbookError
 from runbook.model import RunRecord
 
 if TYPE_CHECKING:
-    from runbook.ledger_index import Row
+    from runbook.store.index import Row
 
 
 @click.command("diff")
@@ -36,9 +36,9 @@ def command(run_a: str | None, run_b: str | None, plan_opt: str | None, show_all
       runbook diff 20261130-101500-ab12 last
       runbook diff last~1 last --json | jq '.result.metrics[] | select(.changed)'
     """
-    from runbook.compare import diff, render_diff
-    from runbook.recording import find_run
-    from runbook.workspace import Workspace
+    from runbook.report.compare import diff, render_diff
+    from runbook.report.recording import find_run
+    from runbook.store.workspace import Workspace
 
     ws = Workspace.open(plan_opt) if plan_opt else Workspace.at()
     index = ws.ledger()  # only the two runs compared are read
@@ -52,7 +52,7 @@ def command(run_a: str | None, run_b: str | None, plan_opt: str | None, show_all
     a = find_run(ws, run_a, rows) if run_a and run_b else find_run(ws, _before(b, rows).run_id, rows)
     changed = None
     if ws.git and a.commit_before and b.commit_before and a.commit_before != b.commit_before:
-        from runbook.gitops import changed_files
+        from runbook.store.gitops import changed_files
 
         files = changed_files(ws.root, a.commit_before, b.commit_before)
         if files is not None:

@@ -28,7 +28,7 @@ def command(run_ref: str, plan_opt: str | None, no_commit: bool, as_json: bool) 
     left, so the phase is `not run` again). Plan and ledger are committed together. Use it for a
     run that no longer speaks for the plan: a phase rewritten from scratch, a mistaken run.
     """
-    from runbook.recording import find_run
+    from runbook.report.recording import find_run
 
     ws = open_plan(plan_opt)
     run = find_run(ws, run_ref)

@@ -15,7 +15,7 @@ from runbook.errors import RunbookError
 from runbook.model import MetricValue, Plan, RunRecord
 
 if TYPE_CHECKING:
-    from runbook.workspace import Workspace
+    from runbook.store.workspace import Workspace
 
 DEFAULT_LIMIT = 50  # runs listed without --limit: the last ones, the earlier counted
 
@@ -56,8 +56,8 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
       runbook history --since 2026-11-29 --limit 0
       runbook history --json | jq '.result.runs[-1].verdict'
     """
-    from runbook.planstate import holder_view
-    from runbook.project import discover_plans
+    from runbook.run.planstate import holder_view
+    from runbook.store.project import discover_plans
 
     ws, plan, phase_id = open_runs_filter(plan_opt, phase_ref)
     if plan is None:
@@ -84,7 +84,7 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
         running = None
     if running is not None and phase_id and running.phase != phase_id:
         running = None
-    from runbook.compare import sort_runs, unknown
+    from runbook.report.compare import sort_runs, unknown
 
     every = runs + pending
     if sort and sort.startswith("-"):
@@ -107,12 +107,12 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
 
 
 def _pending(ws: Workspace, one_plan: bool, phase_id: str | None) -> list[RunRecord]:
-    """Runs whose runbook died before recording them (runbook/live.py), as `runbook next` will record them."""
+    """Runs whose runbook died before recording them (runbook/store/live.py), as `runbook next` will record them."""
     index = ws.ledger()
     among = index.unrecorded_dirs()  # a live state lives in the folder of a run without a record
     if not among:
         return []
-    from runbook.live import death_reason, interrupted_record, orphans
+    from runbook.store.live import death_reason, interrupted_record, orphans
 
     found = orphans(ws.state, ws.plan_rel if one_plan else None, index.run_ids(), among=among)
     records = [o.record or interrupted_record(o, ws.root, death_reason(o)) for o in found]
@@ -122,9 +122,9 @@ def _pending(ws: Workspace, one_plan: bool, phase_id: str | None) -> list[RunRec
 def _render(result: HistoryResult, runs: list[RunRecord], metrics: tuple[str, ...], state_rel: str,
             pending: set[str] | frozenset[str] = frozenset(), one_phase: bool = False,
             chrono: list[RunRecord] | None = None, state_dir: Path | None = None) -> str:
-    from runbook.compare import value
     from runbook.formatting import format_took, format_value
-    from runbook.writeback import varying_vars
+    from runbook.plan.writeback import varying_vars
+    from runbook.report.compare import value
 
     def fmt(v: MetricValue | None) -> str:
         text = "-" if v is None else format_value(v)
@@ -158,7 +158,7 @@ def _render(result: HistoryResult, runs: list[RunRecord], metrics: tuple[str, ..
             lines.append("  ".join(cells).rstrip())
         lines += _sparklines(chrono or runs, metrics)
     if result.running is not None:
-        from runbook.planstate import running_text
+        from runbook.run.planstate import running_text
 
         lines.append("")
         lines.append("now: " + running_text(result.running, result.plan or result.running.plan or ""))
@@ -168,12 +168,12 @@ def _render(result: HistoryResult, runs: list[RunRecord], metrics: tuple[str, ..
 def _cell(record: RunRecord, name: str, fmt: Callable[[MetricValue | None], str], state_dir: Path | None) -> str:
     """A --metric cell: the run's value, and when the run wrote a series of that name, its curve as a
     sparkline after the value (the series' last value when the run has no scalar of the name)."""
-    from runbook.compare import sparkline, value
+    from runbook.report.compare import sparkline, value
 
     v = value(record, name)
     if state_dir is None or not any(s.name == name for s in record.series):
         return fmt(v)
-    from runbook.series import find, load
+    from runbook.store.series import find, load
 
     found = find(load(state_dir, record.run_id), name)
     if found is None:
@@ -186,8 +186,8 @@ def _cell(record: RunRecord, name: str, fmt: Callable[[MetricValue | None], str]
 def _sparklines(runs: list[RunRecord], metrics: tuple[str, ...]) -> list[str]:
     """One line per --metric column with numbers in two runs or more: its values across the runs,
     oldest first, as a sparkline, then the first and last values."""
-    from runbook.compare import sparkline, value
     from runbook.formatting import format_value
+    from runbook.report.compare import sparkline, value
 
     out: list[str] = []
     width = max((len(n) for n in metrics), default=0)
@@ -222,7 +222,7 @@ def _since(text: str) -> int:
 
 def _only_plan() -> Plan | None:
     """The repository's only plan, for phase labels; None when there are several, none, or it is broken."""
-    from runbook.workspace import Workspace
+    from runbook.store.workspace import Workspace
 
     try:
         return Workspace.open(None).load_plan()
@@ -233,7 +233,7 @@ def _only_plan() -> Plan | None:
 def _criterion_names(criterion: str | None) -> list[str]:
     if not criterion:
         return []
-    from runbook.criteria import CriterionError, metric_names, parse_criterion
+    from runbook.plan.criteria import CriterionError, metric_names, parse_criterion
 
     try:
         return metric_names(parse_criterion(criterion))

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import click
 
-from runbook.agents import AGENTS_FILE, agents_addition, client_config, runbook_argv
 from runbook.cli import Output
 from runbook.commands._options import json_option
 from runbook.contract import InitResult
 from runbook.errors import RunbookError
-from runbook.mdtext import detect_newline, ends_with_newline
+from runbook.plan.mdtext import detect_newline, ends_with_newline
+from runbook.report.agents import AGENTS_FILE, agents_addition, client_config, runbook_argv
 
 PLANS_DIR = "plans"
 STATE_DIR = "state"
@@ -44,8 +44,8 @@ EXAMPLES = {
 
 def planned_files(example: str | None, title: str) -> dict[str, bytes]:
     """Destination (relative to DIR) -> content, for everything init writes except .gitignore."""
-    from runbook.notes import new_notes
-    from runbook.templates import read_resource, render
+    from runbook.report.notes import new_notes
+    from runbook.report.templates import read_resource, render
 
     files: dict[str, bytes] = {}
     if example:

@@ -1,4 +1,4 @@
-"""`runbook logs [-f]`: a step's output (runbook/logs.py decides which run and step)."""
+"""`runbook logs [-f]`: a step's output (runbook/store/logs.py decides which run and step)."""
 
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ def command(plan_opt: str | None, run_ref: str | None, step: str | None, follow:
       runbook logs --run last --step 2 # step-2 of the latest run
     """
     from runbook.errors import RunbookError
-    from runbook.ledger import tail_lines
-    from runbook.logs import follow as follow_log
-    from runbook.logs import locate
+    from runbook.store.ledger import tail_lines
+    from runbook.store.logs import follow as follow_log
+    from runbook.store.logs import locate
 
     ws = open_plan(plan_opt)
     where = locate(ws, run_ref, step)

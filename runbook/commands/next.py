@@ -1,7 +1,7 @@
 """`runbook next`: run the current phase, judge it, write the results back, commit.
 
-Thin: options, confirmation, printing. The work is in `runbook/runner.py` (-> select.py,
-execute.py, ledger.py, writeback.py, gitops.py, lock.py); what comes next is runbook/planstate.py's.
+Thin: options, confirmation, printing. The work is in `runbook/run/runner.py` (-> select.py,
+execute.py, ledger.py, writeback.py, gitops.py, lock.py); what comes next is runbook/run/planstate.py's.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from runbook.model import EXIT_CODES, JUDGED, Phase, Plan, RunRecord
 
 if TYPE_CHECKING:
     from runbook.contract import DetachedView, Selected
-    from runbook.execute import Interrupts
-    from runbook.live import LiveRun
-    from runbook.lock import RunLock
-    from runbook.planstate import PlanState
-    from runbook.runner import RunOptions
-    from runbook.select import Selection
-    from runbook.workspace import Workspace
+    from runbook.run.local import Interrupts
+    from runbook.run.planstate import PlanState
+    from runbook.run.runner import RunOptions
+    from runbook.run.select import Selection
+    from runbook.store.live import LiveRun
+    from runbook.store.lock import RunLock
+    from runbook.store.workspace import Workspace
 
 HELP_EPILOG = """\b
 Which phase runs:
@@ -115,19 +115,19 @@ class _Next:
         self.runs: list[RunRecord] = []
         self.settled: list[RunRecord] = []  # runs a dead runbook left, recorded by this one
         self.selected: Selected | None = None
-        self.detach = False  # this process starts a supervisor and returns (runbook/detach.py)
+        self.detach = False  # this process starts a supervisor and returns (runbook/run/supervisor.py)
         self.detached: DetachedView | None = None  # once it has
         self.supervisor: dict[str, Any] | None = None  # this process IS the supervisor: run_id, supervisor_log, on_started
 
     def supervised(self, *, run_id: str, supervisor_log: str, on_started: Callable[[LiveRun], None]) -> None:
-        """Run as the supervisor of a detached run (runbook/detach.py): step output only into the
+        """Run as the supervisor of a detached run (runbook/run/supervisor.py): step output only into the
         logs, the first fresh run under the id the caller chose."""
         self.supervisor = {"run_id": run_id, "supervisor_log": supervisor_log, "on_started": on_started}
 
     def choose(self, ws: Workspace, plan: Plan, sel: Selection) -> tuple[Selection, Plan, dict[str, str]]:
         """The selection with --set applied: (selection, the plan as it runs, overrides)."""
-        from runbook import runner
-        from runbook.overrides import check, effective, parse_sets
+        from runbook.plan.overrides import check, effective, parse_sets
+        from runbook.run import runner
 
         if self.sets and self.overrides is None:  # the supervisor of a detached run starts here
             self.overrides = parse_sets(self.sets, plan, ws.plan_rel)
@@ -147,7 +147,7 @@ class _Next:
 
     def result(self, ws: Workspace, code: int, *, dry_run: bool = False, state: PlanState | None = None) -> Output:
         from runbook.contract import NextResult, RunView
-        from runbook.planstate import for_workspace
+        from runbook.run.planstate import for_workspace
 
         state = state or for_workspace(ws, holding_lock=bool(self.runs))
         result = NextResult(
@@ -158,14 +158,14 @@ class _Next:
         return Output(result, code, None)
 
     def load(self) -> tuple[Workspace, Plan]:
-        from runbook.workspace import Workspace
+        from runbook.store.workspace import Workspace
 
         ws = Workspace.open(self.plan_opt)
         plan = ws.load_plan()
         for w in ws.warnings:
             click.echo(str(w), err=True)
         if self.sets:
-            from runbook.overrides import parse_sets
+            from runbook.plan.overrides import parse_sets
 
             self.overrides = parse_sets(self.sets, plan, ws.plan_rel)
         if self.phase_ref is not None and plan.find_phase(self.phase_ref) is None:
@@ -176,7 +176,7 @@ class _Next:
 
     def nothing(self, ws: Workspace, sel: Selection, state: PlanState) -> Output:
         """No phase selected: blocked is a refusal; otherwise say why, from PlanState."""
-        from runbook.planstate import nothing_text
+        from runbook.run.planstate import nothing_text
 
         if sel.blocked:
             raise RunbookError(sel.message, "blocked", hint="run the phases it needs first")
@@ -184,8 +184,8 @@ class _Next:
         return self.result(ws, 0, state=state)
 
     def main(self, dry_run: bool) -> Output:
-        from runbook import runner
-        from runbook.planstate import for_workspace
+        from runbook.run import runner
+        from runbook.run.planstate import for_workspace
 
         ws, plan = self.load()
         if dry_run or (not self.yes and not self._interactive()):
@@ -216,13 +216,13 @@ class _Next:
             self.warn(f"{ws.root} is not a git repository: results are written but not committed")
             commit = False
         if commit:
-            from runbook.gitops import GitStateError, check_can_commit
+            from runbook.store.gitops import GitStateError, check_can_commit
 
             try:
                 check_can_commit(ws.root, [ws.plan_rel])
             except GitStateError as exc:
                 raise RunbookError(f"refusing to run: {exc}", "git_state") from None
-        from runbook.lock import LockCorrupt, LockError, LockHeld, WriteLockTimeout, run_lock
+        from runbook.store.lock import LockCorrupt, LockError, LockHeld, WriteLockTimeout, run_lock
 
         try:
             with run_lock(ws.state, git_dir=ws.git_dir, warn=self.warn) as lock:
@@ -230,7 +230,7 @@ class _Next:
                     return self.start_detached(ws, lock, commit)
                 return self.loop(ws, lock, commit)
         except LockHeld as exc:
-            from runbook.planstate import holder_view
+            from runbook.run.planstate import holder_view
 
             raise RunbookError(str(exc), "locked", file=ws.rel(exc.path),
                                lock=holder_view(exc.info, plan, ws.rel(ws.state), live=ws.live_of(exc.info.run_id),
@@ -249,7 +249,7 @@ class _Next:
             ) from None
 
     def options(self, commit: bool, interrupts: Interrupts, overrides: dict[str, str] | None = None) -> RunOptions:
-        from runbook import runner
+        from runbook.run import runner
 
         opts = runner.RunOptions(
             commit=commit,
@@ -267,7 +267,7 @@ class _Next:
         return opts
 
     def _has_orphans(self, ws: Workspace) -> bool:
-        from runbook.live import live_runs, orphans
+        from runbook.store.live import live_runs, orphans
 
         if not live_runs(ws.state, ws.plan_rel):
             return False
@@ -276,12 +276,13 @@ class _Next:
 
     def start_detached(self, ws: Workspace, lock: RunLock, commit: bool) -> Output:
         """Show what will run, start the supervisor with the lock, return once its run started."""
-        from runbook import detach, runner
         from runbook.contract import DetachedView
-        from runbook.ledger import new_run_id
-        from runbook.live import orphans
-        from runbook.planstate import for_workspace
-        from runbook.writeback import HandEdited, check_blocks
+        from runbook.plan.writeback import HandEdited, check_blocks
+        from runbook.run import runner
+        from runbook.run import supervisor as detach
+        from runbook.run.planstate import for_workspace
+        from runbook.store.ledger import new_run_id
+        from runbook.store.live import orphans
 
         plan = ws.load_plan()
         ws.ledger_changed()  # under the run lock now: look at state/runs/ afresh
@@ -323,10 +324,10 @@ class _Next:
         return not self.as_json and sys.stdin.isatty() and sys.stdout.isatty()
 
     def loop(self, ws: Workspace, lock: RunLock, commit: bool) -> Output:
-        from runbook import runner
-        from runbook.execute import Interrupts
-        from runbook.planstate import for_workspace
-        from runbook.writeback import HandEdited, check_blocks
+        from runbook.plan.writeback import HandEdited, check_blocks
+        from runbook.run import runner
+        from runbook.run.local import Interrupts
+        from runbook.run.planstate import for_workspace
 
         interrupts: Interrupts | None = None
         counts: dict[str, int] = {}
@@ -358,7 +359,7 @@ class _Next:
                     state = for_workspace(ws, holding_lock=True)
                     if first:
                         return self.nothing(ws, sel, state)
-                    from runbook.planstate import nothing_text
+                    from runbook.run.planstate import nothing_text
 
                     self.say(nothing_text(state.next))
                     return self.result(ws, code, state=state)
@@ -396,9 +397,9 @@ class _Next:
                 interrupts.__exit__(None, None, None)
 
     def summary(self, ws: Workspace, plan: Plan, phase: Phase, record: RunRecord) -> None:
-        from runbook import runner
         from runbook.formatting import format_took
-        from runbook.ledger import run_path
+        from runbook.run import runner
+        from runbook.store.ledger import run_path
 
         say = self.say
         say("")
@@ -407,7 +408,7 @@ class _Next:
         say(f"  run {record.run_id}, took {format_took(record.duration_s)}, "
             f"ledger {ws.rel(run_path(ws.state, record.run_id))}{committed}")
         if record.verdict in JUDGED:
-            from runbook.select import transition
+            from runbook.run.select import transition
 
             target = transition(plan, phase, record.verdict)
             field = "On pass" if record.verdict == "pass" else "On fail"

@@ -38,8 +38,8 @@ def command(phase_ref: str | None, metric: str, run_refs: tuple[str, ...], out: 
       runbook plot --metric accept_len                # accept_len across every run
       runbook plot --metric val_loss --runs last~1,last --out val.png
     """
-    from runbook.plotting import draw, plan_chart
-    from runbook.recording import find_run
+    from runbook.report.plotting import draw, plan_chart
+    from runbook.report.recording import find_run
 
     ws, plan, phase_id = open_runs_filter(plan_opt, phase_ref)
     index = ws.ledger()
@@ -62,7 +62,7 @@ def command(phase_ref: str | None, metric: str, run_refs: tuple[str, ...], out: 
         png = _resolve(out)
     else:
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{phase_ref or 'runs'}-{metric}").strip("_") or "plot"
-        from runbook.ledger import run_dir
+        from runbook.store.ledger import run_dir
 
         png = run_dir(ws.state, chart.runs[-1]) / "plots" / f"{slug}.png"
     svg = png.with_suffix(".svg")

@@ -11,11 +11,11 @@ import click
 from runbook.cli import Output
 from runbook.commands._options import json_option, open_plan, plan_option
 from runbook.errors import RunbookError
-from runbook.mdtext import to_lf
 from runbook.model import RunRecord
+from runbook.plan.mdtext import to_lf
 
 if TYPE_CHECKING:
-    from runbook.workspace import Workspace
+    from runbook.store.workspace import Workspace
 
 _METRIC = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*=\s*(\S+)\s*$")
 _EDITOR_SECTIONS = {"metrics": "metrics", "lessons": "lessons", "lessons learned": "lessons", "next steps": "next"}
@@ -66,7 +66,7 @@ def parse_editor_text(text: str) -> tuple[str, str, dict[str, float], list[str],
 
 
 def _editor_session(title: str | None, ws: Workspace, run: RunRecord | None) -> tuple[str, str, dict[str, float], list[str], list[str]]:
-    from runbook.templates import render
+    from runbook.report.templates import render
 
     template = render("record-editor.md.j2", title=title or "", plan=ws.plan_rel, notes=ws.notes_rel, run=run)
     edited = click.edit(template, extension=".md")
@@ -130,7 +130,7 @@ def command(
 
     Run with no TITLE and no options in a terminal to write the milestone in $EDITOR.
     """
-    from runbook.recording import draw_plots, find_run, milestone_for, write_record
+    from runbook.report.recording import draw_plots, find_run, milestone_for, write_record
 
     metrics: dict[str, float] = {}
     for arg in metric_args:

@@ -8,12 +8,12 @@ from runbook.cli import Output
 from runbook.commands._options import json_option, open_plan, plan_option
 from runbook.contract import PhaseDetail, ShowResult, ShowStep
 from runbook.errors import RunbookError
-from runbook.mdtext import ends_with_newline
 from runbook.model import Phase, Plan
+from runbook.plan.mdtext import ends_with_newline
 
 
 def resolved_steps(plan: Plan, phase: Phase) -> list[ShowStep]:
-    from runbook.select import resolved_commands
+    from runbook.run.select import resolved_commands
 
     return [
         ShowStep(id=step.id, text=step.text, command=step.command, resolved=cmd, done=step.done,
@@ -43,8 +43,8 @@ def command(phase_ref: str | None, plan_opt: str | None, as_json: bool) -> Outpu
       runbook show              # the phase `runbook next` would run
       runbook show 2 --json     # phase 2, for an agent
     """
-    from runbook.criteria import metric_names
-    from runbook.planstate import for_workspace
+    from runbook.plan.criteria import metric_names
+    from runbook.run.planstate import for_workspace
 
     ws = open_plan(plan_opt)
     plan = ws.plan
@@ -57,7 +57,7 @@ def command(phase_ref: str | None, plan_opt: str | None, as_json: bool) -> Outpu
     else:
         phase = plan.find_phase(nxt.phase) if nxt.phase and nxt.kind != "nothing" else None
         if phase is None:
-            from runbook.planstate import nothing_text
+            from runbook.run.planstate import nothing_text
 
             text = f"{ws.plan_display}: {nothing_text(nxt)}"
             if plan.phases:

@@ -1,4 +1,4 @@
-"""`runbook status`: the phase table and the next action, from runbook/planstate.py."""
+"""`runbook status`: the phase table and the next action, from runbook/run/planstate.py."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def command(plan_opt: str | None, as_json: bool) -> Output:
     action acts on; the last lines say where the plan stands and the exact command to continue
     (the same as `runbook brief` and `runbook next --dry-run`). Nothing runs, nothing is written.
     """
-    from runbook.planstate import for_workspace
+    from runbook.run.planstate import for_workspace
 
     ws = open_plan(plan_opt)
     problems: list[str] = []

@@ -13,7 +13,7 @@ from runbook.model import Plan, Problem
 
 def flow_warnings(plan: Plan) -> list[Problem]:
     """Phases no `On pass:` / `On fail:` leads to: `runbook next` never runs them on its own."""
-    from runbook.select import unreachable
+    from runbook.run.select import unreachable
 
     return [
         Problem(
@@ -42,12 +42,12 @@ def command(plans: tuple[str, ...], as_json: bool) -> Output:
 
     Exit status: 0 when no plan has an error (warnings are printed but do not fail), 2 otherwise.
     """
-    from runbook.parse import read_plan
-    from runbook.workspace import Workspace, display_path
+    from runbook.plan.parse import read_plan
+    from runbook.store.workspace import Workspace, display_path
 
     paths = list(plans)
     if not paths:
-        from runbook.project import ConfigError, discover_plans
+        from runbook.store.project import ConfigError, discover_plans
 
         ws = Workspace.at()
         try:

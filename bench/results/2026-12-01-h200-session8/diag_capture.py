@@ -12,8 +12,14 @@ import torch
 def main(mode: str) -> None:
     from bench.gpu_throughput import SMOKE, random_target, save_verifier
     from bench.train_step_kernels import samples
-    from eagle import dataset, drafter
-    from eagle.train import backward_step, compile_settings, graphed_train_step, use_doc_attention
+    from eagle.drafter.model import model as drafter
+    from eagle.train.trainer import (
+        backward_step,
+        compile_settings,
+        dataset,
+        graphed_train_step,
+        use_doc_attention,
+    )
 
     compile_settings()
     drafter.use_sync_free_metrics()
@@ -63,7 +69,7 @@ def main(mode: str) -> None:
         with torch.cuda.graph(graph):
             if mode == "fwd":
                 with torch.no_grad(), autocast:
-                    from eagle.train import forward
+                    from eagle.train.trainer import forward
 
                     forward(model, batch, 3, losses)
             elif mode == "fwdbwd":

@@ -9,8 +9,15 @@ import torch
 from bench.gpu_decode import sync
 from bench.gpu_throughput import TARGET_1B, random_target, save_verifier
 from bench.train_step_kernels import samples
-from eagle import dataset, drafter
-from eagle.train import compile_settings, graphed_train_step, lr_lambda, train_step, use_doc_attention
+from eagle.drafter.model import model as drafter
+from eagle.train.trainer import (
+    compile_settings,
+    dataset,
+    graphed_train_step,
+    lr_lambda,
+    train_step,
+    use_doc_attention,
+)
 
 dev = torch.device("cuda")
 compile_settings()

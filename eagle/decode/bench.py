@@ -1,0 +1,161 @@
+"""`eagle bench`: tokens/s of plain greedy vs speculative decoding, and the Leviathan bound.
+
+Both runs use the same decoder on the same prompts, after a warm-up: the fast one
+(eagle/decode/fast.py: static KV cache, CUDA graphs on GPU) for Llama and Qwen3 targets, else the
+generic one (eagle/decode/generic.py: the target's transformers forward); `decoder` says which. The Leviathan et al. (2023) bound: with per-token acceptance a, draft
+length k and draft/target cost ratio c, a verify step yields (1 - a^(k+1)) / (1 - a) tokens on
+average and costs k*c + 1 target steps, so speedup <= that / (k*c + 1). `a` is the i.i.d.
+acceptance that reproduces the measured accept_len; `c` is measured (drafting time per cycle / k
+/ one target decode step). bound_fraction = speedup / bound shows how much the decoder loses to
+the verify step costing more than one decode step and to per-cycle overheads.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+from pydantic import BaseModel
+
+from eagle.command import (
+    attention_option,
+    device_option,
+    dtype_option,
+    finish,
+    json_option,
+    refusals,
+    trust_remote_code_option,
+)
+from eagle.common import quiet_hf, warn
+from eagle.decode.evaluate import decoder_option, load_inputs
+from eagle.decode.leviathan import acceptance_from_accept_len, expected_tokens, leviathan_speedup  # noqa: F401
+
+
+class BenchReport(BaseModel):
+    k: int
+    prompts: int
+    device: str
+    decoder: str = "fast"
+    attention: str = "sdpa"  # the fast decoder's kernels that ran (--attention, auto resolved)
+    plain_tokens: int
+    spec_tokens: int
+    plain_tok_s: float
+    spec_tok_s: float
+    speedup: float
+    accept_len: float
+    per_token_accept: float
+    target_step_ms: float
+    verify_ms: float
+    draft_step_ms: float
+    catchup_ms: float
+    cost_ratio: float
+    verify_cost: float
+    leviathan_bound: float
+    bound_fraction: float
+    spec_matches_plain: bool
+
+    def metrics(self) -> dict[str, float]:
+        names = ("plain_tok_s", "spec_tok_s", "speedup", "accept_len", "cost_ratio", "leviathan_bound",
+                 "bound_fraction", "verify_cost")
+        return {n: getattr(self, n) for n in names}
+
+
+def run_bench(model_dir: Path, draft_dir: Path, prompts: list[list[int]], k: int, max_new_tokens: int,
+              device, dtype, repeats: int = 1, decoder: str = "auto", trust_remote_code: bool = False,
+              attention: str = "auto") -> BenchReport:
+    import torch
+
+    from eagle.decode.fast import load_decoder, required_len
+
+    longest = max(len(p) for p in prompts)
+    dec = load_decoder(model_dir, draft_dir, max_len=required_len(longest, max_new_tokens, k),
+                       device=device, dtype=dtype, path=decoder, trust_remote_code=trust_remote_code,
+                       attention=attention)
+
+    def sync() -> None:
+        if dec.device.type == "cuda":
+            torch.cuda.synchronize(dec.device)
+
+    dec.generate_greedy(prompts[0], max_new_tokens)  # warm-up: graph capture, allocator, caches
+    dec.generate_speculative(prompts[0], max_new_tokens, k)
+    plain_out, spec_out, accepted = [], [], []
+    plain_s = spec_s = 0.0
+    for _ in range(repeats):
+        for ids in prompts:
+            sync()
+            t0 = time.perf_counter()
+            out = dec.generate_greedy(ids, max_new_tokens)
+            sync()
+            plain_s += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            res = dec.generate_speculative(ids, max_new_tokens, k)
+            sync()
+            spec_s += time.perf_counter() - t0
+            plain_out.append(out)
+            spec_out.append(res.tokens)
+            accepted.extend(res.accepted)
+    stages = dec.time_stages(k, prompts[0])
+    plain_tokens = sum(len(o) for o in plain_out)
+    spec_tokens = sum(len(o) for o in spec_out)
+    plain_tok_s, spec_tok_s = plain_tokens / plain_s, spec_tokens / spec_s
+    accept_len = 1.0 + sum(accepted) / len(accepted) if accepted else 1.0
+    accept_len = min(accept_len, k + 1.0)
+    a = acceptance_from_accept_len(accept_len, k)
+    step = stages["target_step"]
+    c = ((k - 1) * stages["draft_step"] + stages["catchup"]) / k / step
+    bound = leviathan_speedup(a, k, c)
+    speedup = spec_tok_s / plain_tok_s
+    return BenchReport(
+        k=k, prompts=len(prompts), device=str(dec.device), decoder=dec.path, attention=dec.attention,
+        plain_tokens=plain_tokens, spec_tokens=spec_tokens,
+        plain_tok_s=plain_tok_s, spec_tok_s=spec_tok_s, speedup=speedup, accept_len=accept_len,
+        per_token_accept=a, target_step_ms=1e3 * step, verify_ms=1e3 * stages["verify"],
+        draft_step_ms=1e3 * stages["draft_step"], catchup_ms=1e3 * stages["catchup"], cost_ratio=c,
+        verify_cost=stages["verify"] / step, leviathan_bound=bound, bound_fraction=speedup / bound,
+        spec_matches_plain=plain_out == spec_out)
+
+
+@click.command("bench")
+@click.option("--model", "model", type=click.Path(path_type=Path), required=True, help="Target model dir.")
+@click.option("--draft", "draft", type=click.Path(path_type=Path), required=True, help="Drafter checkpoint dir.")
+@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), required=True, help="Prompts JSONL.")
+@click.option("-k", "k", type=click.IntRange(1, 16), default=3, show_default=True, help="Draft tokens per step.")
+@click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--limit", type=click.IntRange(1), default=None, help="Use only the first N prompts.")
+@click.option("--repeats", type=click.IntRange(1), default=1, show_default=True, help="Timed passes over the prompts.")
+@device_option()
+@dtype_option()
+@decoder_option
+@attention_option
+@trust_remote_code_option
+@json_option("Print the full report as JSON.")
+def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens: int, limit: int | None,
+            repeats: int, device: str, dtype: str, decoder: str, attention: str, trust_remote_code: bool,
+            as_json: bool) -> None:
+    """tok/s of plain greedy vs speculative decoding, cost ratio, Leviathan bound.
+
+    \b
+    Metrics ($RUNBOOK_METRICS): plain_tok_s, spec_tok_s, speedup, accept_len, cost_ratio (drafting
+    time per draft token / one target decode step), verify_cost (the k+1-token verify step / one
+    decode step), leviathan_bound ((1-a^(k+1))/(1-a) / (k*c+1) for the measured acceptance),
+    bound_fraction (speedup / leviathan_bound).
+
+    \b
+    Example:
+      eagle bench --model work/target --draft work/draft --prompts plans/data/prompts.jsonl -k 3
+    """
+    quiet_hf()
+    with refusals(ValueError, FileNotFoundError):
+        prompts, dev, dt = load_inputs(model, prompts_file, limit, draft, trust_remote_code, device, dtype, attention)
+        report = run_bench(model, draft, prompts, k, max_new_tokens, dev, dt, repeats,
+                           decoder, trust_remote_code, attention)
+    if not report.spec_matches_plain:
+        warn("speculative output differs from plain greedy output (see `eagle evaluate`)")
+    finish(report, as_json, metrics=report.metrics(), table={
+        "device": report.device, "decoder": report.decoder, "attention": report.attention, "k": k, "prompts": report.prompts,
+        "plain_tok_s": report.plain_tok_s, "spec_tok_s": report.spec_tok_s, "speedup": report.speedup,
+        "accept_len": report.accept_len, "per_token_accept": report.per_token_accept,
+        "target_step_ms": report.target_step_ms, "verify_ms": report.verify_ms,
+        "verify_cost": report.verify_cost, "cost_ratio": report.cost_ratio,
+        "leviathan_bound": report.leviathan_bound, "bound_fraction": report.bound_fraction})

@@ -1,0 +1,244 @@
+"""`eagle evaluate`: real greedy speculative decoding with the target and the drafter.
+
+For each prompt: draft k tokens, verify them in one target forward, accept the longest matching
+prefix plus the bonus token. Llama and Qwen3 targets decode with the fast decoder
+(eagle/decode/fast.py: static cache, CUDA graphs on GPU); every other architecture (DeepSeek-V3 / Kimi,
+multimodal wrappers, custom code) through its own transformers forward with a KV cache
+(eagle/decode/generic.py); `--decoder` forces one, and the report says which ran. Reports
+
+- accept_len: mean tokens per verify step, bonus included (vLLM's 1 + accepted / drafts);
+- accept_rate_j: the fraction of verify steps whose first j+1 drafts were all accepted (vLLM's
+  per-position counter divided by the number of drafts);
+- greedy_match: 1 when every prompt's speculative output equals plain greedy decoding with the same
+  decoder and dtype, else 0 -- exact by construction, so a 0 is a bug in the decoding code (a
+  random drafter must still give 1);
+- generate_match: 1 when every output also equals transformers' own `generate(do_sample=False)`;
+  computed in float32 only by default (bf16 rounding flips near-tied logits between two
+  implementations, which would read as failures), or never with --no-check.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from pydantic import BaseModel
+
+from eagle.command import (
+    attention_option,
+    device_option,
+    dtype_option,
+    finish,
+    json_option,
+    refusals,
+    trust_remote_code_option,
+)
+from eagle.common import EagleError, pick_device, pick_dtype, progress, quiet_hf, warn
+
+if TYPE_CHECKING:
+    import torch
+
+
+class PromptResult(BaseModel):
+    prompt_tokens: int
+    new_tokens: int
+    verify_steps: int
+    accepted: int
+    matches_greedy: bool | None = None  # speculative output == plain greedy (same decoder, dtype)
+    first_greedy_mismatch: int | None = None
+    matches_reference: bool | None = None  # speculative output == transformers' generate
+    first_mismatch: int | None = None
+
+
+class EvalReport(BaseModel):
+    k: int
+    prompts: int
+    decoder: str = "fast"  # which path decoded: fast (eagle/decode/fast.py) or generic (transformers forward)
+    attention: str = "sdpa"  # the fast decoder's kernels that ran (--attention, auto resolved)
+    dtype: str = "float32"
+    accept_len: float
+    accept_rates: list[float]
+    greedy_match: int | None
+    generate_match: int | None = None
+    per_prompt: list[PromptResult]
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {"accept_len": self.accept_len}
+        out.update({f"accept_rate_{j}": r for j, r in enumerate(self.accept_rates)})
+        if self.greedy_match is not None:
+            out["greedy_match"] = self.greedy_match
+        if self.generate_match is not None:
+            out["generate_match"] = self.generate_match
+        out["fast_decoder"] = int(self.decoder == "fast")
+        return out
+
+
+def acceptance_stats(accepted_per_step: list[int], k: int) -> tuple[float, list[float]]:
+    """(accept_len, per-position rates) from the drafts accepted at each verify step."""
+    steps = len(accepted_per_step)
+    if steps == 0:
+        return float("nan"), [float("nan")] * k
+    accept_len = 1.0 + sum(accepted_per_step) / steps
+    rates = [sum(1 for m in accepted_per_step if m > j) / steps for j in range(k)]
+    return accept_len, rates
+
+
+def first_mismatch(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def reference_greedy(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int,
+                     device: Any, dtype: Any, trust_remote_code: bool = False) -> list[list[int]]:
+    """transformers' own greedy decoding of each prompt (the reference for generate_match)."""
+    import torch
+
+    from eagle.target import input_device, open_target
+
+    target = open_target(model_dir, trust_remote_code)
+    model = target.load_model(device, dtype)
+    dev = input_device(model)
+    gen = model.generation_config
+    pad = gen.pad_token_id
+    if pad is None:
+        pad = gen.eos_token_id if gen.eos_token_id is not None else (target.eos_ids() or [0])
+        pad = pad[0] if isinstance(pad, list) else pad
+    eos = target.eos_ids() or None
+    outs = []
+    with torch.inference_mode():
+        for ids in progress(prompts, desc="reference", unit="prompt"):
+            x = torch.tensor([ids], device=dev)
+            y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                               do_sample=False, pad_token_id=pad, eos_token_id=eos)
+            outs.append(y[0, len(ids):].tolist())
+    del model
+    return outs
+
+
+def run_evaluate(model_dir: str | Path, draft_dir: str | Path, prompts: list[list[int]], k: int,
+                 max_new_tokens: int, device: Any, dtype: Any, check: bool | None = True, decoder: str = "auto",
+                 trust_remote_code: bool = False, attention: str = "auto") -> EvalReport:
+    """check: compare with transformers' generate (True), skip it (False), or do it in float32 only (None)."""
+    import torch
+
+    from eagle.decode.fast import load_decoder, required_len
+
+    longest = max(len(p) for p in prompts)
+    dec = load_decoder(model_dir, draft_dir, max_len=required_len(longest, max_new_tokens, k),
+                       device=device, dtype=dtype, path=decoder, trust_remote_code=trust_remote_code,
+                       attention=attention)
+    outputs, all_accepted, per_prompt = [], [], []
+    for ids in progress(prompts, desc=f"speculative ({dec.path})", unit="prompt"):
+        res = dec.generate_speculative(ids, max_new_tokens, k)
+        plain = dec.generate_greedy(ids, max_new_tokens)
+        outputs.append(res.tokens)
+        all_accepted.extend(res.accepted)
+        miss = first_mismatch(res.tokens, plain)
+        per_prompt.append(PromptResult(prompt_tokens=len(ids), new_tokens=len(res.tokens),
+                                       verify_steps=len(res.accepted), accepted=sum(res.accepted),
+                                       matches_greedy=miss is None, first_greedy_mismatch=miss))
+    path, attention = dec.path, dec.attention
+    del dec
+    generate_match = None
+    if check is None:
+        check = dtype == torch.float32
+    if check:
+        refs = reference_greedy(model_dir, prompts, max_new_tokens, device, dtype, trust_remote_code)
+        for row, out, ref in zip(per_prompt, outputs, refs, strict=True):
+            row.first_mismatch = first_mismatch(out, ref)
+            row.matches_reference = row.first_mismatch is None
+        generate_match = int(all(r.matches_reference for r in per_prompt))
+    accept_len, rates = acceptance_stats(all_accepted, k)
+    return EvalReport(k=k, prompts=len(prompts), decoder=path, attention=attention, dtype=str(dtype).removeprefix("torch."),
+                      accept_len=accept_len, accept_rates=rates,
+                      greedy_match=int(all(r.matches_greedy for r in per_prompt)), generate_match=generate_match,
+                      per_prompt=per_prompt)
+
+
+def load_inputs(model: Path, prompts_file: Path, limit: int | None, draft: Path | None, trust_remote_code: bool,
+                device: str, dtype: str, attention: str = "auto") -> tuple[list[list[int]], torch.device, torch.dtype]:
+    """The shared inputs of evaluate / bench / probe: the prompts' token ids, the device and the dtype,
+    after checking the attention kernel can run on the device (first: it needs no file), the target
+    and the drafter; raises EagleError with a fix."""
+    from eagle.prompts import PromptFileError, load_prompt_token_ids
+    from eagle.target import open_target
+
+    if attention == "triton":
+        from eagle.decode.triton_attention import require
+
+        require(pick_device(device))
+    open_target(model, trust_remote_code)
+    if draft is not None and not (draft / "config.json").is_file():
+        raise EagleError(f"{draft}: not a drafter checkpoint (no config.json); pass `eagle train --out` DIR")
+    try:
+        prompts = load_prompt_token_ids(model, prompts_file, limit, trust_remote_code)
+    except PromptFileError as exc:
+        raise EagleError(str(exc)) from exc
+    dev = pick_device(device)
+    return prompts, dev, pick_dtype(dtype, dev)
+
+
+def decoder_option(fn: Any) -> Any:
+    """`--decoder auto|fast|generic` of evaluate, probe and bench."""
+    return click.option("--decoder", type=click.Choice(["auto", "fast", "generic"]), default="auto",
+                        show_default=True,
+                        help="fast: eagle/decode/fast.py (static cache, CUDA graphs; Llama and Qwen3 targets); generic: "
+                             "the target's own transformers forward with a KV cache (any architecture); auto: "
+                             "fast where it implements the target.")(fn)
+
+
+@click.command("evaluate")
+@click.option("--model", "model", type=click.Path(path_type=Path), required=True, help="Target model dir.")
+@click.option("--draft", "draft", type=click.Path(path_type=Path), required=True, help="Drafter checkpoint dir.")
+@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), required=True,
+              help="Prompts JSONL (OpenAI `messages`, ShareGPT `conversations` or `prompt`).")
+@click.option("-k", "k", type=click.IntRange(1, 16), default=3, show_default=True, help="Draft tokens per step.")
+@click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--limit", type=click.IntRange(1), default=None, help="Use only the first N prompts.")
+@device_option()
+@dtype_option()
+@click.option("--check/--no-check", "check", default=None,
+              help="Compare the output with transformers' generate token for token (generate_match) "
+                   "[default: in float32 only].")
+@decoder_option
+@attention_option
+@trust_remote_code_option
+@json_option("Print the full report as JSON.")
+def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens: int, limit: int | None,
+            device: str, dtype: str, check: bool | None, decoder: str, attention: str, trust_remote_code: bool,
+            as_json: bool) -> None:
+    """Greedy speculative decoding: acceptance length, per-position acceptance, exactness.
+
+    \b
+    Metrics ($RUNBOOK_METRICS): accept_len (tokens per verify step, bonus included, as vLLM
+    counts it), accept_rate_0 .. accept_rate_{k-1}, greedy_match (1 when the speculative output
+    equals plain greedy decoding with the same decoder and dtype for every prompt), generate_match
+    (1 when it also equals transformers' generate; float32 by default), fast_decoder (1 fast path,
+    0 generic). An untrained drafter gives accept_len ~1.0.
+
+    \b
+    Example:
+      eagle evaluate --model work/target --draft work/draft --prompts plans/data/prompts.jsonl -k 3
+    """
+    quiet_hf()
+    with refusals(ValueError, FileNotFoundError):
+        prompts, dev, dt = load_inputs(model, prompts_file, limit, draft, trust_remote_code, device, dtype, attention)
+        report = run_evaluate(model, draft, prompts, k, max_new_tokens, dev, dt, check=check,
+                              decoder=decoder, trust_remote_code=trust_remote_code, attention=attention)
+
+    def mismatches() -> None:
+        if report.greedy_match == 0:
+            bad = [i for i, r in enumerate(report.per_prompt) if not r.matches_greedy]
+            warn(f"speculative output differs from plain greedy decoding on prompts {bad[:10]} "
+                 f"({report.decoder} decoder): a decoding bug")
+        if report.generate_match == 0:
+            bad = [i for i, r in enumerate(report.per_prompt) if not r.matches_reference]
+            warn(f"output differs from transformers' generate on prompts {bad[:10]}")
+
+    finish(report, as_json, metrics=report.metrics(), show=mismatches,
+           table={"prompts": report.prompts, "k": k, "decoder": report.decoder, "attention": report.attention,
+                  "dtype": report.dtype,
+                  **{m: v for m, v in report.metrics().items() if m != "fast_decoder"}})

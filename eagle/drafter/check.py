@@ -1,0 +1,330 @@
+"""`eagle check-checkpoint`: static checks of a drafter against its target, before anyone serves it.
+
+vLLM loads a broken drafter silently more often than not: a missing `d2t` or a wrong layer id gives
+an acceptance length near 1.0 and no error. These checks read only config.json files and the
+safetensors weights (no model is built, no vLLM is started) and name every problem at once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import BaseModel
+
+from eagle.command import finish, json_option, refusals
+from eagle.common import EagleError
+from eagle.drafter import checkpoint
+from eagle.drafter.checkpoint import (
+    CONFIG_FILE,
+    EAGLE_ARCHITECTURE,
+    NORM_FLAGS,
+    VLLM_SERVES,
+    VLLM_VERSIONS,
+    DraftConfig,
+    optional_shapes,
+    shape_problems,
+)
+
+
+class Problem(BaseModel):
+    where: str  # file (and key/tensor) the problem is in
+    message: str  # what is wrong and what to do
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+class CheckReport(BaseModel):
+    draft: str
+    target: str
+    ok: bool
+    readable: bool = True  # False: the drafter could not be read at all (exit 2)
+    layout: str | None = None  # "speculators" or "eagle" (EAGLE / SpecForge)
+    problems: list[Problem]
+    facts: list[str] = []  # what the pinned vLLM versions do with it, and what reading it normalised
+    summary: dict[str, Any]
+
+
+def _read_json(path: Path, problems: list[Problem]) -> dict[str, Any] | None:
+    if not path.is_file():
+        problems.append(Problem(where=str(path), message="not found"))
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        problems.append(Problem(where=f"{path}:{exc.lineno}:{exc.colno}", message=f"invalid JSON: {exc.msg}"))
+        return None
+    if not isinstance(data, dict):
+        problems.append(Problem(where=str(path), message="expected a JSON object"))
+        return None
+    return data
+
+
+def config_problems(cfg: dict[str, Any], target: dict[str, Any], where: str) -> list[Problem]:
+    """Problems of a speculators-format drafter config.json against the target's config.json (pure).
+
+    Null or absent layer ids and the norm flags are not problems (`vllm_facts` states what vLLM does
+    with them); a missing norm_before_residual is, because vLLM and speculators read it differently."""
+    out: list[Problem] = []
+
+    def bad(key: str, message: str) -> None:
+        out.append(Problem(where=f"{where} [{key}]", message=message))
+
+    for key in ("speculators_model_type", "transformer_layer_config", "speculators_config", "draft_vocab_size",
+                "norm_before_residual"):
+        if key not in cfg:
+            hint = " (write it explicitly: vLLM defaults it to True, speculators to False)" \
+                if key == "norm_before_residual" else ""
+            bad(key, f"missing{hint}")
+    if cfg.get("speculators_model_type", "eagle3") != "eagle3":
+        bad("speculators_model_type", f"is {cfg['speculators_model_type']!r}, expected 'eagle3'")
+    if "model_type" in cfg:
+        bad("model_type", "a top-level model_type must not be there: vLLM then loads the drafter as a plain "
+                          f"{cfg['model_type']!r} model instead of a speculators checkpoint; delete the key "
+                          "(or run `eagle import-drafter`)")
+    for flag in NORM_FLAGS:
+        if flag in cfg and not isinstance(cfg[flag], bool):
+            bad(flag, f"must be true or false, got {cfg[flag]!r}")
+    if cfg.get("norm_before_fc") is True and cfg.get("fc_norm") is True:
+        bad("fc_norm", "norm_before_fc and fc_norm are both true; they exclude each other (keep one)")
+    out += _layer_id_problems(cfg.get("eagle_aux_hidden_state_layer_ids"), target, where)
+
+    tl = cfg.get("transformer_layer_config")
+    if isinstance(tl, dict):
+        for key in ("hidden_size", "vocab_size"):
+            if key in target and tl.get(key) != target[key]:
+                bad(f"transformer_layer_config.{key}", f"is {tl.get(key)}, the target's is {target[key]}")
+        if tl.get("num_hidden_layers", 1) != 1:
+            bad("transformer_layer_config.num_hidden_layers",
+                f"is {tl.get('num_hidden_layers')}; the EAGLE-3 drafter has exactly 1 layer")
+    elif "transformer_layer_config" in cfg:
+        bad("transformer_layer_config", "must be an object (a 1-layer llama config)")
+    out += _draft_vocab_problems(cfg.get("draft_vocab_size"), target, where)
+    return out
+
+
+def eagle_config_problems(cfg: dict[str, Any], target: dict[str, Any], where: str) -> list[Problem]:
+    """Problems of an EAGLE / SpecForge drafter config.json (top-level llama config) against the target's."""
+    out: list[Problem] = []
+    if EAGLE_ARCHITECTURE not in (cfg.get("architectures") or []):
+        out.append(Problem(where=f"{where} [architectures]", message=(
+            f"is {cfg.get('architectures')!r}; vLLM maps only {EAGLE_ARCHITECTURE} (or a speculators config) "
+            f"to its EAGLE-3 model when given the directory as a model: write [\"{EAGLE_ARCHITECTURE}\"] "
+            "or run `eagle import-drafter`")))
+    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids",
+                                               cfg.get("eagle_aux_hidden_state_layer_ids"))
+    out += _layer_id_problems(ids, target, where)
+    for key in ("hidden_size", "vocab_size"):
+        if key in target and cfg.get(key) != target[key]:
+            out.append(Problem(where=f"{where} [{key}]", message=f"is {cfg.get(key)}, the target's is {target[key]}"))
+    if cfg.get("num_hidden_layers", 1) != 1:
+        out.append(Problem(where=f"{where} [num_hidden_layers]",
+                           message=f"is {cfg.get('num_hidden_layers')}; the EAGLE-3 drafter has exactly 1 layer"))
+    out += _draft_vocab_problems(cfg.get("draft_vocab_size", cfg.get("vocab_size")), target, where)
+    return out
+
+
+def _layer_id_problems(ids: Any, target: dict[str, Any], where: str) -> list[Problem]:
+    key = "eagle_aux_hidden_state_layer_ids"
+    n_layers = target.get("num_hidden_layers")
+    out: list[Problem] = []
+    if ids is None:
+        if isinstance(n_layers, int):
+            try:
+                checkpoint.resolve_layer_ids(None, n_layers, where)
+            except EagleError as exc:
+                out.append(Problem(where=f"{where} [{key}]", message=str(exc).split(": ", 1)[1]))
+        return out
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        return [Problem(where=f"{where} [{key}]", message=f"must be a non-empty list of integers, got {ids!r}")]
+    if len(set(ids)) != len(ids):
+        out.append(Problem(where=f"{where} [{key}]", message=f"{ids} has repeated layers (vLLM fails in "
+                           "combine_hidden_states); choose distinct ids such as [2, N//2, N-3]"))
+    if ids != sorted(ids):
+        out.append(Problem(where=f"{where} [{key}]", message=f"{ids} is not ascending; vLLM concatenates the aux "
+                           "layers in layer order, so training and serving would disagree"))
+    if isinstance(n_layers, int):
+        outside = [i for i in ids if not 0 <= i < n_layers]
+        if outside:
+            out.append(Problem(where=f"{where} [{key}]", message=f"{outside} outside 0..{n_layers - 1} "
+                               f"(the target has {n_layers} decoder layers)"))
+    return out
+
+
+def _draft_vocab_problems(dv: Any, target: dict[str, Any], where: str) -> list[Problem]:
+    if dv is not None and isinstance(target.get("vocab_size"), int):
+        if not isinstance(dv, int) or not 0 < dv <= target["vocab_size"]:
+            return [Problem(where=f"{where} [draft_vocab_size]",
+                            message=f"is {dv!r}; it must be between 1 and the target vocab {target['vocab_size']}")]
+    return []
+
+
+def vllm_facts(ck: checkpoint.Checkpoint, target_layers: int | None) -> list[str]:
+    """What the pinned vLLM versions do with this drafter, one line each (facts, not verdicts)."""
+    def versions(key: str) -> str:
+        have = VLLM_SERVES.get(key, ())
+        return "vLLM " + "/".join(have) if have else "no pinned vLLM (" + "/".join(VLLM_VERSIONS) + ")"
+
+    cfg = ck.cfg
+    facts = []
+    if ck.layout == "eagle":
+        facts.append(f"layout EAGLE / SpecForge ({EAGLE_ARCHITECTURE}): {versions('layout:eagle')} load it as "
+                     "Eagle3LlamaForCausalLM, renaming midlayer.* to layers.0.*; norm flags read from the top "
+                     "level (norm_before_fc also from eagle_config), absent ones false")
+    else:
+        facts.append(f"layout speculators (eagle3): {versions('layout:speculators')} load it as "
+                     "Eagle3LlamaForCausalLM")
+    raw = checkpoint.read_config_json(ck.source)
+    raw_ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids",
+                                                  raw.get("eagle_aux_hidden_state_layer_ids"))
+    if raw_ids is None:
+        filled = f" = {cfg.layer_ids} for this {target_layers}-layer target" if cfg.layer_ids else ""
+        facts.append(f"layer ids: not in the checkpoint; {versions('layout:speculators')} use [2, N//2, N-3]{filled}")
+    for flag in NORM_FLAGS:
+        if getattr(cfg, flag):
+            extra = {"norm_before_fc": f" (input_norm.weight [{cfg.num_aux * cfg.aux_hidden_size}])",
+                     "fc_norm": f" ({cfg.num_aux} fc_norm.*.weight)"}.get(flag, "")
+            facts.append(f"{flag}: true{extra}: served by {versions(flag)}")
+    if cfg.target_hidden_size and cfg.target_hidden_size != cfg.hidden_size:
+        facts.append(f"target_hidden_size {cfg.target_hidden_size} != hidden_size {cfg.hidden_size}: served by "
+                     f"{versions('target_hidden_size')}; speculators cannot fine-tune it")
+    facts.append("weights " + "/".join(sorted({d for n, d in ck.dtypes.items() if n not in ("d2t", "t2d")})) +
+                 ("" if "embed_tokens.weight" in ck.shapes else "; no embed_tokens: vLLM shares the target's"))
+    return facts
+
+
+def tensor_problems(cfg: DraftConfig, tensors: dict[str, Any], where: str) -> list[Problem]:
+    """Shapes, finiteness and the d2t/t2d vocabulary mapping (tensors: name -> torch.Tensor)."""
+    import torch
+
+    out = [Problem(where=where, message=m) for m in shape_problems(cfg, {k: tuple(v.shape) for k, v in tensors.items()})]
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            out.append(Problem(where=f"{where} [{name}]", message=f"{bad} non-finite values (NaN/Inf)"))
+    d2t = tensors.get("d2t")
+    if d2t is not None and tuple(d2t.shape) == (cfg.draft_vocab_size,):
+        if d2t.is_floating_point():
+            out.append(Problem(where=f"{where} [d2t]", message=f"dtype {d2t.dtype}; expected an integer type"))
+        target_ids = d2t.long() + torch.arange(cfg.draft_vocab_size)
+        outside = ((target_ids < 0) | (target_ids >= cfg.vocab_size)).nonzero().flatten().tolist()
+        if outside:
+            out.append(Problem(where=f"{where} [d2t]", message=f"{len(outside)} draft ids map outside the target "
+                               f"vocab 0..{cfg.vocab_size - 1} (first: draft id {outside[0]} -> "
+                               f"{int(target_ids[outside[0]])}); d2t must hold target_id - draft_id"))
+        elif len(set(target_ids.tolist())) != cfg.draft_vocab_size:
+            out.append(Problem(where=f"{where} [d2t]", message="several draft ids map to the same target id"))
+        t2d = tensors.get("t2d")
+        if t2d is not None and tuple(t2d.shape) == optional_shapes(cfg)["t2d"] and not outside:
+            if int(t2d.bool().sum()) != cfg.draft_vocab_size or not bool(t2d.bool()[target_ids].all()):
+                out.append(Problem(where=f"{where} [t2d]", message="t2d does not mark exactly the target ids d2t maps to"))
+    return out
+
+
+def check_checkpoint(draft: str | Path, target: str | Path) -> CheckReport:
+    """Run every check on a drafter of any layout; never raises for a bad checkpoint (problems are
+    in the report; `readable` is False when the drafter could not be read at all)."""
+    draft, target = Path(draft), Path(target)
+    problems: list[Problem] = []
+    cfg_path = draft / CONFIG_FILE
+    raw = _read_json(cfg_path, problems)
+    tcfg = _read_json(target / CONFIG_FILE, problems)
+    if tcfg is not None:
+        from eagle.target import open_target
+
+        try:
+            tcfg = open_target(target).text  # the text model's config, also when nested (text_config, ...)
+        except EagleError as exc:
+            problems.append(Problem(where=str(target / CONFIG_FILE), message=str(exc)))
+            tcfg = None
+    layout = checkpoint.detect_layout(raw) if raw is not None else None
+    if raw is not None and layout is None:
+        problems.append(Problem(where=str(cfg_path), message=(
+            "not an EAGLE-3 drafter config: it has neither speculators_model_type (speculators / vLLM format) "
+            f"nor architectures [\"{EAGLE_ARCHITECTURE}\"] (EAGLE / SpecForge format)")))
+    if raw is not None and tcfg is not None and layout is not None:
+        problems += (config_problems if layout == "speculators" else eagle_config_problems)(raw, tcfg, str(cfg_path))
+    n_layers = (tcfg or {}).get("num_hidden_layers")
+    ck = None
+    if layout is not None:
+        try:
+            ck = checkpoint.read_drafter(draft, validate=False)
+        except EagleError as exc:
+            where, _, message = str(exc).partition(": ")
+            problems.append(Problem(where=where, message=message))
+    if ck is not None and isinstance(n_layers, int):
+        try:
+            ck = ck.for_target(n_layers)
+        except EagleError:
+            pass  # vLLM's default layer ids do not suit this target: config_problems names it
+    facts: list[str] = []
+    summary: dict[str, Any] = {}
+    if ck is not None:
+        try:
+            tensors = ck.tensors()
+        except EagleError as exc:
+            where, _, message = str(exc).partition(": ")
+            problems.append(Problem(where=where, message=message))
+            ck = None
+        else:
+            problems += tensor_problems(ck.cfg, tensors, str(ck.weights_file))
+            facts = ck.notes + vllm_facts(ck, n_layers if isinstance(n_layers, int) else None)
+    if ck is not None:
+        parsed = ck.cfg
+        summary = {"layout": ck.layout, "hidden_size": parsed.hidden_size, "vocab_size": parsed.vocab_size,
+                   "draft_vocab_size": parsed.draft_vocab_size, "layer_ids": parsed.layer_ids,
+                   "norm_flags": parsed.flags(), "speculative_tokens": parsed.speculative_tokens,
+                   "target_layers": n_layers}
+    return CheckReport(draft=str(draft), target=str(target), ok=not problems, readable=ck is not None,
+                       layout=layout, problems=problems, facts=list(dict.fromkeys(facts)), summary=summary)
+
+
+@click.command("check-checkpoint")
+@click.argument("draft", type=click.Path(exists=True, file_okay=False))
+@click.option("--model", "model", required=True, type=click.Path(exists=True, file_okay=False),
+              help="The target model directory the drafter is for.")
+@json_option("Print the report as JSON.")
+def command(draft: str, model: str, as_json: bool) -> None:
+    """Check a drafter checkpoint against its target before serving it (no vLLM needed).
+
+    \b
+    Reads every published EAGLE-3 layout: speculators / vLLM (also with null or absent layer ids)
+    and EAGLE / SpecForge (LlamaForCausalLMEagle3, midlayer.*). Checks: the config keys vLLM
+    needs for its layout, no top-level model_type in a speculators config; layer ids distinct,
+    ascending and within the target's layers (null ids: vLLM's default must be valid for this
+    target); hidden size and vocab equal to the target's; every tensor's shape; d2t maps every
+    draft id into the target vocab (and agrees with t2d); every float tensor finite. Then states
+    facts: the layout, what vLLM 0.32 / 0.33 do with it (norm flags they serve, default layer
+    ids), the stored dtype, what reading it normalised.
+
+    Exit 0 when all pass; 1 listing every problem (file [key]: what is wrong); 2 when the drafter
+    cannot be read at all (no or broken config.json, damaged weights, an unknown layout).
+
+    \b
+    Example:
+      eagle check-checkpoint work/draft --model work/target
+    """
+    with refusals():
+        report = check_checkpoint(draft, model)
+
+    def show() -> None:
+        if report.ok:
+            s = report.summary
+            click.echo(f"ok: {draft} fits {model} (layers {s.get('layer_ids')} of {s.get('target_layers')}, "
+                       f"hidden {s.get('hidden_size')}, draft vocab {s.get('draft_vocab_size')} of "
+                       f"{s.get('vocab_size')})")
+            for fact in report.facts:
+                click.echo(f"  {fact}")
+            return
+        click.echo(f"{len(report.problems)} problem(s) in {draft}:", err=True)
+        for p in report.problems:
+            click.echo(f"  {p}", err=True)
+        for fact in report.facts:
+            click.echo(f"  note: {fact}", err=True)
+
+    finish(report, as_json, show=show)
+    if not report.ok:
+        raise SystemExit(1 if report.readable else 2)

@@ -1,0 +1,103 @@
+"""`eagle import-drafter`: a drafter of any published EAGLE-3 layout, written in ours.
+
+The reading and the writing are eagle/drafter/checkpoint.py's (`read_drafter`, `write_checkpoint`); this
+module is the command around them. The import is lossless: tensors keep their stored dtype and an
+embedding the source carries is kept; what changes is the layout (speculators' config.json,
+`layers.0.*` names, explicit layer ids and norm flags, an absolute verifier path).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from pydantic import BaseModel
+
+from eagle.command import finish, json_option, refusals
+
+
+class ImportResult(BaseModel):
+    source: str
+    out: str
+    layout: str  # the source's: "speculators" or "eagle" (EAGLE / SpecForge)
+    layer_ids: list[int]
+    draft_vocab_size: int
+    vocab_size: int
+    norm_flags: dict[str, bool]
+    dtypes: list[str]
+    verifier: str | None
+    notes: list[str]
+
+
+def import_drafter(src: Path, out: Path, model: Path | None = None) -> ImportResult:
+    """Read `src` (any layout), check it against the target `model` when given, write ours to `out`."""
+    from eagle.drafter import checkpoint
+
+    src, out = Path(src), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise checkpoint.CheckpointError(f"--out {out}: exists and is not an empty directory; choose a new one")
+    from eagle.target import open_target
+
+    target = open_target(model) if model is not None else None
+    ck = checkpoint.read_drafter(src, target.num_layers if target is not None else None)
+    if ck.cfg.layer_ids is None:
+        raise checkpoint.CheckpointError(
+            f"{src / checkpoint.CONFIG_FILE}: eagle_aux_hidden_state_layer_ids is null; pass --model TARGET so "
+            "vLLM's default [2, N//2, N-3] for that target can be written")
+    if target is not None:
+        problems = checkpoint.target_fit_problems(ck.cfg, target.text)
+        if problems:
+            raise checkpoint.CheckpointError(f"{src}: does not fit --model {model}: " + "; ".join(problems))
+    config = dict(ck.config)
+    if model is not None:
+        spec = dict(config["speculators_config"])
+        spec["verifier"] = dict(spec.get("verifier") or {}, name_or_path=str(model))
+        config["speculators_config"] = spec
+    cfg = checkpoint.write_checkpoint(out, config, ck.tensors(), keep_embedding=True)
+    written = checkpoint.read_drafter(out)
+    return ImportResult(source=str(src), out=str(out), layout=ck.layout, layer_ids=list(cfg.layer_ids or []),
+                        draft_vocab_size=cfg.draft_vocab_size, vocab_size=cfg.vocab_size, norm_flags=cfg.flags(),
+                        dtypes=sorted(set(written.dtypes.values())), verifier=written.cfg.verifier, notes=ck.notes)
+
+
+@click.command("import-drafter", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("src", type=click.Path(path_type=Path))
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="New directory for the checkpoint.")
+@click.option("--model", type=click.Path(path_type=Path), default=None,
+              help="The target: fills in null layer ids (vLLM's default for it), checks the fit, and is "
+                   "recorded as the verifier.")
+@json_option()
+def command(src: Path, out: Path, model: Path | None, as_json: bool) -> None:
+    """Write a drafter of any published EAGLE-3 layout in our (speculators / vLLM) format.
+
+    \b
+    Reads: speculators / vLLM checkpoints (also `speculators convert` output with null layer ids,
+    and ones older than the layer-ids key); EAGLE / SpecForge / SGLang ones (top-level llama
+    config, architectures ["LlamaForCausalLMEagle3"], eagle_config, weights under midlayer.*);
+    any norm flags vLLM serves (norm_before_fc with input_norm, fc_norm, norm_output,
+    norm_before_residual). Writes OUT/config.json + OUT/model.safetensors, tensors as stored.
+    Every other eagle command reads these layouts directly; importing gives one canonical copy.
+
+    \b
+    Example:
+      eagle import-drafter /models/kimi-k2-eagle3 --out work/draft-v1 --model /models/kimi-k2
+
+    Exit 0 written; 2 the source cannot be read, does not fit --model, or --out is not new
+    (nothing is written).
+    """
+    with refusals():
+        res = import_drafter(src, out, model)
+
+    def notes() -> None:
+        for note in res.notes:
+            click.echo(f"note: {note}")
+
+    finish(res, as_json, show=notes, table={
+        "written": res.out,
+        "source layout": {"eagle": "EAGLE / SpecForge (midlayer.*)", "speculators": "speculators (eagle3)"}[res.layout],
+        "layer ids": res.layer_ids,
+        "draft vocab / target vocab": f"{res.draft_vocab_size} / {res.vocab_size}",
+        "norm flags": ", ".join(k for k, v in res.norm_flags.items() if v) or "none",
+        "weights": ", ".join(res.dtypes),
+        "verifier": res.verifier,
+    })

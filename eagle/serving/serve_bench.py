@@ -1,0 +1,350 @@
+"""`eagle serve-bench`: the drafter served by vLLM, next to the target served alone, on the same prompts.
+
+Two runs, one server each (eagle/serving/server.py starts and always stops them): `plain` (the target
+alone) and `spec` (the target with the drafter as `--speculative-config`, method eagle3). Both get
+the same prompt token ids (`eagle evaluate`'s), greedy, the same --max-new-tokens and
+--concurrency, the same engine flags. The report carries both runs (tok/s, latency and time to
+first token percentiles), the speedup, vLLM's acceptance counters for the spec run, the engine
+mode (`cuda-graphs`, `compiled` or `eager`), and a warning with the causes it can see when the
+speculative run is the slower one: the story this project retells lost its speedup (60 tok/s
+against an 82.5 tok/s baseline) because verification ran without CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import click
+from pydantic import BaseModel
+
+from eagle.command import finish, json_option, refusals
+from eagle.common import EagleError, fail, print_table, warn
+from eagle.serving import server as serve
+from eagle.serving.serve_config import DeployCommands, deploy_commands
+from eagle.serving.server import RequestResult, ServerSpec, VllmFlags
+
+
+class Dist(BaseModel):
+    """Summary of one quantity over the requests of a run (seconds)."""
+
+    mean: float = 0.0
+    p50: float = 0.0
+    p90: float = 0.0
+    p99: float = 0.0
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), linear between order statistics (numpy's default); 0.0 when empty."""
+    if not values:
+        return 0.0
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def dist(values: Sequence[float]) -> Dist:
+    if not values:
+        return Dist()
+    return Dist(mean=sum(values) / len(values), p50=percentile(values, 50), p90=percentile(values, 90),
+                p99=percentile(values, 99))
+
+
+class RunStats(BaseModel):
+    """One server's run over all prompts."""
+
+    name: str  # "plain" | "spec"
+    command: list[str]
+    startup_s: float
+    requests: int
+    output_tokens: int
+    wall_s: float
+    tok_s: float  # generated tokens / wall time of all requests
+    ttft_s: Dist
+    latency_s: Dist
+    tpot_s: Dist  # per output token after the first
+    accept_len: float | None = None
+    accept_rates: list[float] = []
+    draft_accept_rate: float | None = None
+    drafts: float | None = None
+    outputs: list[list[int]]
+
+
+def run_stats(name: str, command: list[str], startup_s: float, results: Sequence[RequestResult], wall_s: float,
+              acceptance: dict[str, float] | None = None) -> RunStats:
+    """Throughput, latency percentiles and (spec run) acceptance of one run (pure)."""
+    tokens = sum(len(r.output_token_ids) for r in results)
+    tpot = [(r.latency_s - r.ttft_s) / (len(r.output_token_ids) - 1) for r in results if len(r.output_token_ids) > 1]
+    stats = RunStats(name=name, command=command, startup_s=startup_s, requests=len(results), output_tokens=tokens,
+                     wall_s=wall_s, tok_s=tokens / wall_s if wall_s > 0 else 0.0,
+                     ttft_s=dist([r.ttft_s for r in results]), latency_s=dist([r.latency_s for r in results]),
+                     tpot_s=dist(tpot), outputs=[r.output_token_ids for r in results])
+    if acceptance:
+        stats.accept_len = acceptance["vllm_accept_len"]
+        stats.draft_accept_rate = acceptance["vllm_draft_accept_rate"]
+        n = sum(1 for key in acceptance if key.startswith("vllm_accept_rate_"))
+        stats.accept_rates = [acceptance[f"vllm_accept_rate_{i}"] for i in range(n)]
+        stats.drafts = acceptance.get("vllm_drafts")
+    return stats
+
+
+class BenchReport(BaseModel):
+    host: str  # "cuda" | "cpu"
+    mode: str  # "cuda-graphs" | "compiled" | "eager"
+    k: int
+    concurrency: int
+    max_new_tokens: int
+    prompts: int
+    plain: RunStats | None = None
+    spec: RunStats | None = None
+    speedup: float | None = None  # spec tok/s / plain tok/s
+    outputs_equal: int | None = None  # prompts whose spec output equals the plain output
+    warnings: list[str] = []
+    deploy: DeployCommands | None = None
+    metrics: dict[str, float] = {}
+
+
+# ---------------------------------------------------------------- judging the runs (pure)
+
+
+def slowdown_warnings(report: BenchReport) -> list[str]:
+    """What to tell the user about the comparison: when speculative decoding lost, the causes in sight."""
+    out: list[str] = []
+    plain, spec = report.plain, report.spec
+    if report.host == "cuda" and report.mode == "eager":
+        out.append("benchmarked with --enforce-eager on a CUDA host: no CUDA graphs, so serving speed (plain and "
+                   "speculative alike) is understated; drop --enforce-eager / use --compile")
+    if plain and spec and report.outputs_equal is not None and report.outputs_equal < report.prompts:
+        out.append(f"the speculative outputs differ from the plain ones on {report.prompts - report.outputs_equal} "
+                   f"of {report.prompts} prompts (greedy should give the same tokens; bf16 near-ties can flip them)")
+    if not (plain and spec and report.speedup is not None) or report.speedup >= 1.0:
+        return out
+    causes: list[str] = []
+    if report.mode == "eager":
+        causes.append("verification ran in eager mode (--enforce-eager): without CUDA graphs every verify step pays "
+                      "its kernel launches, which is how the story lost its speedup; on a GPU host leave "
+                      "--enforce-eager off (the default there)")
+    if report.host == "cpu":
+        causes.append("this is a CPU host: a real target's forward is compute-bound here, not memory-bound, so "
+                      "verifying k+1 tokens costs close to k+1 decode steps (only tiny, overhead-bound targets "
+                      "gain on a CPU); measure the speedup on the serving GPU")
+    if spec.draft_accept_rate is not None and spec.draft_accept_rate < 0.5 and report.k > 1:
+        causes.append(f"draft length -k {report.k} is long for this acceptance: only {spec.draft_accept_rate:.0%} "
+                      f"of drafted tokens were accepted (accept_len {spec.accept_len:.2f}); try -k "
+                      f"{max(1, min(report.k - 1, round(spec.accept_len or 1)))}")
+    if spec.accept_len is not None and spec.accept_len < 1.5:
+        causes.append(f"accept_len {spec.accept_len:.2f} is low: check the drafter belongs to this target "
+                      "(`eagle check-checkpoint`; a missing d2t proposes the wrong tokens) and the dtype it was "
+                      "trained for")
+    if report.concurrency > 1:
+        causes.append(f"--concurrency {report.concurrency}: each step verifies {report.concurrency} x "
+                      f"{report.k + 1} tokens; speculative gains shrink as the batch becomes compute-bound "
+                      "(compare at --concurrency 1)")
+    head = (f"speculative decoding was SLOWER than plain decoding: {spec.tok_s:.1f} vs {plain.tok_s:.1f} tok/s "
+            f"(speedup {report.speedup:.2f}x, mode {report.mode}, k {report.k})")
+    out.insert(0, head + (". Likely causes: " + "; ".join(f"({i + 1}) {c}" for i, c in enumerate(causes))
+                          if causes else ". No cause in sight from here: profile the server"))
+    return out
+
+
+def flat_metrics(report: BenchReport) -> dict[str, float]:
+    """The numbers `runbook` judges ($RUNBOOK_METRICS)."""
+    m: dict[str, float] = {"vllm_cuda_graphs": float(report.mode == "cuda-graphs"),
+                           "vllm_eager": float(report.mode == "eager"), "vllm_concurrency": float(report.concurrency)}
+    for run in (report.plain, report.spec):
+        if run is None:
+            continue
+        p = f"vllm_{run.name}_"
+        m |= {p + "tok_s": run.tok_s, p + "ttft_s": run.ttft_s.mean, p + "latency_p50_s": run.latency_s.p50,
+              p + "latency_p90_s": run.latency_s.p90, p + "latency_p99_s": run.latency_s.p99,
+              p + "startup_s": run.startup_s}
+    main = report.spec or report.plain
+    if main is not None:
+        m |= {"vllm_tok_s": main.tok_s, "vllm_ttft_s": main.ttft_s.mean, "vllm_startup_s": main.startup_s,
+              "vllm_output_tokens": float(main.output_tokens), "vllm_requests": float(main.requests),
+              "vllm_wall_s": main.wall_s}
+    if report.spec is not None and report.spec.accept_len is not None:
+        m["vllm_accept_len"] = report.spec.accept_len
+        m["vllm_draft_accept_rate"] = report.spec.draft_accept_rate or 0.0
+        m["vllm_drafts"] = report.spec.drafts or 0.0
+        for i, r in enumerate(report.spec.accept_rates):
+            m[f"vllm_accept_rate_{i}"] = r
+    if report.speedup is not None:
+        m["vllm_speedup"] = report.speedup
+    if report.outputs_equal is not None:
+        m["vllm_outputs_equal"] = float(report.outputs_equal)
+    return m
+
+
+# ---------------------------------------------------------------- running
+
+
+def bench_specs(model: str, draft: str | None, k: int, flags: VllmFlags, cuda: bool, longest_prompt: int,
+                max_new_tokens: int, concurrency: int, dtype: str | None = None, port: int = 0,
+                baseline: bool = True) -> list[tuple[str, ServerSpec]]:
+    """The servers of a serve-bench run, in order: ("plain", spec) then ("spec", spec) (pure).
+
+    They differ only in the drafter: same engine flags, same context length (sized for the spec
+    run), same batch limit."""
+    base = serve.server_spec(model, flags, cuda, dtype=dtype, port=port, k=k,
+                             max_model_len=longest_prompt + max_new_tokens + k + 16, max_num_seqs=max(1, concurrency))
+    runs = [("plain", base)] if baseline or not draft else []
+    if draft:
+        runs.append(("spec", base.model_copy(update={"draft": str(draft)})))
+    return runs
+
+
+def run_one(name: str, spec: ServerSpec, prompts: Sequence[list[int]], max_new_tokens: int, concurrency: int,
+            ignore_eos: bool, startup_timeout: float, echo: bool) -> RunStats:
+    """Start one server, send every prompt, read the spec-decode counters around it, stop the server."""
+    with serve.running_server(spec, startup_timeout, echo) as server:
+        if echo:
+            click.echo(f"[{name}] sending {len(prompts)} prompts, {concurrency} in flight", err=True)
+        before = serve.spec_counters(server.metrics_text()) if spec.draft else None
+        try:
+            results, wall = serve.run_prompts(server.url, prompts, max_new_tokens, concurrency, ignore_eos)
+        except Exception as exc:  # noqa: BLE001 - any failure: show vLLM's side too
+            raise server.failed(exc) from None
+        acceptance = None
+        if before is not None:
+            time.sleep(0.5)  # counters are published by the engine's stats loop
+            delta = serve.spec_counters(server.metrics_text()).minus(before)
+            acceptance = serve.acceptance_metrics(delta) | {"vllm_drafts": delta.drafts}
+        return run_stats(name, serve.server_command(server.spec), server.startup_s, results, wall, acceptance)
+
+
+def serve_bench(model: str, prompts: Sequence[list[int]], draft: str | None = None, k: int = 3,
+                max_new_tokens: int = 64, flags: VllmFlags | None = None, concurrency: int = 1, port: int = 0,
+                startup_timeout: float = 300.0, dtype: str | None = None, ignore_eos: bool = False,
+                baseline: bool = True, cuda: bool | None = None, echo: bool = True) -> BenchReport:
+    """Run the plain and the speculative server on `prompts`; both runs, speedup, warnings, deploy lines."""
+    if not prompts:
+        raise EagleError("no prompts to send")
+    flags = flags or VllmFlags()
+    cuda = serve.host_has_cuda() if cuda is None else cuda
+    specs = bench_specs(model, draft, k, flags, cuda, max(len(p) for p in prompts), max_new_tokens, concurrency,
+                        dtype, port, baseline)
+    runs = {name: run_one(name, spec, prompts, max_new_tokens, concurrency, ignore_eos, startup_timeout, echo)
+            for name, spec in specs}
+    plain, spec_run = runs.get("plain"), runs.get("spec")
+    report = BenchReport(host="cuda" if cuda else "cpu", mode=serve.engine_mode(specs[-1][1], cuda), k=k,
+                         concurrency=concurrency, max_new_tokens=max_new_tokens, prompts=len(prompts),
+                         plain=plain, spec=spec_run)
+    if plain and spec_run:
+        report.speedup = spec_run.tok_s / plain.tok_s if plain.tok_s > 0 else None
+        report.outputs_equal = sum(a == b for a, b in zip(plain.outputs, spec_run.outputs, strict=True))
+    if draft:
+        report.deploy = deploy_commands(specs[-1][1])
+    report.warnings = slowdown_warnings(report)
+    report.metrics = flat_metrics(report)
+    return report
+
+
+def load_prompts(model: str, prompts_file: str, limit: int | None, trust_remote_code: bool = False) -> list[list[int]]:
+    """The exact prompt token ids `eagle evaluate` decodes from (eagle.prompts owns the rule)."""
+    from eagle.prompts import PromptFileError, load_prompt_token_ids
+
+    try:
+        return [list(map(int, p)) for p in load_prompt_token_ids(model, prompts_file, limit=limit,
+                                                                  trust_remote_code=trust_remote_code)]
+    except PromptFileError as exc:
+        raise EagleError(str(exc)) from None
+    except (OSError, ValueError) as exc:  # no tokenizer in the model dir, unreadable files
+        raise EagleError(f"cannot tokenize the prompts with {model}: {exc}") from None
+
+
+def print_report(report: BenchReport) -> None:
+    runs = [r for r in (report.plain, report.spec) if r is not None]
+    rows = [("tok/s", *[r.tok_s for r in runs]),
+            ("latency p50 / p90 / p99 (s)", *[f"{r.latency_s.p50:.3f} / {r.latency_s.p90:.3f} / {r.latency_s.p99:.3f}"
+                                              for r in runs]),
+            ("ttft p50 / p90 (s)", *[f"{r.ttft_s.p50:.3f} / {r.ttft_s.p90:.3f}" for r in runs]),
+            ("output tokens", *[r.output_tokens for r in runs]),
+            ("server start (s)", *[r.startup_s for r in runs])]
+    if report.spec is not None and report.spec.accept_len is not None:
+        rows.append(("accept_len", *(["-"] if report.plain else []), report.spec.accept_len))
+        rows.append(("accept rate per position", *(["-"] if report.plain else []),
+                     " / ".join(f"{a:.3f}" for a in report.spec.accept_rates)))
+    print_table(rows, headers=["", *[r.name for r in runs]])
+    tail = {"host / mode": f"{report.host} / {report.mode}", "k": report.k, "concurrency": report.concurrency}
+    if report.speedup is not None:
+        tail["speedup (spec / plain tok/s)"] = f"{report.speedup:.3f}x"
+        tail["spec output == plain output"] = f"{report.outputs_equal}/{report.prompts}"
+    print_table(list(tail.items()))
+    if report.deploy:
+        click.echo("\nserve it the way it was benchmarked (eagle serve-config prints more):")
+        click.echo("  " + " ".join(_quote(a) for a in report.deploy.vllm))
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+@click.command("serve-bench")
+@click.option("--model", "model", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Target model directory (what vLLM serves).")
+@click.option("--draft", type=click.Path(exists=True, file_okay=False),
+              help="EAGLE-3 drafter checkpoint directory (speculators format).")
+@click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Prompt file, read exactly as `eagle evaluate --prompts` reads it.")
+@click.option("-k", "k", default=3, show_default=True, type=click.IntRange(1, 16),
+              help="Draft tokens per step (num_speculative_tokens).")
+@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1),
+              help="Tokens to generate per prompt (same meaning as in `eagle evaluate`).")
+@click.option("--limit", type=click.IntRange(1), help="Use only the first N prompts.")
+@click.option("--port", default=0, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
+@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1),
+              help="Requests in flight at once (1 = batch-1 latency, comparable with `eagle evaluate`).")
+@click.option("--no-draft", is_flag=True, help="Only the plain run (the target alone): the baseline.")
+@click.option("--no-baseline", is_flag=True, help="Only the speculative run (one server start instead of two).")
+@click.option("--startup-timeout", default=300.0, show_default=True, type=float,
+              help="Seconds to wait for /health before giving up (the log tail is shown).")
+@serve.vllm_options
+@click.option("--dtype", default=None, help="vLLM --dtype (default: float32 on CPU to match `eagle evaluate`, else auto).")
+@click.option("--ignore-eos", is_flag=True,
+              help="Generate exactly --max-new-tokens even past EOS (default: stop at EOS, as evaluate does).")
+@json_option("Print the whole report (both runs, outputs, deploy lines) as JSON.")
+def command(model: str, draft: str | None, prompts_file: str, k: int, max_new_tokens: int, limit: int | None,
+            port: int, concurrency: int, no_draft: bool, no_baseline: bool, startup_timeout: float,
+            vllm_args: tuple[str, ...], trust_remote_code: bool, eager: bool | None, dtype: str | None,
+            ignore_eos: bool, as_json: bool) -> None:
+    """Serve the target alone and with the drafter in vLLM; tok/s, latency, speedup and acceptance.
+
+    Two runs on the same prompt token ids `eagle evaluate` uses (greedy, the same
+    --max-new-tokens, stopping at EOS like evaluate, --concurrency in flight): `plain`, the target
+    alone, then `spec`, the target with the drafter as --speculative-config (method eagle3). vLLM's
+    spec-decode counters are read from /metrics around the spec run. Each server is always stopped,
+    also on Ctrl-C. CUDA graphs are on by default on a CUDA host (eager only with --enforce-eager);
+    a CPU host runs eager unless --compile. When the speculative run is slower, a warning names the
+    causes it can see (eager mode, draft length, low acceptance, batch size, CPU host).
+
+    \b
+    Metrics ($RUNBOOK_METRICS): vllm_accept_len (= 1 + accepted/drafts), vllm_accept_rate_0..k-1,
+    vllm_speedup, vllm_plain_tok_s, vllm_spec_tok_s, vllm_{plain,spec}_latency_p50_s/_p90_s/_p99_s,
+    vllm_{plain,spec}_ttft_s, vllm_tok_s / vllm_ttft_s (the spec run's, else the plain run's),
+    vllm_cuda_graphs (1 or 0), vllm_eager, vllm_outputs_equal, vllm_startup_s.
+
+    \b
+    Examples:
+      eagle serve-bench --model work/target --draft work/draft --prompts plans/data/prompts.jsonl -k 3 --limit 4
+      eagle serve-bench --model /models/big --draft /ckpt/draft --prompts chats.jsonl --concurrency 8 \\
+          --trust-remote-code --vllm-arg tensor-parallel-size=8 --vllm-arg enable-expert-parallel
+    """
+    if not no_draft and not draft:
+        fail("give --draft DIR (the drafter to serve), or --no-draft for the baseline", code=2)
+    if no_draft and no_baseline:
+        fail("--no-draft and --no-baseline together leave nothing to run", code=2)
+    with refusals(interrupted="interrupted; the vLLM server was stopped"):
+        flags = serve.vllm_flags(vllm_args, trust_remote_code, eager)
+        prompts = load_prompts(model, prompts_file, limit, flags.trusts_remote_code)
+        report = serve_bench(model, prompts, draft=None if no_draft else draft, k=k, max_new_tokens=max_new_tokens,
+                             flags=flags, concurrency=concurrency, port=port, startup_timeout=startup_timeout,
+                             dtype=dtype, ignore_eos=ignore_eos, baseline=not no_baseline, echo=not as_json)
+    for w in report.warnings:
+        warn(w)
+    finish(report, as_json, metrics=report.metrics, show=lambda: print_report(report))

@@ -1,0 +1,125 @@
+"""Files runbook reads and writes safely: atomic replacement and bounded reads.
+
+Atomic replacement: temp file in the same directory, fsync, rename. A crash or a full disk leaves
+either the old file or the new one, never half of one, and no temp file behind. A replaced file keeps
+its mode; a new one gets the mode `open()` would give it (0666 less the umask), not the 0600 of the
+temp file.
+
+Bounded reads of files that could be anything (a FIFO, a device, a runaway log): every file runbook
+reads that a user, a plan or a step controls (plans, notes, config, metrics files, the run lock) goes
+through `read_bounded`: it opens without blocking, reads only a regular file, and never more than the
+caller's limit. A FIFO cannot hang runbook and `/dev/zero` cannot fill its memory.
+
+Ground floor: imports nothing from runbook.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+
+class NotReadable(ValueError):
+    """Not a regular file, or larger than the limit; the message says which (without the path)."""
+
+
+def read_bounded(path: str | os.PathLike[str], max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most `max_bytes`.
+
+    Raises OSError (FileNotFoundError, PermissionError, ...) as `open` does, and `NotReadable` for
+    a FIFO, device, socket or directory, or a file over the limit.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            what = (
+                "a FIFO" if stat.S_ISFIFO(info.st_mode)
+                else "a directory" if stat.S_ISDIR(info.st_mode)
+                else "a device or special file"
+            )
+            raise NotReadable(f"not a regular file ({what})")
+        if info.st_size > max_bytes:
+            raise NotReadable(f"{info.st_size:,} bytes, more than the {max_bytes:,} runbook reads")
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > max_bytes:  # it grew while being read
+                raise NotReadable(f"more than the {max_bytes:,} bytes runbook reads")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> None:
+    """Replace `path` with `text` atomically. Newlines are written exactly as given."""
+    atomic_write_bytes(path, text.encode(encoding))
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> None:
+    """Replace `path` with `data` atomically. `durable=False` skips the fsyncs: for a cache whose
+    reader checks a checksum (after a power loss the file may be damaged; the reader rebuilds it)."""
+    target = Path(path)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            if durable:
+                os.fsync(handle.fileno())
+        if target.exists():
+            os.chmod(tmp_name, target.stat().st_mode & 0o7777)
+        else:
+            os.chmod(tmp_name, 0o666 & ~_umask())  # what open() would give, not mkstemp's 0600
+        os.replace(tmp_name, target)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        if isinstance(exc, OSError) and exc.filename is None:
+            # name the file the caller wanted to write (a full disk fails in write/flush, nameless)
+            raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from exc
+        raise
+    if durable:
+        _fsync_dir(target.parent)
+
+
+def remove_stale_temps(path: str | os.PathLike[str]) -> None:
+    """Remove the temp files a killed `atomic_write_bytes` of `path` left beside it. Call only
+    where nobody else can be writing `path` (under runbook's write lock)."""
+    target = Path(path)
+    for tmp in target.parent.glob(f".{target.name}.*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where /proc tells it (thread-safe)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

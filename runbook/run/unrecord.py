@@ -1,0 +1,104 @@
+"""`runbook forget RUN` and `runbook reset PHASE`: drop runs from the ledger, keep the plan true.
+
+A forgotten run's ledger file (`state/runs/<id>.json`), its metric series
+(`state/runs/<id>.series.jsonl`) and its logs (`state/runs/<id>/`) are removed; every phase it
+belonged to is written back from the runs that remain (status block, checkboxes and results table
+from the latest remaining run, or no blocks and no ticks when none remains); plan and ledger go
+into one commit (`runbook: forget run <id>` / `runbook: reset <phase>`). Both take the run lock
+(they refuse while a run is in progress) and then the write lock. The plan is written before the
+ledger files are removed: a crash in between leaves runs the next write-back puts back into the
+plan, never a plan naming runs that are gone.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable
+
+from runbook.errors import RunbookError
+from runbook.model import RunRecord
+from runbook.plan import writeback
+from runbook.store import gitops, ledger
+from runbook.store.workspace import Workspace
+
+__all__ = ["forget_runs"]
+
+
+def _rewrite(ws: Workspace, text: str, forgotten: list[RunRecord]) -> str:
+    from runbook.plan.parse import parse_plan
+
+    gone = {r.run_id for r in forgotten}
+    index = ws.ledger()
+    for phase_id in dict.fromkeys(r.phase for r in forgotten):
+        plan, _ = parse_plan(text, ws.plan_rel)
+        phase = plan.find_phase(phase_id) if plan else None
+        if plan is None or phase is None:
+            continue
+        remaining = [r for r in index.rows(ws.plan_rel, phase_id) if r.run_id not in gone]
+        shown = remaining[-writeback.RESULTS_ROWS:]
+        history = index.load(shown)
+        try:
+            if history:
+                text = writeback.apply_run(text, plan, phase_id, history[-1], history, file=ws.plan_rel,
+                                           earlier=len(remaining) - len(shown))
+            else:
+                text = writeback.clear_phase(text, plan, phase_id, file=ws.plan_rel)
+        except writeback.HandEdited as exc:
+            raise RunbookError(f"refusing: {exc}", "hand_edited", file=ws.plan_rel) from None
+    return text
+
+
+def forget_runs(ws: Workspace, forgotten: list[RunRecord], subject: str, *, commit: bool = True,
+                warn: Callable[[str], None] = lambda _msg: None) -> tuple[bool, str | None]:
+    """Drop `forgotten` (runs of the workspace's plan); returns (plan rewritten, commit or None)."""
+    from runbook.files import atomic_write_text
+    from runbook.plan.parse import read_text
+    from runbook.store.lock import LockError, LockHeld, run_lock, write_lock
+
+    for record in forgotten:
+        if not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z_.-]*", record.run_id) or ".." in record.run_id:
+            raise RunbookError(f"run id {record.run_id!r} is not one runbook writes; remove its file by hand",
+                               "unknown_run")
+    if commit and ws.git:
+        try:
+            gitops.check_can_commit(ws.root)
+        except gitops.GitStateError as exc:
+            raise RunbookError(f"refusing: {exc}", "git_state") from None
+    try:
+        with run_lock(ws.state, git_dir=ws.git_dir, warn=warn), write_lock(ws.state):
+            text, problem = read_text(str(ws.plan_file))
+            if problem is not None:
+                raise RunbookError(str(problem), "io", file=ws.plan_rel)
+            ws.ledger_changed()  # under the locks now: look at state/runs/ afresh
+            new_text = _rewrite(ws, text, forgotten)
+            if new_text != text:
+                atomic_write_text(ws.plan_file, new_text)
+            paths = []
+            for record in forgotten:
+                path = ledger.run_path(ws.state, record.run_id)
+                path.unlink(missing_ok=True)
+                kept = ledger.series_path(ws.state, record.run_id)
+                if kept.is_file():
+                    kept.unlink()
+                    paths.append(ws.rel(kept))
+                logs = ledger.run_dir(ws.state, record.run_id)
+                if logs.is_dir():
+                    shutil.rmtree(logs, ignore_errors=True)
+                paths.append(ws.rel(path))
+            ws.ledger_changed()
+            sha = None
+            if commit and ws.git:
+                try:
+                    sha = gitops.commit_paths(ws.root, [ws.plan_rel, *paths], subject)
+                except gitops.GitStateError as exc:
+                    raise RunbookError(f"written but not committed: {exc}", "commit_failed",
+                                       hint="commit the plan and state/runs/ yourself") from None
+    except LockHeld as exc:
+        from runbook.run.planstate import holder_view
+
+        raise RunbookError(f"refusing while a run is in progress: {exc}", "locked", file=ws.rel(exc.path),
+                           lock=holder_view(exc.info, ws.plan, ws.rel(ws.state))) from None
+    except LockError as exc:
+        raise RunbookError(str(exc), "locked") from None
+    return new_text != text, sha

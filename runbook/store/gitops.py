@@ -1,0 +1,319 @@
+"""Git, the only module that imports gitpython (and only when it talks to a repository).
+
+`commit_paths` commits exactly the files runbook wrote, through a temporary index built from HEAD
+(GIT_INDEX_FILE), so the user's other staged and unstaged changes stay exactly as they were. The
+real index is then updated for those paths only, so `git status` shows them clean. Commits are made
+with plumbing (`write-tree`, `commit-tree`, `update-ref`): commit hooks do not run (a
+`reference-transaction` hook that refuses the update does stop it), a detached HEAD stays detached
+(and moves), a repository with no commits gets its first one, and `commit.gpgsign` is honoured
+(`commit-tree -S`: signed with the user's key and `gpg.format`, or refused when signing fails). In
+the middle of a merge, rebase, cherry-pick, revert or bisect, or for a file git ignores, it refuses
+with `GitStateError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import git
+
+_IN_PROGRESS = (
+    ("MERGE_HEAD", "a merge", "git merge --continue / git merge --abort"),
+    ("rebase-merge", "a rebase", "git rebase --continue / git rebase --abort"),
+    ("rebase-apply", "a rebase or `git am`", "git rebase --continue / git rebase --abort"),
+    ("CHERRY_PICK_HEAD", "a cherry-pick", "git cherry-pick --continue / git cherry-pick --abort"),
+    ("REVERT_HEAD", "a revert", "git revert --continue / git revert --abort"),
+    ("BISECT_LOG", "a bisect", "git bisect reset"),
+)
+
+
+class GitStateError(Exception):
+    """The repository is in a state where runbook will not commit; the message says what to do."""
+
+
+def blob_hash(data: bytes) -> str:
+    """The git blob id (SHA-1) of `data`, as `git hash-object` prints it."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def git_dir(root: str | os.PathLike[str]) -> Path | None:
+    """The git directory of a work tree root (follows a `.git` file of a linked worktree)."""
+    dot = Path(root) / ".git"
+    if dot.is_dir():
+        return dot
+    if dot.is_file():
+        text = dot.read_text(encoding="utf-8", errors="replace").strip()
+        if text.startswith("gitdir:"):
+            target = Path(text[len("gitdir:") :].strip())
+            return target if target.is_absolute() else (Path(root) / target).resolve()
+    return None
+
+
+def _repo(root: str | os.PathLike[str]) -> git.Repo:
+    import git  # imported only when runbook talks to git
+
+    try:
+        return git.Repo(str(root))
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:
+        raise GitStateError(f"{root} is not a git repository") from exc
+
+
+def _git_error() -> type[git.GitCommandError]:
+    import git
+
+    return git.GitCommandError
+
+
+def head_commit(root: str | os.PathLike[str]) -> str | None:
+    """The commit HEAD points at; None in a repository with no commits yet."""
+    repo = _repo(root)
+    try:
+        head: str = repo.git.rev_parse("--verify", "-q", "HEAD")
+    except _git_error():
+        return None
+    return head
+
+
+def in_progress(root: str | os.PathLike[str]) -> str | None:
+    """A sentence naming the operation in progress (merge, rebase, ...) and the way out, or None."""
+    gdir = git_dir(root)
+    if gdir is None:
+        return None
+    for name, what, way_out in _IN_PROGRESS:
+        if (gdir / name).exists():
+            return f"{what} is in progress in {root}; finish it or abort it ({way_out}), or pass --no-commit"
+    return None
+
+
+def check_can_commit(root: str | os.PathLike[str], paths: list[str] | None = None) -> None:
+    """Raise GitStateError when a commit would fail: operation in progress, no identity, one of
+    `paths` (repo-relative) ignored by git."""
+    busy = in_progress(root)
+    if busy:
+        raise GitStateError(busy)
+    repo = _repo(root)
+    _refuse_ignored(repo, paths or [])
+    try:
+        repo.git.var("GIT_COMMITTER_IDENT")
+        repo.git.var("GIT_AUTHOR_IDENT")
+    except _git_error() as exc:
+        raise GitStateError(
+            "git does not know who you are: set it with `git config user.name NAME` and "
+            "`git config user.email EMAIL`, or pass --no-commit"
+        ) from exc
+
+
+def _refuse_ignored(repo: git.Repo, paths: list[str]) -> None:
+    """GitStateError naming the paths git ignores (untracked and matched by an ignore rule)."""
+    if not paths:
+        return
+    try:
+        out = repo.git.check_ignore("-v", "--", *paths)
+    except _git_error() as exc:
+        if getattr(exc, "status", None) == 1:
+            return  # none is ignored
+        raise GitStateError(f"git check-ignore failed: {_detail(exc)}") from exc
+    lines = [line for line in out.splitlines() if line.strip()]
+    if not lines:
+        return
+    shown = []
+    for line in lines[:5]:
+        source, _, path = line.partition("\t")
+        shown.append(f"{path} (ignored by {source.rsplit(':', 1)[0]})")
+    raise GitStateError(
+        f"{'; '.join(shown)}: runbook commits only files git would commit; stop ignoring "
+        f"{'it' if len(lines) == 1 else 'them'} (change the ignore rule, or `git add -f` once), or pass --no-commit"
+    )
+
+
+def changed_tracked(root: str | os.PathLike[str], limit: int = 100) -> list[str]:
+    """Tracked files whose work-tree or index content differs from HEAD (repo-relative, at most `limit`)."""
+    repo = _repo(root)
+    try:
+        out = repo.git.status("--porcelain=v1", "-z", "--untracked-files=no")
+    except _git_error():
+        return []
+    paths: list[str] = []
+    entries = out.split("\0")
+    i = 0
+    while i < len(entries) and len(paths) < limit:
+        entry = entries[i]
+        i += 1
+        if len(entry) < 4:
+            continue
+        status, path = entry[:2], entry[3:]
+        if "R" in status or "C" in status:
+            i += 1  # the next entry is the rename's source
+        paths.append(path)
+    return paths
+
+
+def _sign_args(repo: git.Repo) -> list[str]:
+    """`-S` when the user asked git to sign commits (commit.gpgsign), else nothing."""
+    try:
+        value = repo.git.config("--bool", "--get", "commit.gpgsign")
+    except _git_error():
+        return []
+    return ["-S"] if value.strip() == "true" else []
+
+
+def is_dirty(root: str | os.PathLike[str], path: str) -> bool:
+    """True when `path` (repo-relative) differs from HEAD in the index or work tree, or is untracked."""
+    repo = _repo(root)
+    out = repo.git.status("--porcelain", "--untracked-files=all", "--", path)
+    return bool(out.strip())
+
+
+def dirty_paths(root: str | os.PathLike[str], path: str) -> set[str]:
+    """Paths under `path` (repo-relative) that differ from HEAD in the index or work tree, or are
+    untracked: one `git status` for a whole directory (`is_dirty` asks about one path)."""
+    repo = _repo(root)
+    out = repo.git.status("--porcelain=v1", "-z", "--untracked-files=all", "--", path)
+    found: set[str] = set()
+    entries = out.split("\0")
+    i = 0
+    while i < len(entries):
+        entry = entries[i]
+        i += 1
+        if len(entry) < 4:
+            continue
+        found.add(entry[3:])
+        if "R" in entry[:2] or "C" in entry[:2]:
+            if i < len(entries) and entries[i]:
+                found.add(entries[i])  # the rename's source
+            i += 1
+    return found
+
+
+def show_blob(root: str | os.PathLike[str], blob: str) -> str | None:
+    """The text of a blob by id, None if the repository does not have it."""
+    try:
+        repo = _repo(root)
+        text: str = repo.git.cat_file("-p", blob, strip_newline_in_stdout=False)
+    except (GitStateError, _git_error()):
+        return None
+    return text
+
+
+def changed_files(root: str | os.PathLike[str], commit: str, other: str | None = None) -> list[str] | None:
+    """Tracked paths (repo-relative) that differ between `commit` and the work tree (or commit
+    `other`); None when git cannot tell (no such commit). Runs the git binary, so readers stay free
+    of gitpython."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["git", "diff", "--name-only", "--no-renames", "-z", commit, *([other] if other else []), "--"],
+            cwd=root, capture_output=True, timeout=30, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return [p for p in done.stdout.decode("utf-8", "replace").split("\0") if p]
+
+
+def short(commit: str | None) -> str:
+    return commit[:7] if commit else ""
+
+
+def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -> str | None:
+    """Commit exactly `paths` (repo-relative) as they are in the work tree; returns the new commit.
+
+    Returns None when they are unchanged since HEAD. Raises GitStateError during a merge, rebase,
+    cherry-pick, revert or bisect, or when git refuses.
+    """
+    busy = in_progress(root)
+    if busy:
+        raise GitStateError(busy)
+    repo = _repo(root)
+    error = _git_error()
+    head = head_commit(root)
+    gdir = Path(repo.git_dir)
+    index_lock = gdir / "index.lock"
+    if index_lock.exists():
+        # Refuse before committing: a commit whose index refresh then fails leaves the user's
+        # index holding the old blobs of our files.
+        raise GitStateError(
+            f"{index_lock} exists: another git command is running in this repository; wait for it "
+            "to finish, or remove the file if no git process is running"
+        )
+    _remove_dead_temp_indexes(gdir)
+    _refuse_ignored(repo, [p for p in paths if (Path(root) / p).exists()])
+    tmp_index = gdir / f"index.runbook.{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        tmp_index.unlink()
+    env = {"GIT_INDEX_FILE": str(tmp_index)}
+    try:
+        try:
+            if head:
+                repo.git.read_tree(head, env=env)
+            else:
+                repo.git.read_tree("--empty", env=env)
+            tracked = set(repo.git.ls_files("--", *paths, env=env).splitlines()) if paths else set()
+            present = [p for p in paths if (Path(root) / p).exists() or p in tracked]
+            if present:
+                repo.git.update_index("--add", "--remove", "--", *present, env=env)
+            tree = repo.git.write_tree(env=env)
+            if head and tree == repo.git.rev_parse(f"{head}^{{tree}}"):
+                commit = None  # nothing new; still refresh the index below (a killed run may have left it stale)
+            else:
+                parents = ["-p", head] if head else []
+                commit = repo.git.commit_tree(tree, *parents, *_sign_args(repo), "-m", message)
+                repo.git.update_ref("-m", message, "HEAD", commit, head or "")
+        except error as exc:
+            raise GitStateError(f"git refused the commit: {_detail(exc)}") from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_index.unlink()
+    # keep `git status` clean for our paths; the user's other index entries are untouched
+    if present:
+        try:
+            repo.git.update_index("--add", "--remove", "--", *present)
+        except error as exc:
+            # Only a git process that started after the check above gets here. The commit is made,
+            # but the real index still holds the old blobs: a plain `git commit` would revert them.
+            raise GitStateError(
+                f"the commit {short(commit)} is made, but git's index could not be updated for "
+                f"{', '.join(present)}: {_detail(exc)}; run `git reset -q -- {' '.join(present)}`"
+            ) from exc
+    if commit:
+        _gc_auto(repo)
+    return commit
+
+
+def _gc_auto(repo: git.Repo) -> None:
+    """`git gc --auto`, as `git commit` runs after each commit (plumbing commits skip it).
+
+    Without it every run leaves a new `state/runs` tree object loose, and a long project's `.git`
+    grows by a third of a megabyte a run until some other git command packs it. Run in the
+    foreground (no detached gc left behind) and best-effort: the commit is already made.
+    """
+    with contextlib.suppress(Exception):
+        repo.git.execute(["git", "-c", "gc.autoDetach=false", "gc", "--auto", "--quiet"])
+
+
+def _remove_dead_temp_indexes(gdir: Path) -> None:
+    """Delete temporary indexes (`index.runbook.<pid>`) left by runbook processes that were killed."""
+    from runbook.store.procs import pid_alive
+
+    for leftover in gdir.glob("index.runbook.*"):
+        pid = leftover.name.rsplit(".", 1)[-1]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+
+
+def _detail(exc: Exception) -> str:
+    """git's own `fatal:` / `error:` line (it names the file, e.g. a stale index.lock), else its last line."""
+    raw = str(getattr(exc, "stderr", "") or exc)
+    lines = [line.strip().removeprefix("stderr: ").strip("'") for line in raw.splitlines() if line.strip()]
+    for line in lines:
+        if line.lower().startswith(("fatal:", "error:")):
+            return line
+    return lines[-1] if lines else str(exc)

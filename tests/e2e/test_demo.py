@@ -1,0 +1,189 @@
+"""`make demo` end to end: scripts/demo.sh in a temp workspace, then the record it leaves.
+
+One slow test (it trains real drafters on the CPU and starts vLLM): the demo must run the
+EAGLE-3 example plan along a path its transitions allow, write the measured numbers into the
+plan's results tables, record a milestone in the notes, and commit each run as one git commit.
+Running it a second time must say it resumes, and run nothing new.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from helpers import git
+
+from runbook.model import Plan, RunRecord
+from runbook.plan.parse import load_plan
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "scripts" / "demo.sh"
+PLAN = "plans/eagle3-game-plan.md"
+NOTES = "plans/eagle3-next-steps.md"
+MILESTONE = "Demo: the plan ran to its end"
+
+
+
+def test_example_template_is_the_plan() -> None:
+    """`runbook init --example eagle3` copies templates/examples/eagle3/: it must be plans/eagle3-*."""
+    for name in ("eagle3-game-plan.md", "eagle3-next-steps.md"):
+        shipped = REPO / "templates" / "examples" / "eagle3" / name
+        assert shipped.read_bytes() == (REPO / "plans" / name).read_bytes(), f"copy plans/{name} to {shipped}"
+
+
+def run_demo(workspace: Path, home: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    # A HOME without a git identity: the demo must set one in its workspace (as on bare CI machines).
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GIT_")}
+    # The toy targets of Phase S and 0 (`eagle toy-target`) come from this machine's toy cache, where
+    # the toy_target / toy_successor fixtures keep the very same toys (eagle/toy.py from_cache).
+    from eagle.toy import cache_root
+
+    env.update(DEMO_DIR=str(workspace), HOME=str(home), GIT_CONFIG_NOSYSTEM="1", EAGLE_CACHE=str(cache_root()))
+    start = time.monotonic()
+    done = subprocess.run(["bash", str(DEMO)], env=env, capture_output=True, text=True, timeout=20 * 60)
+    return done, time.monotonic() - start
+
+
+def load_runs(workspace: Path) -> list[RunRecord]:
+    files = sorted((workspace / "state" / "runs").glob("*.json"))
+    return [RunRecord.model_validate_json(f.read_text()) for f in files]
+
+
+def next_phase(plan: Plan, run: RunRecord) -> str | None:
+    """Where the plan goes after this judged run: a phase id, or None for stop / the end."""
+    phase = plan.find_phase(run.phase)
+    assert phase is not None
+    if run.verdict == "pass":
+        if phase.on_pass is None:
+            index = plan.phases.index(phase)
+            return plan.phases[index + 1].id if index + 1 < len(plan.phases) else None
+        ref = phase.on_pass
+    else:
+        ref = phase.on_fail or "stop"
+    if ref.strip().lower() == "stop":
+        return None
+    target = plan.find_phase(ref)
+    assert target is not None, ref
+    return target.id
+
+
+def results_rows(plan: Plan, phase_id: str) -> tuple[list[str], dict[str, list[str]]]:
+    """The results table of a phase: its header and its rows by run id."""
+    phase = plan.find_phase(phase_id)
+    assert phase is not None and "results" in phase.blocks, f"{phase_id} has no results table"
+    lines = [line.strip() for line in phase.blocks["results"].inner.splitlines() if line.strip().startswith("|")]
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    header, rows = cells[0], cells[2:]
+    assert all(set(cell) <= set("-") for cell in cells[1]), lines[1]
+    return header, {row[0]: row for row in rows}
+
+
+@pytest.mark.slow
+def test_demo_runs_the_plan_records_and_commits(tmp_path: Path) -> None:
+    workspace, home = tmp_path / "demo", tmp_path / "home"
+    home.mkdir()
+    done, took = run_demo(workspace, home)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-6000:]
+    assert "starting over: a fresh workspace" in out
+    for shown in ("==> runbook status", "==> runbook brief", "==> git log --oneline", "demo finished in"):
+        assert shown in out, shown
+    # How long it took is reported, not asserted (speed targets live in benchmarks, not tests).
+    print(f"demo took {took:.0f} s")
+
+    plan = load_plan(workspace / PLAN)
+    runs = load_runs(workspace)
+    assert runs, "no run records in state/runs/"
+
+    # Every phase on the taken path reached a verdict, and the path is the one the plan's
+    # transitions give: Phase S, the probe, then the vocabulary question and one of the two
+    # fine-tunes (or the fallback from scratch), then Phase 2.
+    expected: str | None = plan.phases[0].id
+    for run in runs:
+        assert run.phase == expected, [r.phase for r in runs]
+        assert run.verdict in ("pass", "fail"), f"{run.phase}: {run.verdict} ({run.reason})"
+        expected = next_phase(plan, run)
+    assert expected is None, f"the plan did not run to its end: {expected} is next"
+    path = [run.phase for run in runs]
+    assert path[:2] == ["setup", "phase-0"] and path[-1] == "phase-2", path
+    assert path[2] in ("phase-0b", "fallback"), path
+    if path[2] == "phase-0b":
+        assert path[3] in ("phase-1", "phase-1b") and len(path) == 5, path
+    print(f"route: {' -> '.join(path)}")
+
+    for run in runs:
+        phase = plan.find_phase(run.phase)
+        assert phase is not None and phase.status is not None
+        assert phase.status.verdict == run.verdict and phase.status.run_id == run.run_id
+        assert all(step.done for step in phase.steps), f"{run.phase}: unticked steps"
+        # The results table holds the measured numbers: every metric column of the run's row is
+        # the run record's value (as written, 6 significant digits).
+        header, rows = results_rows(plan, run.phase)
+        assert run.run_id in rows, f"{run.phase}: run {run.run_id} not in its results table"
+        row = dict(zip(header, rows[run.run_id], strict=True))
+        assert row["verdict"] == run.verdict
+        metric_columns = header[3:-2]
+        assert metric_columns, header
+        for name in metric_columns:
+            assert name in run.metrics, f"{run.phase}: column {name} is not a metric of the run"
+            assert math.isclose(float(row[name]), run.metrics[name], rel_tol=1e-5), (name, row[name], run.metrics[name])
+
+    # The numbers are real measurements, not placeholders: the probe measured similarity per
+    # layer, training and decoding measured acceptance, and vLLM counted its own acceptance.
+    by_phase = {run.phase: run.metrics for run in runs}
+    assert any(name.startswith("cos_sim_l") for name in by_phase["phase-0"])
+    assert 0.0 < by_phase["phase-0"]["vocab_coverage"] <= 1.0  # the old vocabulary over the new target's outputs
+    if "phase-0b" in by_phase:
+        assert 0.0 < by_phase["phase-0b"]["vocab_coverage"] <= 1.0
+    assert 1.0 <= by_phase["setup"]["accept_len"] <= 4.0 and by_phase["setup"]["greedy_match"] == 1
+    assert 1.0 <= by_phase["phase-2"]["vllm_accept_len"] <= 4.0
+    assert by_phase["phase-2"]["plain_tok_s"] > 0 and by_phase["phase-2"]["spec_tok_s"] > 0
+
+    # The notes hold the milestone, attached to the last run.
+    notes = (workspace / NOTES).read_text()
+    milestones = notes.split("## Milestones", 1)[1].split("\n## ", 1)[0]
+    assert re.search(rf"^### \d{{4}}-\d\d-\d\d \d\d:\d\d UTC · {re.escape(MILESTONE)}$", milestones, re.M), milestones
+    assert f"Run `{runs[-1].run_id}`" in milestones
+    assert "Path taken: Phase S pass -> Phase 0 " in milestones
+    assert "Probe before you train" in notes.split("## Lessons learned", 1)[1]
+    # ... with the drafter's training curve of that run as a chart (record --plot train_loss)
+    last = runs[-1]
+    curve = f"plots/{last.run_id}-train_loss.png"
+    assert f"![train_loss by step, run {last.run_id}]({curve})" in milestones
+    assert "train_loss" in {s.name for s in last.series}
+    from PIL import Image
+
+    with Image.open(workspace / "plans" / curve) as image:
+        assert image.format == "PNG" and image.size == (800, 450)
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert sum(n for n, rgb in colours if rgb != (255, 255, 255)) > 0.01 * 800 * 450  # not blank
+
+    # Each run is one git commit, holding exactly its run record, its metric series (when its steps
+    # wrote any: the runs that trained) and the plan.
+    for run in runs:
+        record = f"state/runs/{run.run_id}.json"
+        commits = git(workspace, "log", "--format=%H", "--", record).split()
+        assert len(commits) == 1, f"{record}: {len(commits)} commits"
+        files = git(workspace, "show", "--name-only", "--format=", commits[0]).split()
+        kept = [f"state/runs/{run.run_id}.series.jsonl"] if run.series else []
+        assert sorted(files) == sorted([PLAN, record, *kept]), files
+        subject = git(workspace, "log", "-1", "--format=%s", commits[0]).strip()
+        assert subject.startswith(f"runbook: {run.phase} {run.verdict}"), subject
+    subjects = git(workspace, "log", "--format=%s").splitlines()
+    run_subjects = [s for s in subjects if s.startswith("runbook: ") and not s.startswith(("runbook: record ", "runbook: plan edits"))]
+    assert len(run_subjects) == len(runs), subjects
+    assert subjects[0].startswith(f"runbook: record {MILESTONE}")
+    assert git(workspace, "status", "--porcelain", "--untracked-files=no").strip() == ""
+
+    # Again: it says it resumes, runs nothing new, and still ends with the handoff.
+    again, _ = run_demo(workspace, home)
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out[-4000:]
+    assert f"{workspace} exists: resuming its plan (rm -rf {workspace} to start over)" in out
+    assert len(load_runs(workspace)) == len(runs)
+    assert "==> runbook brief" in out and "runbook next exited 0 after 0 run(s)" in out

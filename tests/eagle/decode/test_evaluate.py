@@ -1,0 +1,105 @@
+"""`eagle evaluate` and `eagle bench` through the CLI, and the Leviathan-bound math."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import _decode_helpers as helpers
+import pytest
+from click.testing import CliRunner
+
+from eagle.cli import cli
+from eagle.decode.bench import acceptance_from_accept_len, expected_tokens, leviathan_speedup
+from eagle.decode.evaluate import acceptance_stats, first_mismatch
+
+_one_thread = helpers.one_thread  # autouse, module scope: one torch thread for these tiny models
+
+
+@pytest.fixture(scope="module")
+def random_draft(toy_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return helpers.make_random_drafter(toy_target, tmp_path_factory.mktemp("draft") / "random")
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return helpers.write_prompts(tmp_path_factory.mktemp("prompts") / "p.jsonl", 3, salt=11)
+
+
+def _run(args: list[str], metrics: Path | None = None):
+    env = {"RUNBOOK_METRICS": str(metrics)} if metrics else {}
+    return CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
+
+
+# -- pure math --------------------------------------------------------------------------------
+def test_expected_tokens_and_leviathan_bound() -> None:
+    assert expected_tokens(0.0, 3) == 1.0
+    assert expected_tokens(1.0, 3) == 4.0
+    assert expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert leviathan_speedup(0.8, 3, 0.1) == pytest.approx((1 - 0.8**4) / 0.2 / 1.3)
+    assert leviathan_speedup(0.0, 5, 0.2) == pytest.approx(0.5)  # useless drafts only cost
+    with pytest.raises(ValueError):
+        expected_tokens(1.5, 3)
+
+
+@pytest.mark.parametrize("a", [0.0, 0.3, 0.62, 0.9, 0.999])
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_acceptance_inverts_expected_tokens(a: float, k: int) -> None:
+    assert acceptance_from_accept_len(expected_tokens(a, k), k) == pytest.approx(a, abs=1e-6)
+
+
+def test_acceptance_stats_count_like_vllm() -> None:
+    accept_len, rates = acceptance_stats([3, 0, 1, 3], 3)
+    assert accept_len == pytest.approx(1 + 7 / 4)
+    assert rates == [0.75, 0.5, 0.5]
+    assert first_mismatch([1, 2, 3], [1, 2, 3]) is None
+    assert first_mismatch([1, 2, 3], [1, 5, 3]) == 1
+    assert first_mismatch([1, 2], [1, 2, 3]) == 2
+
+
+# -- the commands -----------------------------------------------------------------------------
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
+def test_evaluate_random_drafter(toy_target: Path, random_draft: Path, prompts_file: Path, tmp_path: Path) -> None:
+    metrics = tmp_path / "m.json"
+    res = _run(["evaluate", "--model", str(toy_target), "--draft", str(random_draft), "--prompts",
+                str(prompts_file), "-k", "3", "--max-new-tokens", "24"], metrics)
+    assert res.exit_code == 0, res.output
+    m = json.loads(metrics.read_text())
+    assert m["greedy_match"] == 1 and m["generate_match"] == 1  # float32: transformers' generate agrees too
+    assert m["fast_decoder"] == 1  # a Llama target takes the fast path
+    assert 1.0 <= m["accept_len"] < 1.15
+    assert set(m) == {"accept_len", "accept_rate_0", "accept_rate_1", "accept_rate_2", "greedy_match",
+                      "generate_match", "fast_decoder"}
+    assert m["accept_rate_0"] >= m["accept_rate_1"] >= m["accept_rate_2"]
+    assert "accept_len" in res.output
+
+
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
+def test_bench_random_drafter(toy_target: Path, random_draft: Path, prompts_file: Path, tmp_path: Path) -> None:
+    metrics = tmp_path / "m.json"
+    res = _run(["bench", "--model", str(toy_target), "--draft", str(random_draft), "--prompts",
+                str(prompts_file), "-k", "2", "--max-new-tokens", "16", "--limit", "2", "--json"], metrics)
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.output)
+    m = json.loads(metrics.read_text())
+    for name in ("plain_tok_s", "spec_tok_s", "speedup", "accept_len", "cost_ratio", "leviathan_bound",
+                 "bound_fraction"):
+        assert m[name] > 0, name
+    assert report["spec_matches_plain"] is True
+    assert m["speedup"] == pytest.approx(m["spec_tok_s"] / m["plain_tok_s"])
+    assert m["bound_fraction"] == pytest.approx(m["speedup"] / m["leviathan_bound"])
+    # a random drafter accepts ~nothing, so the bound is about 1 / (k*c + 1) < 1
+    assert m["leviathan_bound"] < 1.0
+
+
+@pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
+def test_evaluate_refuses_bad_input_clearly(toy_target: Path, random_draft: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "bako"}]}\n{"messages": 3}\n')
+    metrics = tmp_path / "m.json"
+    res = _run(["evaluate", "--model", str(toy_target), "--draft", str(random_draft), "--prompts", str(bad)], metrics)
+    assert res.exit_code == 1
+    assert f"{bad}:2:" in res.output and "messages" in res.output
+    assert "Traceback" not in res.output and not metrics.exists()
+    res = _run(["evaluate", "--model", str(toy_target), "--draft", str(tmp_path / "nope"), "--prompts", str(bad)])
+    assert res.exit_code == 1 and "not a drafter checkpoint" in res.output

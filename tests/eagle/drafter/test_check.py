@@ -1,0 +1,100 @@
+"""`eagle check-checkpoint`: a good drafter passes; each kind of breakage is named, all at once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import _train_data as td
+import pytest
+from click.testing import CliRunner
+from safetensors.torch import load_file, save_file
+
+from eagle.drafter.check import check_checkpoint, command, config_problems
+
+
+@pytest.fixture(scope="module")
+def drafter_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(target, drafter): a tiny target and an untrained drafter saved by eagle.drafter.model (read-only)."""
+    return td.make_drafter(tmp_path_factory.mktemp("check"))
+
+
+def _copy(src: Path, dst: Path, config_edit=None, tensor_edit=None) -> Path:
+    shutil.copytree(src, dst)
+    if config_edit:
+        cfg = json.loads((dst / "config.json").read_text())
+        config_edit(cfg)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    if tensor_edit:
+        tensors = load_file(str(dst / "model.safetensors"))
+        tensor_edit(tensors)
+        save_file(tensors, str(dst / "model.safetensors"))
+    return dst
+
+
+@pytest.mark.slow  # builds a drafter with speculators (~15 s)
+def test_good_drafter_passes(drafter_pair: tuple[Path, Path]) -> None:
+    target, draft = drafter_pair
+    report = check_checkpoint(draft, target)
+    assert report.ok, report.problems
+    assert report.summary["layer_ids"] == td.LAYER_IDS and report.summary["target_layers"] == td.LAYERS
+    res = CliRunner().invoke(command, [str(draft), "--model", str(target)])
+    assert res.exit_code == 0 and res.output.startswith("ok:")
+
+
+@pytest.mark.slow  # builds a drafter with speculators (~15 s)
+def test_missing_d2t_is_flagged_by_the_cli(drafter_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    target, draft = drafter_pair
+    bad = _copy(draft, tmp_path / "no-d2t", tensor_edit=lambda t: t.pop("d2t"))
+    proc = subprocess.run([sys.executable, "-m", "eagle.cli", "check-checkpoint", str(bad), "--model", str(target)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "missing tensor d2t" in proc.stderr and "acceptance collapses" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow  # builds a drafter with speculators (~15 s)
+def test_every_problem_is_named_at_once(drafter_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    target, draft = drafter_pair
+
+    def cfg_edit(cfg: dict) -> None:
+        cfg["model_type"] = "llama"
+        del cfg["norm_before_residual"]
+
+    def tensor_edit(t: dict) -> None:
+        t["fc.weight"][0, 0] = float("nan")
+        t["d2t"][-1] = td.VOCAB  # maps the last draft id past the target vocab
+
+    bad = _copy(draft, tmp_path / "bad", cfg_edit, tensor_edit)
+    res = CliRunner().invoke(command, [str(bad), "--model", str(target), "--json"])
+    assert res.exit_code == 1
+    messages = "\n".join(f"{p['where']}: {p['message']}" for p in json.loads(res.output)["problems"])
+    assert "[model_type]" in messages
+    assert "[norm_before_residual]: missing" in messages
+    assert "[fc.weight]: 1 non-finite" in messages
+    assert "[d2t]: 1 draft ids map outside the target vocab" in messages
+
+
+@pytest.mark.slow  # builds a drafter with speculators (~15 s)
+def test_wrong_target_is_flagged(drafter_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    _, draft = drafter_pair
+    other = td.make_target(tmp_path / "wide", hidden=48)
+    problems = [str(p) for p in check_checkpoint(draft, other).problems]
+    assert any("transformer_layer_config.hidden_size]: is 32, the target's is 48" in p for p in problems)
+
+
+def test_layer_id_rules() -> None:
+    base = {"speculators_model_type": "eagle3", "transformer_layer_config": {"hidden_size": 8, "vocab_size": 16},
+            "speculators_config": {}, "draft_vocab_size": 8, "norm_before_residual": False}
+    target = {"num_hidden_layers": 8, "hidden_size": 8, "vocab_size": 16}
+    ok = config_problems(base | {"eagle_aux_hidden_state_layer_ids": [2, 4, 5]}, target, "c")
+    assert ok == []
+    rep = [p.message for p in config_problems(base | {"eagle_aux_hidden_state_layer_ids": [2, 2, 1]}, target, "c")]
+    assert any("repeated" in m for m in rep) and any("not ascending" in m for m in rep)
+    far = [p.message for p in config_problems(base | {"eagle_aux_hidden_state_layer_ids": [2, 4, 8]}, target, "c")]
+    assert any("[8] outside 0..7" in m for m in far)
+    big = config_problems(base | {"eagle_aux_hidden_state_layer_ids": [1], "draft_vocab_size": 17}, target, "c")
+    assert [p.where for p in big] == ["c [draft_vocab_size]"]

@@ -1,0 +1,117 @@
+"""The run lock (O_EXCL, pid-aware, stale takeover) and the short write lock."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from runbook.store.lock import (
+    LockCorrupt,
+    LockHeld,
+    WriteLockTimeout,
+    group_alive,
+    read_lock,
+    run_lock,
+    write_lock,
+)
+from runbook.store.procs import proc_start
+
+
+def test_lock_holds_and_releases(tmp_path):
+    with run_lock(tmp_path, run_id="r1") as lock:
+        info = read_lock(tmp_path / "lock")
+        assert info.pid == os.getpid() and info.run_id == "r1" and info.host == socket.gethostname()
+        lock.set_step(4242)
+        assert read_lock(tmp_path / "lock").step_pgid == 4242
+    assert not (tmp_path / "lock").exists()
+
+
+def test_second_holder_refused_naming_holder(tmp_path):
+    # a live holder: another process whose pid we write into the lock
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        (tmp_path / "lock").write_text(
+            json.dumps({"pid": holder.pid, "host": socket.gethostname(), "started": "2026-01-01T00:00:00Z", "run_id": "r9"})
+        )
+        with pytest.raises(LockHeld) as exc:
+            with run_lock(tmp_path):
+                pass
+        msg = str(exc.value)
+        assert f"pid {holder.pid}" in msg and "r9" in msg and "2026-01-01" in msg and "delete" in msg
+        assert (tmp_path / "lock").exists()  # the holder keeps it
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_other_host_is_never_taken_over(tmp_path):
+    (tmp_path / "lock").write_text(json.dumps({"pid": 1, "host": "elsewhere", "started": "2026-01-01T00:00:00Z"}))
+    with pytest.raises(LockHeld, match="another host"):
+        with run_lock(tmp_path):
+            pass
+
+
+def test_stale_lock_taken_over_kills_group_and_index_lock(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    leftover = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    gitdir = tmp_path / "repo.git"
+    gitdir.mkdir()
+    (gitdir / "index.lock").write_text("")
+    # as a real run writes it: the step group and its leader's start time
+    (tmp_path / "lock").write_text(
+        json.dumps(
+            {"pid": dead.pid, "host": socket.gethostname(), "started": "2020-01-01T00:00:00Z",
+             "step_pgid": leftover.pid, "step_start": proc_start(leftover.pid)}
+        )
+    )
+    warnings = []
+    try:
+        with run_lock(tmp_path, git_dir=gitdir, warn=warnings.append):
+            assert read_lock(tmp_path / "lock").pid == os.getpid()
+        assert leftover.wait(timeout=5) == -signal.SIGTERM
+        assert not group_alive(leftover.pid)
+        assert not (gitdir / "index.lock").exists()
+        assert len(warnings) == 1 and "stale" in warnings[0] and str(leftover.pid) in warnings[0]
+    finally:
+        if leftover.poll() is None:
+            leftover.kill()
+            leftover.wait()
+
+
+def test_corrupt_lock_is_named(tmp_path):
+    (tmp_path / "lock").write_text("hello")
+    with pytest.raises(LockCorrupt, match="not a runbook lock"):
+        with run_lock(tmp_path):
+            pass
+
+
+def test_write_lock_excludes_and_times_out(tmp_path):
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold():
+        with write_lock(tmp_path):
+            held.set()
+            release.wait(5)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(5)
+    t0 = time.monotonic()
+    with pytest.raises(WriteLockTimeout):
+        with write_lock(tmp_path, timeout_s=0.3):
+            pass
+    assert time.monotonic() - t0 >= 0.3
+    release.set()
+    t.join()
+    with write_lock(tmp_path, timeout_s=1):
+        pass

@@ -1,0 +1,560 @@
+"""`runbook mcp` driven by the MCP SDK's own client over stdio, against the real command line.
+
+Every test starts the real `runbook mcp` as a subprocess (the SDK's `stdio_client`) in a real git
+repository. What the tools do is compared with what `runbook VERB --json` does: the same JSON
+documents, and after a run, the same plan, ledger, notes and git history as a twin repository
+driven by the command line. The lock and kill tests reuse the plan of tests/e2e/test_next_signals.py
+and assert what it asserts of the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import anyio
+import helpers as H
+from mcp import Client, StdioServerParameters
+
+from runbook import contract
+from runbook.mcp_server import TOOLS
+
+RUNBOOK, git = H.RUNBOOK, H.git
+
+ENV = {"RUNBOOK_ENV_PROBE": "0", "GIT_TERMINAL_PROMPT": "0"}
+SERVER_ENV = H.cli_env(ENV)  # the environment the command line twin runs in: the ledger records some of it
+
+PLAN = """\
+---
+runbook: 1
+title: Tiny
+notes: notes.md
+vars:
+  out: work
+---
+
+# Tiny plan
+
+Prose the tool never rewrites.
+
+## Phase 0: Score (~1 min)
+
+Steps:
+- [ ] Make: `mkdir -p {out} && echo made`
+- [ ] Score: `echo '{"score": 3}' > "$RUNBOOK_METRICS"`
+
+Pass: `score >= 2`
+On pass: Phase 1
+
+## Phase 1: Too hard
+
+Steps:
+- [ ] Score: `echo '{"score": 1}' > "$RUNBOOK_METRICS"`
+
+Pass: `score >= 2`
+On fail: stop
+"""
+
+NOTES = "# Tiny: notes\n\nWhy we do this.\n"
+
+# step-2 records its shell's pid, then waits until the file `ok` exists (at most 20 s)
+WAIT_PLAN = """\
+---
+runbook: 1
+title: Signals
+notes: notes.md
+---
+
+## Phase 0: Wait
+
+Steps:
+- [ ] Count: `echo run >> count.txt; echo '{"n": 1}' > $RUNBOOK_METRICS`
+- [ ] Wait: `echo $$ > step2.pid; i=0; while [ ! -f ok ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done`
+
+Pass: `n == 1`
+"""
+
+
+def params(repo: Path) -> StdioServerParameters:
+    return StdioServerParameters(command=RUNBOOK[0], args=[*RUNBOOK[1:], "mcp"], cwd=str(repo), env=SERVER_ENV)
+
+
+def run(coro_fn, *args):
+    return anyio.run(coro_fn, *args)
+
+
+def cli_json(repo: Path, *args: str) -> dict:
+    done = H.runbook(repo, *args, "--json", env=ENV)
+    return json.loads(done.stdout)
+
+
+def wait_repo(tmp_path: Path) -> Path:
+    return H.make_repo(tmp_path / "repo", WAIT_PLAN, notes=NOTES, ignore=("step2.pid", "count.txt", "ok"))
+
+
+def wait_for(path: Path) -> None:
+    H.wait_for_file(path, timeout=60, nonempty=True)
+
+
+def runs(repo: Path) -> list[dict]:
+    recs = [json.loads(p.read_text()) for p in (repo / "state" / "runs").glob("*.json")]
+    return sorted(recs, key=lambda r: r["started"])
+
+
+def servers_in(repo: Path) -> list[int]:
+    """Pids of `runbook mcp` processes working in `repo` (a fresh temp dir: only ours are there)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if cwd == str(repo.resolve()) and b"mcp" in cmdline and any(b"runbook" in part for part in cmdline):
+            found.append(int(entry.name))
+    return found
+
+
+# ---- the normaliser: what differs between two runs of the same plan -----------------------------
+
+_RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")
+
+
+def normalise(text: str) -> str:
+    ids: dict[str, str] = {}
+    text = _RUN_ID.sub(lambda m: ids.setdefault(m.group(0), f"RUN{len(ids) + 1}"), text)
+    text = re.sub(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?Z?( UTC)?", "TIME", text)
+    text = re.sub(r"\b[0-9a-f]{40}\b|\b[0-9a-f]{64}\b", "HASH", text)
+    text = re.sub(r"\b(?=[0-9a-f]*\d)[0-9a-f]{7,12}\b", "SHA", text)
+    text = re.sub(r"sha=[0-9a-f]{8}", "sha=X", text)
+    text = re.sub(r'"duration_s": [0-9.]+', '"duration_s": 0', text)
+    return re.sub(r"\| \d+(\.\d+)?(ms|s|m|h)( \d+s)? \|", "| TOOK |", text)
+
+
+def repo_record(repo: Path) -> dict[str, object]:
+    """Everything runbook wrote, normalised: plan, notes, ledger, and the git history."""
+    ledger = [normalise(json.dumps(r, indent=1, sort_keys=True)) for r in runs(repo)]
+    history = normalise(git(repo, "log", "--format=%s", "--name-only"))
+    return {
+        "plan": normalise((repo / "plans" / "plan.md").read_text()),
+        "notes": normalise((repo / "plans" / "notes.md").read_text()),
+        "ledger": ledger,
+        "history": history,
+        "status": normalise(git(repo, "status", "--porcelain")),
+    }
+
+
+# ---- tests --------------------------------------------------------------------------------------
+
+
+def test_tools_are_the_verbs_and_answer_exactly_what_the_cli_prints(tmp_path: Path) -> None:
+    repo = H.make_repo(tmp_path / "repo", PLAN, notes=NOTES)
+    calls = [("brief", {}, ["brief"]), ("status", {}, ["status"]), ("show", {"phase": "1"}, ["show", "1"]),
+             ("validate", {}, ["validate"]), ("history", {}, ["history"]), ("next", {}, ["next", "--dry-run"])]
+
+    async def main():
+        async with Client(params(repo)) as client:
+            assert client.instructions and "brief" in client.instructions
+            listed = (await client.list_tools()).tools
+            return listed, [await client.call_tool(name, args) for name, args, _ in calls]
+
+    listed, results = run(main)
+    assert [t.name for t in listed] == [t.name for t in TOOLS]
+    assert {t.name for t in listed} >= {"brief", "status", "show", "validate", "history", "next", "record"}
+    for tool in listed:
+        assert tool.output_schema == contract.output_schema(tool.name), tool.name
+        assert tool.input_schema["type"] == "object" and tool.input_schema.get("additionalProperties") is False
+        assert tool.description
+    by_name = {t.name: t for t in listed}
+    assert by_name["status"].annotations.read_only_hint is True
+    assert by_name["next"].annotations.read_only_hint is False
+    assert by_name["next"].input_schema["properties"]["run"]["default"] is False  # a dry run unless asked
+    assert by_name["forget"].annotations.destructive_hint and by_name["reset"].annotations.destructive_hint
+    assert by_name["record"].input_schema["required"] == ["title"]
+
+    for (name, _args, argv), result in zip(calls, results, strict=True):
+        assert not result.is_error, (name, result.content)
+        assert result.structured_content == cli_json(repo, *argv), name
+        assert json.loads(result.content[0].text) == result.structured_content
+    dry = results[-1].structured_content["result"]
+    assert dry["dry_run"] and dry["selected"]["phase"] == "phase-0" and dry["runs"] == []
+    preview = results[-1].content[-1].text  # the dry run's preview: the phase as written
+    assert "## Phase 0: Score (~1 min)" in preview and "mkdir -p work && echo made" in preview
+    assert not (repo / "state").exists() and git(repo, "status", "--porcelain") == ""  # nothing ran
+
+
+def test_refusals_are_tool_errors_with_the_cli_code_and_message(tmp_path: Path) -> None:
+    repo = H.make_repo(tmp_path / "repo", PLAN.replace("Pass: `score >= 2`\nOn fail", "Pass: `score >=`\nOn fail"))
+
+    async def main():  # the 2025 handshake era, as most hosts speak it today
+        async with Client(params(repo), mode="legacy") as client:
+            assert client.protocol_version == "2025-11-25"
+            return (await client.call_tool("status", {}), await client.call_tool("next", {"run": True}),
+                    await client.call_tool("show", {"bogus": 1}))
+
+    status, nxt, bad = run(main)
+    cli = H.runbook(repo, "status", env=ENV)
+    for result in (status, nxt):
+        assert result.is_error
+        error = result.structured_content["error"]
+        assert error["code"] == "plan_invalid" and result.structured_content["exit_code"] == 2
+        assert error["file"] == "plans/plan.md" and error["line"] == 27
+        assert result.content[0].text == cli.stderr.rstrip("\n")  # the same file:line:col lines
+    assert status.structured_content == cli_json(repo, "status")
+    assert nxt.structured_content == cli_json(repo, "next", "--yes")
+    assert "plans/plan.md:27:" in status.content[0].text
+    assert bad.is_error and bad.structured_content["error"]["code"] == "usage"
+    assert "bogus" in bad.structured_content["error"]["message"]
+    assert not (repo / "state" / "runs").exists()
+
+
+def test_next_pass_then_fail_then_record_equals_the_cli(tmp_path: Path) -> None:
+    ours = H.make_repo(tmp_path / "mcp", PLAN, notes=NOTES)
+    twin = H.make_repo(tmp_path / "cli", PLAN, notes=NOTES)
+    progress: list[str] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(message or "")
+
+    record = {"title": "Phase 1 is too hard", "run": "last", "metrics": {"budget_h": 2.5},
+              "lessons": ["score 1 is not enough"], "next_steps": ["make Phase 1 easier"]}
+
+    async def main():
+        async with Client(params(ours)) as client:
+            first = await client.call_tool("next", {"run": True}, progress_callback=on_progress)
+            second = await client.call_tool("next", {"run": True}, progress_callback=on_progress)
+            noted = await client.call_tool("record", record)
+            plan = await client.read_resource("runbook://plan/plans/plan.md")
+            notes = await client.read_resource("runbook://notes/plans/notes.md")
+            latest = await client.read_resource("runbook://run/latest")
+            listed = await client.list_resources()
+            missing = None
+            try:
+                await client.read_resource("runbook://plan/plans/nope.md")
+            except Exception as exc:  # the SDK raises the server's MCP error
+                missing = str(exc)
+            return first, second, noted, plan, notes, latest, listed, missing
+
+    first, second, noted, plan, notes, latest, listed, missing = run(main)
+    # pass: exit 0, the run with its verdict and metrics
+    assert not first.is_error and first.structured_content["exit_code"] == 0
+    run0 = first.structured_content["result"]["runs"][0]
+    assert run0["verdict"] == "pass" and run0["metrics"] == {"score": 3.0} and run0["recorded_in"]
+    # fail: a judged run is no tool error; exit 1 as on the command line
+    assert not second.is_error and second.structured_content["exit_code"] == 1
+    assert second.structured_content["result"]["runs"][0]["verdict"] == "fail"
+    assert not noted.is_error and noted.structured_content["result"]["lessons_added"] == ["score 1 is not enough"]
+    # step output and the summary arrived as progress while the phase ran
+    said = "\n".join(progress)
+    assert "made" in said and "Phase 0 (Score): pass" in said and "Phase 1 (Too hard): fail" in said
+
+    # the twin, driven by the command line
+    for args in (["next", "--yes"], ["next", "--yes"]):
+        H.runbook(twin, *args, env=ENV)
+    H.runbook(twin, "record", "Phase 1 is too hard", "--run", "last", "--metric", "budget_h=2.5",
+              "--lesson", "score 1 is not enough", "--next", "make Phase 1 easier", env=ENV)
+    assert repo_record(ours) == repo_record(twin)
+    assert "**Status:** fail" in (ours / "plans" / "plan.md").read_text()
+    assert git(ours, "log", "-3", "--format=%s").splitlines() == [
+        "runbook: record Phase 1 is too hard (score=1, budget_h=2.5)", "runbook: phase-1 fail (score=1)",
+        "runbook: phase-0 pass (score=3)"]
+
+    # resources: the files as they are on disk, and the latest run as the contract's RunView
+    assert plan.contents[0].text == (ours / "plans" / "plan.md").read_text()
+    assert notes.contents[0].text == (ours / "plans" / "notes.md").read_text()
+    assert json.loads(latest.contents[0].text) == second.structured_content["result"]["runs"][0] | {"recorded_in": None}
+    assert {str(r.uri) for r in listed.resources} == {
+        "runbook://plan/plans/plan.md", "runbook://notes/plans/notes.md", "runbook://run/latest"}
+    assert missing and "no resource runbook://plan/plans/nope.md" in missing
+    # and the read tools agree with the command line after the runs too
+    assert cli_json(ours, "history")["result"]["runs"][1]["verdict"] == "fail"
+
+
+def test_a_second_client_gets_the_lock_error_never_a_second_run(tmp_path: Path) -> None:
+    repo = wait_repo(tmp_path)
+
+    async def main():
+        results = {}
+        async with Client(params(repo)) as first, Client(params(repo)) as second:
+            async with anyio.create_task_group() as tg:
+
+                progress: list[str] = []
+
+                async def on_progress(value: float, total: float | None, message: str | None) -> None:
+                    progress.append(message or "")
+
+                async def running() -> None:
+                    results["first"] = await first.call_tool("next", {"run": True}, progress_callback=on_progress)
+
+                tg.start_soon(running)
+                await anyio.to_thread.run_sync(wait_for, repo / "step2.pid")
+                with anyio.fail_after(60):
+                    while not any("Phase 0 · step-2" in m for m in progress):  # streamed while the step runs
+                        await anyio.sleep(0.05)
+                lock = json.loads((repo / "state" / "lock").read_text())
+                results["lock"] = lock
+                results["second"] = await second.call_tool("next", {"run": True})
+                results["status"] = await second.call_tool("status", {})
+                results["reset"] = await second.call_tool("reset", {"phase": "0"})  # takes the run lock too
+                results["record"] = await second.call_tool("record", {"title": "Waiting", "lessons": ["patience"]})
+                (repo / "ok").write_text("")
+        return results
+
+    results = run(main)
+    second, lock = results["second"], results["lock"]
+    assert second.is_error and second.structured_content["exit_code"] == 5
+    error = second.structured_content["error"]
+    assert error["code"] == "locked" and error["lock"]["pid"] == lock["pid"] and error["lock"]["run_id"] == lock["run_id"]
+    assert f"pid {lock['pid']}" in second.content[0].text and lock["run_id"] in second.content[0].text
+    assert results["status"].structured_content["result"]["running"]["run_id"] == lock["run_id"]
+    reset = results["reset"]
+    assert reset.is_error and reset.structured_content["error"]["code"] == "locked"
+    assert reset.structured_content["error"]["lock"]["run_id"] == lock["run_id"]
+    assert not results["record"].is_error  # record needs only the short write lock
+    assert "patience" in (repo / "plans" / "notes.md").read_text()
+    assert results["first"].structured_content["exit_code"] == 0
+    assert [r["verdict"] for r in runs(repo)] == ["pass"]  # one run, never a second
+    assert (repo / "count.txt").read_text() == "run\n"
+    assert not (repo / "state" / "lock").exists()
+
+
+CLIENT = textwrap.dedent("""
+    import sys, anyio
+    from mcp import Client, StdioServerParameters
+    async def main():
+        params = StdioServerParameters(command=sys.argv[1], args=sys.argv[2:] + ["mcp"], cwd=".",
+                                       env={"RUNBOOK_ENV_PROBE": "0"})
+        async with Client(params, mode="legacy") as client:
+            print("calling next", flush=True)
+            await client.call_tool("next", {"run": True})
+    anyio.run(main)
+""")
+
+
+def _assert_interrupted_then_resumes(repo: Path, step_pid: int, signame: str = "SIGTERM") -> None:
+    """What tests/e2e/test_next_signals.py requires of `runbook next` after a signal mid-step."""
+    deadline = time.monotonic() + 60
+    while (repo / "state" / "lock").exists() or not runs(repo):
+        assert time.monotonic() < deadline, "the interrupted run was never recorded"
+        time.sleep(0.1)
+    assert H.gone(step_pid)  # the step's whole group was killed
+    rec = runs(repo)[-1]
+    assert rec["verdict"] == "interrupted" and signame in rec["reason"], rec["reason"]
+    assert [s["exit_code"] for s in rec["steps"]] == [0, -15]
+    text = (repo / "plans" / "plan.md").read_text()
+    assert "- [x] Count" in text and "- [ ] Wait" in text and "**Status:** interrupted" in text
+    assert git(repo, "log", "-1", "--format=%s").startswith("runbook: phase-0 interrupted")
+    assert git(repo, "status", "--porcelain", "--untracked-files=no") == ""
+
+    (repo / "ok").write_text("")
+    again = H.runbook(repo, "next", "--yes", env=ENV)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "at step 2" in again.stdout
+    assert (repo / "count.txt").read_text() == "run\n"  # step 1 was not repeated
+    assert runs(repo)[-1]["verdict"] == "pass"
+
+
+def test_a_client_killed_mid_step_leaves_the_run_interrupted_and_recorded(tmp_path: Path) -> None:
+    repo = wait_repo(tmp_path)
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, *RUNBOOK], cwd=repo, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(repo / "step2.pid")
+        step_pid = int((repo / "step2.pid").read_text())
+        server = servers_in(repo)
+        assert len(server) == 1, server
+    finally:
+        client.kill()  # the agent host dies: the server sees its stdin close
+        client.communicate(timeout=30)
+    _assert_interrupted_then_resumes(repo, step_pid)
+    assert H.gone(server[0], timeout=30)  # the server left once its run was recorded
+
+
+def test_a_cancelled_call_interrupts_the_run_and_the_client_carries_on(tmp_path: Path) -> None:
+    repo = wait_repo(tmp_path)
+
+    async def main():
+        async with Client(params(repo)) as client:
+            with anyio.move_on_after(120) as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(client.call_tool, "next", {"run": True})
+                    await anyio.to_thread.run_sync(wait_for, repo / "step2.pid")
+                    step_pid = int((repo / "step2.pid").read_text())
+                    tg.cancel_scope.cancel()  # the client cancels the request
+            assert not scope.cancelled_caught
+            deadline = anyio.current_time() + 60
+            while (repo / "state" / "lock").exists():
+                assert anyio.current_time() < deadline
+                await anyio.sleep(0.1)
+            status = await client.call_tool("status", {})
+            return step_pid, status
+
+    step_pid, status = run(main)
+    assert status.structured_content["result"]["phases"][0]["state"] == "resumable"
+    _assert_interrupted_then_resumes(repo, step_pid)
+
+
+def test_sigterm_to_the_server_records_its_run_as_interrupted(tmp_path: Path) -> None:
+    repo = wait_repo(tmp_path)
+
+    async def main():
+        async with Client(params(repo)) as client:
+            async with anyio.create_task_group() as tg:
+
+                async def call() -> None:
+                    try:
+                        await client.call_tool("next", {"run": True})
+                    except Exception:  # the server went away under the call
+                        pass
+
+                tg.start_soon(call)
+                await anyio.to_thread.run_sync(wait_for, repo / "step2.pid")
+                (server,) = servers_in(repo)
+                os.kill(server, signal.SIGTERM)  # the host stops the server it started (ours, in our temp repo)
+                return int((repo / "step2.pid").read_text()), server
+
+    step_pid, server = run(main)
+    assert H.gone(server, timeout=30)
+    _assert_interrupted_then_resumes(repo, step_pid)
+
+
+def test_logs_and_cancel_tools_show_and_stop_a_run_in_progress(tmp_path: Path) -> None:
+    """`logs` answers what `runbook logs --json` answers; `cancel` from a second client stops the first
+    client's run, which ends recorded `interrupted`, and `next` resumes it at its unfinished step."""
+    repo = H.make_repo(tmp_path / "repo", WAIT_PLAN.replace("Wait: `echo $$", "Wait: `echo waiting for ok; echo $$"),
+                       notes=NOTES)
+    (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "step2.pid\ncount.txt\nok\n")
+    git(repo, "commit", "-qam", "ignore the steps' files")
+
+    async def main():
+        results = {}
+        async with Client(params(repo)) as first, Client(params(repo)) as second:
+            async with anyio.create_task_group() as tg:
+
+                async def running() -> None:
+                    results["next"] = await first.call_tool("next", {"run": True})
+
+                tg.start_soon(running)
+                await anyio.to_thread.run_sync(wait_for, repo / "step2.pid")
+                results["logs"] = await second.call_tool("logs", {})
+                results["logs_cli"] = await anyio.to_thread.run_sync(cli_json, repo, "logs")
+                results["step1"] = await second.call_tool("logs", {"step": "1", "lines": 5})
+                results["cancel"] = await second.call_tool("cancel", {"wait": 60})
+            (repo / "ok").write_text("")
+            results["again"] = await second.call_tool("next", {"run": True})
+        return results
+
+    results = run(main)
+    logs = results["logs"]
+    assert not logs.is_error and logs.structured_content == results["logs_cli"]
+    shown = logs.structured_content["result"]
+    assert shown["step"] == "step-2" and shown["running"] and shown["lines"] == ["waiting for ok"]
+    assert shown["log_path"] == f"state/runs/{shown['run_id']}/step-2.log"
+    assert results["step1"].structured_content["result"]["step"] == "step-1"
+
+    cancel = results["cancel"]
+    assert not cancel.is_error and cancel.structured_content["exit_code"] == 0, cancel.content
+    stopped = cancel.structured_content["result"]
+    assert stopped["cancelled"] and "SIGTERM" in stopped["how"]
+    assert stopped["run"]["run_id"] == shown["run_id"] and stopped["run"]["verdict"] == "interrupted"
+    ended = results["next"].structured_content  # the first client's call ended with the cancelled run
+    assert ended["exit_code"] == 4 and [r["verdict"] for r in ended["result"]["runs"]] == ["interrupted"]
+    assert [s["exit_code"] for s in runs(repo)[0]["steps"]] == [0, -15]
+
+    again = results["again"].structured_content
+    assert again["exit_code"] == 0 and again["result"]["runs"][0]["verdict"] == "pass"
+    assert (repo / "count.txt").read_text() == "run\n"  # resumed at step 2: step 1 did not run again
+    assert not (repo / "state" / "lock").exists()
+
+
+def test_init_writes_agents_md_and_a_config_that_starts_the_server(tmp_path: Path) -> None:
+    done = H.runbook(tmp_path, "init", "ws", "--title", "Drafter", "--json", env=ENV)
+    result = json.loads(done.stdout)["result"]
+    ws = tmp_path / "ws"
+    agents = (ws / "AGENTS.md").read_text()
+    assert "AGENTS.md" in result["created"]
+    assert "runbook brief" in agents and "`plans/game-plan.md` is the game plan" in agents
+    assert all(tool.name in agents for tool in TOOLS)  # the tools it names are the server's
+    server = result["mcp_config"]["mcpServers"]["runbook"]
+    assert server["args"][-3:] == ["mcp", "--root", str(ws.resolve())]
+    text = H.runbook(tmp_path, "init", "ws2", env=ENV).stdout
+    assert json.loads(text[text.index("{"):]) == {"mcpServers": {"runbook": {**server, "args": [
+        *server["args"][:-1], str((tmp_path / "ws2").resolve())]}}}
+
+    async def main():  # the host's view: the printed command, started anywhere
+        host = StdioServerParameters(command=server["command"], args=server["args"], cwd=str(tmp_path), env=SERVER_ENV)
+        async with Client(host) as client:
+            return await client.call_tool("brief", {})
+
+    brief = run(main)
+    assert not brief.is_error and brief.structured_content["result"]["plan"] == "plans/game-plan.md"
+
+    # an AGENTS.md of the project's own gets the runbook section appended; once there, it stays
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "AGENTS.md").write_text("# House rules\n\nRun the linter.\n")
+    H.runbook(mine, "init", env=ENV)
+    grown = (mine / "AGENTS.md").read_text()
+    assert grown.startswith("# House rules\n\nRun the linter.\n\n## runbook: how this project is driven\n")
+    (mine / "plans" / "game-plan.md").rename(mine / "plans" / "moved.md")
+    (mine / "plans" / "next-steps.md").unlink()
+    (mine / "runbook.toml").unlink()
+    H.runbook(mine, "init", env=ENV)
+    assert (mine / "AGENTS.md").read_text() == grown
+
+
+def test_the_locks_pin_the_sdk_and_what_it_needs() -> None:
+    from importlib.metadata import requires, version
+
+    from packaging.requirements import Requirement
+
+    root = Path(__file__).resolve().parents[2]
+    extra = next(line for line in (root / "pyproject.toml").read_text().splitlines() if line.startswith("mcp = "))
+    assert extra == f'mcp = ["mcp=={version("mcp")}"]'
+    locks = [path for path in sorted((root / "requirements").glob("lock-*.txt")) if "\nmcp==" in path.read_text()]
+    assert any(path.name == "lock-cpu.txt" for path in locks)
+    for path in locks:
+        pins = {}
+        for line in path.read_text().splitlines():
+            if "==" in line and not line.startswith("#"):
+                name, pinned = line.split("==", 1)
+                pins[name.strip().lower().replace("_", "-")] = pinned.split(";")[0].strip()
+        assert pins["mcp"] == version("mcp"), path
+        for dist in ("mcp", "mcp-types"):
+            for text in requires(dist) or []:
+                req = Requirement(text)
+                if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                    continue
+                name = req.name.lower().replace("_", "-")
+                assert name in pins, f"{path.name}: {dist} needs {req}, not pinned"
+                assert req.specifier.contains(pins[name], prereleases=True), f"{path.name}: {name}=={pins[name]} vs {req}"
+
+
+def test_every_tool_argument_is_a_parameter_of_its_verb() -> None:
+    import importlib
+
+    from runbook.cli import COMMANDS
+    from runbook.mcp_server import NextArgs
+
+    samples = {"title": "t", "run": "last", "phase": "1"}
+    for tool in TOOLS:
+        command = importlib.import_module(COMMANDS[tool.name][0]).command
+        names = {param.name for param in command.params}
+        required = {name: samples[name] for name, field in tool.args.model_fields.items() if field.is_required()}
+        assert set(tool.args(**required).cli_kwargs()) <= names, tool.name
+        assert "as_json" in names
+    argv = NextArgs(run=True, plan="plans/p.md", phase="1", restart=True, until_stop=True, no_commit=True).argv()
+    assert argv == ["next", "--yes", "--json", "--plan", "plans/p.md", "--phase", "1", "--restart", "--until-stop",
+                    "--no-commit"]
+    command = importlib.import_module(COMMANDS["next"][0]).command
+    flags = {opt for param in command.params for opt in param.opts}
+    assert {a for a in argv if a.startswith("--")} <= flags

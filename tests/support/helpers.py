@@ -1,0 +1,267 @@
+"""The one home of what tests share: `import helpers as H` (pyproject puts tests/ on sys.path).
+
+- `git`, `init_repo`, `make_repo`, `commit_files`: real git repositories in temp dirs (one git helper,
+  one factory).
+- `runbook`, `popen_runbook`, `cli_env`, `RUNBOOK`, `EAGLE`: the real console scripts.
+- `run_record(**fields)`: a RunRecord with every required field filled (the one run-record factory).
+- `wait_for(what)`: poll until a condition holds, or fail saying what never happened.
+- `assert_no_traceback`, `tree_snapshot`, `committed_runs`: what the reliability tests check.
+- `Counts` (the `counts` fixture in conftest.py): how many inputs were fuzzed, kills survived,
+  concurrent runs made. Every test adds to a JSON file (under the pytest session's base temp dir,
+  and also to $RUNBOOK_RELIABILITY_COUNTS when set) and prints the running total, so
+  docs/reliability.md quotes figures from a real run.
+- `examples(n)`, `kill_rounds(n)`: the fuzzing budgets, scaled by $RUNBOOK_FUZZ_EXAMPLES and
+  $RUNBOOK_KILL_ROUNDS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runbook.model import RunRecord
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+RUNBOOK = [str(BIN / "runbook")] if (BIN / "runbook").exists() else [sys.executable, "-m", "runbook.cli"]
+EAGLE = [str(BIN / "eagle")] if (BIN / "eagle").exists() else [sys.executable, "-m", "eagle.cli"]
+
+DEFAULT_FUZZ_EXAMPLES = 200
+
+
+def examples(default: int) -> int:
+    """Hypothesis max_examples: `default`, scaled so that RUNBOOK_FUZZ_EXAMPLES=N gives the
+    biggest fuzzing test N examples (and the others proportionally)."""
+    raw = os.environ.get("RUNBOOK_FUZZ_EXAMPLES")
+    if not raw:
+        return default
+    try:
+        wanted = int(raw)
+    except ValueError:
+        return default
+    return max(1, default * wanted // DEFAULT_FUZZ_EXAMPLES)
+
+
+def kill_rounds(default: int) -> int:
+    """How many kill -9 rounds per crash test: RUNBOOK_KILL_ROUNDS overrides."""
+    raw = os.environ.get("RUNBOOK_KILL_ROUNDS")
+    return int(raw) if raw and raw.isdigit() else default
+
+
+class Counts:
+    """Add-only counters in a JSON file, safe across processes (flock)."""
+
+    def __init__(self, path: Path) -> None:
+        self.paths = [path]
+        extra = os.environ.get("RUNBOOK_RELIABILITY_COUNTS")
+        if extra:
+            self.paths.append(Path(extra))
+
+    def add(self, key: str, n: int = 1) -> int:
+        total = 0
+        for path in self.paths:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a+", encoding="utf-8") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                handle.seek(0)
+                raw = handle.read()
+                try:
+                    data = json.loads(raw) if raw.strip() else {}
+                except json.JSONDecodeError:
+                    data = {}
+                data[key] = data.get(key, 0) + n
+                handle.seek(0)
+                handle.truncate()
+                handle.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+                total = max(total, data[key])
+        return total
+
+    def report(self, key: str, n: int) -> None:
+        total = self.add(key, n)
+        print(f"reliability count: {key} +{n} (total {total}) -> {self.paths[-1]}")
+
+
+# ---- git repos and the real CLI ----------------------------------------------------------------
+
+
+def git(repo: Path, *args: str, check: bool = True) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=check, capture_output=True, text=True).stdout
+
+
+def init_repo(path: Path, identity: bool = True) -> Path:
+    """An empty git repository at `path` (branch main), with a committer identity unless told not."""
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q", "-b", "main")
+    if identity:
+        git(path, "config", "user.name", "Tester")
+        git(path, "config", "user.email", "t@example.com")
+        git(path, "config", "commit.gpgsign", "false")
+    return path
+
+
+def make_repo(path: Path, plan: str, notes: str | bytes | None = None, plan_name: str = "plan.md",
+              ignore: tuple[str, ...] = ()) -> Path:
+    """A git repo at `path` with plans/<plan_name> (and plans/notes.md), runbook's .gitignore entries
+    (plus `ignore`, e.g. files a test's steps write), all in one first commit."""
+    init_repo(path)
+    (path / "plans").mkdir()
+    (path / ".gitignore").write_text("".join(f"{line}\n" for line in ("state/lock", "state/write.lock",
+                                                                       "state/runs/*/", *ignore)))
+    (path / "plans" / plan_name).write_text(plan)
+    if notes is not None:
+        (path / "plans" / "notes.md").write_bytes(notes.encode() if isinstance(notes, str) else notes)
+    git(path, "add", ".")
+    git(path, "commit", "-qm", "init")
+    return path
+
+
+def commit_files(repo: Path, files: dict[str, str], message: str) -> str:
+    """Write `files` (path in `repo` -> text), stage everything and commit; the new HEAD's sha."""
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", message)
+    return git(repo, "rev-parse", "HEAD").strip()
+
+
+def run_record(**fields: Any) -> RunRecord:
+    """A RunRecord with every required field filled with a plain default; `fields` override them
+    (phase_label follows `phase`: phase-1 -> 1)."""
+    from runbook.model import RunRecord
+
+    phase = fields.get("phase", "phase-0")
+    base: dict[str, Any] = dict(run_id="20261129-143012-7f3a", plan="plans/plan.md", plan_blob="0" * 40, phase=phase,
+                                phase_label=phase.removeprefix("phase-"), phase_text_hash="0" * 64,
+                                started="2026-11-29T14:30:12.000000Z", verdict="pass")
+    return RunRecord(**{**base, **fields})
+
+
+def poll(what: Callable[[], Any], timeout: float = 60, every: float = 0.05) -> Any:
+    """Call `what` every `every` seconds until it returns something truthy, and return that; after
+    `timeout` seconds return its last (falsy) value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = what()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(every)
+
+
+def wait_for(what: Callable[[], Any], timeout: float = 60, every: float = 0.05, message: str | None = None) -> Any:
+    """`poll`, failing after `timeout` seconds with what never happened (`message`, else `what`'s
+    docstring or repr)."""
+    value = poll(what, timeout, every)
+    assert value, f"timed out after {timeout:g}s waiting for {message or what.__doc__ or what}"
+    return value
+
+
+def wait_for_file(path: Path, timeout: float = 60, nonempty: bool = False) -> None:
+    """Wait until `path` exists (and, with `nonempty`, holds more than whitespace)."""
+    def there() -> bool:
+        try:
+            return path.exists() and (not nonempty or bool(path.read_text().strip()))
+        except OSError:
+            return False
+
+    wait_for(there, timeout, 0.02, message=f"{path} to appear")
+
+
+def alive(pid: int) -> bool:
+    """The process runs (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def gone(pid: int, timeout: float = 10) -> bool:
+    """The process is gone within `timeout` seconds."""
+    return bool(poll(lambda: not alive(pid), timeout))
+
+
+def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, "RUNBOOK_ENV_PROBE": "0", "GIT_TERMINAL_PROMPT": "0"}
+    env.pop("RUNBOOK_RELIABILITY_COUNTS", None)
+    env.update(extra or {})
+    return env
+
+
+def runbook(repo: Path, *args: str, timeout: float = 120, env: dict[str, str] | None = None,
+            input: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*RUNBOOK, *args], cwd=repo, capture_output=True, text=True, env=cli_env(env), timeout=timeout,
+        input=input, stdin=None if input is not None else subprocess.DEVNULL,
+    )
+
+
+def popen_runbook(repo: Path, *args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*RUNBOOK, *args], cwd=repo, env=cli_env(env), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw,
+    )
+
+
+def assert_no_traceback(result: subprocess.CompletedProcess | tuple[str, str], what: str = "") -> None:
+    out, err = (result.stdout, result.stderr) if not isinstance(result, tuple) else result
+    for stream in (out or "", err or ""):
+        assert "Traceback (most recent call last)" not in stream, f"{what}: traceback:\n{stream[-3000:]}"
+
+
+def assert_criterion_error(text: str, col: int, fragment: str) -> None:
+    """parse_criterion(text) refuses it with a message holding `fragment`, pointing at column `col`."""
+    import pytest
+
+    from runbook.plan.criteria import CriterionError, parse_criterion
+
+    with pytest.raises(CriterionError) as info:
+        parse_criterion(text)
+    assert fragment in info.value.message
+    assert info.value.col == col
+
+
+def tree_snapshot(root: Path) -> dict[str, bytes]:
+    """Every regular file under `root` (relative path -> bytes); .git is included."""
+    snap: dict[str, bytes] = {}
+    for path in root.rglob("*"):
+        with contextlib.suppress(OSError):
+            if path.is_file() and not path.is_symlink():
+                snap[path.relative_to(root).as_posix()] = path.read_bytes()
+    return snap
+
+
+def committed_runs(repo: Path) -> dict[str, dict]:
+    """run id -> the run JSON as committed at HEAD (state/runs/*.json)."""
+    out = git(repo, "ls-tree", "-r", "--name-only", "HEAD", "--", "state/runs", check=False)
+    runs: dict[str, dict] = {}
+    for name in out.split():
+        if name.endswith(".json"):
+            data = json.loads(git(repo, "show", f"HEAD:{name}"))
+            runs[data["run_id"]] = data
+    return runs
+
+
+def load_test_module(path: str):
+    """The test module at `tests/<path>`, imported by its file (tests that reuse another module's
+    plan or cases: test modules are not on sys.path, only tests/support/ is)."""
+    import importlib.util
+
+    name = "tests_" + path.removesuffix(".py").replace("/", "_")
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "tests" / path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
