@@ -45,8 +45,8 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+from bench.harness import NO_MULTICAST, REPO, describe, ratios, rows_table
+
 TIMES: dict[str, float] = {}
 CACHE_LIMIT = 15 * 10**6  # a returned file may be 16 MB
 
@@ -135,8 +135,6 @@ def test_summary(log: Path) -> str:
 
 def merge_lanes(main: Path, other: Path) -> None:
     """Lane 1's train_real_loop results into lane 0's file, ratios recomputed; its meta kept under lane1."""
-    from bench.train_real_loop import ratios
-
     if not other.is_file():
         return
     b = json.loads(other.read_text())
@@ -149,9 +147,6 @@ def merge_lanes(main: Path, other: Path) -> None:
 
 
 def summary(out: Path, log_dir: Path) -> str:
-    from bench import step_times
-    from bench.multi_gpu_scaling import table
-
     text = ["# times (s) and exit codes", json.dumps(TIMES), "", "# make test-gpu", test_summary(out / "test_gpu.log"), ""]
     trl = out / "train_real_loop.json"
     if trl.is_file():
@@ -162,7 +157,7 @@ def summary(out: Path, log_dir: Path) -> str:
                         f"{[round(x) for x in r['epoch_tok_s']]}  MFU {r.get('mfu') or 0:.1%}  graphs after epoch 1 "
                         f"{sorted(set(r.get('graphs_after_epoch1', [])))}  process {r.get('process_s', 0):.0f} s")
             if r.get("step_times"):
-                text.append(f"{'':<12} {step_times.describe(r['step_times'])}")
+                text.append(f"{'':<12} {describe(r['step_times'])}")
         text.append(f"ratios {json.dumps(d['meta'].get('ratios', {}))}  prepare {d['meta'].get('prepare_s', 0):.0f} s  "
                     f"skipped {d['meta'].get('skipped', [])}  failed {d['meta'].get('failed', [])}")
         text.append("")
@@ -172,7 +167,7 @@ def summary(out: Path, log_dir: Path) -> str:
         text += ["# gpu_decode --attention sdpa,triton (attention.json; the log's last lines)", *lines[-45:], ""]
     mgs = out / "multi_gpu_scaling.json"
     if mgs.is_file():
-        text += ["# multi_gpu_scaling", table(json.loads(mgs.read_text())["rows"])]
+        text += ["# multi_gpu_scaling", rows_table(json.loads(mgs.read_text())["rows"])]
     return "\n".join(text) + "\n"
 
 

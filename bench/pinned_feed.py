@@ -38,9 +38,8 @@ from typing import Any
 
 import torch
 
-from bench import bench_device, host_pool, timed_feed, write_json
-from bench.gpu_throughput import SMOKE, TARGET_1B, timed
-from bench.train_step_kernels import samples
+from bench.harness import bench_device, host_pool, timed, timed_feed, write_json
+from bench.shapes import SMOKE, TARGET_1B, samples
 
 Batch = dict[str, torch.Tensor]
 AHEAD = {"in step": 0, "2 ahead": 2, "free": None}  # free last: its passes find the cache warm

@@ -43,9 +43,8 @@ from typing import Any
 
 import torch
 
-from bench import bench_device, timed_feed, write_json
-from bench.gpu_throughput import SMOKE, TARGET_1B, random_target, save_verifier
-from bench.train_step_kernels import bench_drafter, samples
+from bench.harness import bench_device, timed_feed, write_json
+from bench.shapes import SMOKE, TARGET_1B, bench_drafter, random_target, samples, save_verifier
 
 Batch = dict[str, torch.Tensor]
 

@@ -36,7 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import write_json
+from bench.harness import write_json
+from bench.shapes import SMOKE_CLI, TARGET_1B, make_data, make_target
 
 MODES = ("compiled", "nobuckets", "bucket256", "nocudnn", "limit256", "eager")
 DEFAULT_MODES = ("compiled", "nobuckets", "bucket256")
@@ -123,13 +124,12 @@ def main() -> int:
 
     import torch
 
-    from bench.multi_gpu_scaling import SMOKE, TARGET_1B, make_data, make_target
     from eagle.data.vocab import build_vocab
 
     gpu = not a.smoke and torch.cuda.is_available()
     samples = a.samples or (16 if a.smoke else 128)
     batch_tokens = a.batch_tokens or (96 if a.smoke else 8192)
-    shape = SMOKE if a.smoke else TARGET_1B
+    shape = SMOKE_CLI if a.smoke else TARGET_1B
     out = a.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     work = Path(tempfile.mkdtemp(prefix="step-profile-"))
     target = make_target(shape, work / "target", gpu)
