@@ -102,12 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, help="loader threads")
     a = p.parse_args(argv)
     dev = bench_device(a.smoke)
+    from eagle.train import dataset
     if dev is None:
         return 1
     from eagle.drafter import model as drafter
     from eagle.train.trainer import (
         compile_settings,
-        dataset,
         graphed_train_step,
         lr_lambda,
         step_autocast,

@@ -76,9 +76,9 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
     from speculators.losses import resolve_loss_config
 
     from eagle.drafter import model as drafter
+    from eagle.train import dataset
     from eagle.train.trainer import (
         compile_settings,
-        dataset,
         graphed_train_step,
         lr_lambda,
         step_autocast,
