@@ -22,9 +22,8 @@ Then summary.txt (the tables), env.txt (machine), logs.tar.gz (every child's log
 compile-cache.tar.gz: 8 files at most with attention.json (a call returns 8).
 
 Compilation: a fresh machine compiles the 1.1B drafter's step in 81-105 s a process (22 s with the
-caches of an earlier call on the same machine), which cost two calls their modes on 2026-11-30. Every
-child shares one inductor and triton cache (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR under
---workdir); at the end it is packed into OUT/compile-cache.tar.gz (when at most 15 MB), and
+caches of an earlier call on the same machine). Every child shares one inductor and triton cache
+(TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR under --workdir); at the end it is packed into OUT/compile-cache.tar.gz (when at most 15 MB), and
 `--compile-cache FILE` unpacks such a file first: carry it to the next call (same torch, triton and GPU
 kind, or the caches simply miss).
 Every piece runs in its own process group with a timeout taken from the budget; the group is

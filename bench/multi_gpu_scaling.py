@@ -304,9 +304,8 @@ class Bench:
 
     def share(self, runs: int) -> float:
         """The seconds one of the `runs` training runs still to do in this part may take: an equal
-        share of what the deadline leaves after the later parts' minimum. A fixed cap killed a 2-GPU
-        run in its last epoch on a fresh machine, its warm-up having compiled for 136 s, while
-        the next part had minutes to spare (2026-12-01)."""
+        share of what the deadline leaves after the later parts' minimum (a fixed cap kills a run
+        whose cold compile took long while the next part has minutes to spare)."""
         if self.a.deadline is None:
             return 1800.0
         return max(1.0, (self.left() - self.reserve) / runs)

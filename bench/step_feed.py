@@ -1,10 +1,7 @@
 """Which part of feeding the drafter's step from the loader threads costs the CUDA-graph step its
-speed (issue 27). On the H200 the graphed 1.1B step runs at 27.0-27.6 ms with its batches on the
-device; fed by loader threads building batches it ran at 32-45 ms in the first feed that built
-them and at 28.3-28.9 ms in every later feed that made no new pinned block (sessions 8-10). The
-pins column says why: that first feed made 5 (2 threads) or 9 (4 threads) new pinned blocks
-taking 246 or 1,365 ms of cudaHostAlloc, and twice the threads later made 13 more (435 ms, 36.8
-ms a step) (docs/benchmarks.md, session 10).
+speed (issue 27): the graphed step is slower fed by loader threads that build its batches than with
+its batches on the device, and only in the feeds where torch's host allocator makes new pinned
+blocks (the pins column); the figures: bench/results/2026-12-01-h200-session10/README.md.
 
     python -m bench.step_feed --out $OUT      # on the H200: the 1.1B shape's drafter, ~2 min
     python -m bench.step_feed --smoke         # tiny shapes on the CPU, the eager step only (a check)
@@ -102,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, help="loader threads")
     a = p.parse_args(argv)
     dev = bench_device(a.smoke)
-    from eagle.train import dataset
     if dev is None:
         return 1
     from eagle.drafter import model as drafter
+    from eagle.train import dataset
     from eagle.train.trainer import (
         compile_settings,
         graphed_train_step,
