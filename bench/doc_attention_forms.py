@@ -29,9 +29,8 @@ from typing import Any
 
 import torch
 
-from bench import bench_device, write_json
-from bench.gpu_throughput import timed
-from bench.train_step_kernels import kernel_profile, row_lengths
+from bench.harness import bench_device, kernel_profile, timed, write_json
+from bench.shapes import row_lengths
 
 
 class _Module(torch.nn.Module):

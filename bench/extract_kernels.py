@@ -33,10 +33,16 @@ from typing import Any
 
 import torch
 
-from bench import Clocks, bench_device, write_json
-from bench.gpu_decode import sync
-from bench.gpu_throughput import SMOKE, TARGET_1B, random_target, target_flops_per_token
-from bench.train_step_kernels import kernel_profile, matmul_rate, sustained_matmul_rate
+from bench.harness import (
+    Clocks,
+    bench_device,
+    kernel_profile,
+    matmul_rate,
+    sustained_matmul_rate,
+    sync,
+    write_json,
+)
+from bench.shapes import SMOKE, TARGET_1B, random_target, target_flops_per_token
 
 VARIANTS = {  # name: (compile scope, CUDA graphs, rows per batch, rope tables made inside the graph)
     "layers": ("layers", False, 8, False),

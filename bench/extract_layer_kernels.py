@@ -33,9 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bench import Clocks, bench_device, per_call_ms, write_json
-from bench.gpu_throughput import SMOKE, TARGET_1B, random_target, target_flops_per_token
-from bench.train_step_kernels import matmul_rate
+from bench.harness import Clocks, bench_device, matmul_rate, per_call_ms, write_json
+from bench.shapes import SMOKE, TARGET_1B, random_target, target_flops_per_token
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:

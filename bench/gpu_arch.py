@@ -33,15 +33,14 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_decode import copy_bandwidth, random_target
-from bench.gpu_throughput import random_hf
+from bench.harness import copy_bandwidth
+from bench.shapes import LLAMA_8B, random_hf
+from bench.shapes import random_fast_target as random_target
 from eagle.decode.fast import Decoder, TargetModel, required_len
 from eagle.decode.generic import GenericDecoder
 
 QWEN3_8B = {"hidden_size": 4096, "num_hidden_layers": 36, "intermediate_size": 12288, "vocab_size": 151936,
             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}
-LLAMA_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 32000,
-            "num_attention_heads": 32, "num_key_value_heads": 8}
 SMOKE_QWEN3 = {"hidden_size": 128, "num_hidden_layers": 8, "intermediate_size": 256, "vocab_size": 2048,
                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
 SMOKE_LLAMA = {"hidden_size": 128, "num_hidden_layers": 8, "intermediate_size": 256, "vocab_size": 2048,

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 import traceback
@@ -38,16 +37,12 @@ from pathlib import Path
 
 import torch
 
+from bench.harness import ATTENTION, MATMUL, copy_bandwidth, sync
+from bench.shapes import LLAMA_8B, SMOKE_8B
+from bench.shapes import random_fast_target as random_target
 from eagle.decode import llama_ops
 from eagle.decode.fast import Decoder, TargetModel, load_decoder, required_len
 from eagle.decode.leviathan import acceptance_from_accept_len, leviathan_speedup
-
-LLAMA_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 32000,
-            "num_attention_heads": 32, "num_key_value_heads": 8}
-SMOKE = {"hidden_size": 128, "num_hidden_layers": 4, "intermediate_size": 256, "vocab_size": 1000,
-         "num_attention_heads": 4, "num_key_value_heads": 2}
-MATMUL = re.compile(r"gemv|gemm|cutlass|xmma|nvjet|cublas|splitK|sm90_|addmm|aten::mm|aten::linear", re.I)
-ATTENTION = re.compile(r"fmha|flash|attention|cudnn", re.I)
 
 Rows = list[tuple[str, str]]
 
@@ -55,41 +50,6 @@ Rows = list[tuple[str, str]]
 def table(rows: Rows) -> str:
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def copy_bandwidth(device: torch.device, nbytes: int) -> float:
-    """Bytes/s of a device-to-device copy (counting the read and the write; median of 10)."""
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(10):
-        sync(device)
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return 2 * nbytes / sorted(times)[len(times) // 2]
-
-
-def random_target(shape: dict, device: torch.device, dtype: torch.dtype) -> TargetModel:
-    from transformers import LlamaConfig
-
-    config = LlamaConfig(**shape, max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                         rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
-    torch.manual_seed(0)
-    model = TargetModel(config, device=device, dtype=dtype)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.02)
-    return model.eval()
 
 
 def kernel_profile(fn, device: torch.device, steps: int = 5) -> dict:
@@ -385,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(llama_ops.ATTENTION_KERNELS)}", file=sys.stderr)
         return 2
     if args.smoke:
-        device, dtype, shape = torch.device("cpu"), torch.float32, SMOKE
+        device, dtype, shape = torch.device("cpu"), torch.float32, SMOKE_8B
         args.prompt_len, args.new_tokens, copy_bytes = 16, 16, 1 << 24
         args.sweep_len = 256
     else:

@@ -36,13 +36,15 @@ from typing import Any
 
 import torch
 
-from bench import bench_device, write_json
-from bench.gpu_decode import sync
-
-TARGET_1B = {"hidden_size": 2048, "num_hidden_layers": 22, "intermediate_size": 5632, "vocab_size": 32000,
-             "num_attention_heads": 32, "num_key_value_heads": 4}
-SMOKE = {"hidden_size": 64, "num_hidden_layers": 8, "intermediate_size": 128, "vocab_size": 512,
-         "num_attention_heads": 4, "num_key_value_heads": 2}
+from bench.harness import bench_device, sync, timed, write_json
+from bench.shapes import (
+    SMOKE,
+    TARGET_1B,
+    drafter_flops_per_token,
+    random_target,
+    save_verifier,
+    target_flops_per_token,
+)
 
 ROWS: list[dict[str, Any]] = []  # name, value, unit, limit (name, ratio), peer (name, ratio), note
 META: dict[str, Any] = {}
@@ -75,20 +77,6 @@ def failed(name: str, exc: BaseException) -> None:
     save()
     print(f"  {name}: FAILED {msg}", flush=True)
     traceback.print_exc(limit=6)
-
-
-def timed(fn: Any, dev: torch.device, iters: int, warmup: int = 2) -> float:
-    """Median seconds of fn() over `iters` runs (each synchronised)."""
-    for _ in range(warmup):
-        fn()
-    sync(dev)
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        sync(dev)
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
 
 
 # ---------------------------------------------------------------- 1. ceilings
@@ -124,39 +112,6 @@ def ceilings(dev: torch.device, smoke: bool, scratch: Path) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------- 2. extraction
-def random_hf(model_class: Any, cfg: Any, dev: torch.device, dtype: torch.dtype) -> Any:
-    """A transformers model of `cfg` built on `dev` in `dtype` directly (no float32 copy of large
-    weights), matrices drawn from N(0, 0.02) after seed 0; in eval mode."""
-    torch.manual_seed(0)
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(dev):
-            model = model_class(cfg)
-    finally:
-        torch.set_default_dtype(old)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.02)
-    return model.eval()
-
-
-def random_target(shape: dict[str, int], dev: torch.device, dtype: torch.dtype) -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(**shape, max_position_embeddings=4096, tie_word_embeddings=False, rms_norm_eps=1e-5)
-    cfg._attn_implementation = "sdpa"
-    return random_hf(LlamaForCausalLM, cfg, dev, dtype)
-
-
-def target_flops_per_token(shape: dict[str, int], seq: int) -> float:
-    """Forward FLOPs per token of the decoder (no LM head): 2 x matmul params + causal attention."""
-    h, i, n = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
-    kv = h * shape["num_key_value_heads"] // shape["num_attention_heads"]
-    per_layer = 2 * (2 * h * h + 2 * h * kv + 3 * h * i)
-    attn = 2 * 2 * h * (seq / 2)  # QK^T and PV over the causal prefix, on average seq/2 keys
-    return n * (per_layer + attn)
 
 
 def extraction(shape: dict[str, int], dev: torch.device, dtype: torch.dtype, ceil: dict[str, float], smoke: bool,
@@ -269,25 +224,6 @@ def file_ceiling(d: Path, seq: int, layers: int, hidden: int, threads: int, gib:
 
 
 # ---------------------------------------------------------------- 3. training
-def drafter_flops_per_token(h: int, inter: int, heads: int, kv_heads: int, dv: int, ttt: int, doc: int) -> float:
-    """Training FLOPs per token: 6 x trained matmul params per use, plus causal attention (x3), plus
-    the frozen verifier head's forward."""
-    kv = h * kv_heads // heads
-    layer = 2 * h * h + 2 * (2 * h) * kv + h * h + 3 * h * inter  # q,k,v take 2H inputs
-    per_step = layer + h * dv  # + lm_head
-    attn = 2 * 2 * h * (doc / 2)
-    return 6 * 3 * h * h + ttt * (6 * per_step + 3 * attn) + 2 * h * dv
-
-
-def save_verifier(model: Any, d: Path) -> None:
-    """What the drafter reads from its target: config.json and three tensors."""
-    from safetensors.torch import save_file
-
-    d.mkdir(parents=True, exist_ok=True)
-    model.config.save_pretrained(str(d))
-    sd = {"model.embed_tokens.weight": model.model.embed_tokens.weight, "lm_head.weight": model.lm_head.weight,
-          "model.norm.weight": model.model.norm.weight}
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in sd.items()}, str(d / "model.safetensors"))
 
 
 def kernel_profile(step: Any, dev: torch.device, top: int = 8) -> None:

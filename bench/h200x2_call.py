@@ -22,9 +22,8 @@ Then summary.txt (the tables), env.txt (machine), logs.tar.gz (every child's log
 compile-cache.tar.gz: 8 files at most with attention.json (a call returns 8).
 
 Compilation: a fresh machine compiles the 1.1B drafter's step in 81-105 s a process (22 s with the
-caches of an earlier call on the same machine), which cost two calls their modes on 2026-11-30. Every
-child shares one inductor and triton cache (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR under
---workdir); at the end it is packed into OUT/compile-cache.tar.gz (when at most 15 MB), and
+caches of an earlier call on the same machine). Every child shares one inductor and triton cache
+(TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR under --workdir); at the end it is packed into OUT/compile-cache.tar.gz (when at most 15 MB), and
 `--compile-cache FILE` unpacks such a file first: carry it to the next call (same torch, triton and GPU
 kind, or the caches simply miss).
 Every piece runs in its own process group with a timeout taken from the budget; the group is
@@ -45,8 +44,8 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+from bench.harness import NO_MULTICAST, REPO, describe, ratios, rows_table
+
 TIMES: dict[str, float] = {}
 CACHE_LIMIT = 15 * 10**6  # a returned file may be 16 MB
 
@@ -135,8 +134,6 @@ def test_summary(log: Path) -> str:
 
 def merge_lanes(main: Path, other: Path) -> None:
     """Lane 1's train_real_loop results into lane 0's file, ratios recomputed; its meta kept under lane1."""
-    from bench.train_real_loop import ratios
-
     if not other.is_file():
         return
     b = json.loads(other.read_text())
@@ -149,9 +146,6 @@ def merge_lanes(main: Path, other: Path) -> None:
 
 
 def summary(out: Path, log_dir: Path) -> str:
-    from bench import step_times
-    from bench.multi_gpu_scaling import table
-
     text = ["# times (s) and exit codes", json.dumps(TIMES), "", "# make test-gpu", test_summary(out / "test_gpu.log"), ""]
     trl = out / "train_real_loop.json"
     if trl.is_file():
@@ -162,7 +156,7 @@ def summary(out: Path, log_dir: Path) -> str:
                         f"{[round(x) for x in r['epoch_tok_s']]}  MFU {r.get('mfu') or 0:.1%}  graphs after epoch 1 "
                         f"{sorted(set(r.get('graphs_after_epoch1', [])))}  process {r.get('process_s', 0):.0f} s")
             if r.get("step_times"):
-                text.append(f"{'':<12} {step_times.describe(r['step_times'])}")
+                text.append(f"{'':<12} {describe(r['step_times'])}")
         text.append(f"ratios {json.dumps(d['meta'].get('ratios', {}))}  prepare {d['meta'].get('prepare_s', 0):.0f} s  "
                     f"skipped {d['meta'].get('skipped', [])}  failed {d['meta'].get('failed', [])}")
         text.append("")
@@ -172,7 +166,7 @@ def summary(out: Path, log_dir: Path) -> str:
         text += ["# gpu_decode --attention sdpa,triton (attention.json; the log's last lines)", *lines[-45:], ""]
     mgs = out / "multi_gpu_scaling.json"
     if mgs.is_file():
-        text += ["# multi_gpu_scaling", table(json.loads(mgs.read_text())["rows"])]
+        text += ["# multi_gpu_scaling", rows_table(json.loads(mgs.read_text())["rows"])]
     return "\n".join(text) + "\n"
 
 

@@ -51,7 +51,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -59,16 +58,31 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from bench.harness import (
+    NO_MULTICAST,
+    REPO,
+    describe,
+    free_port,
+    read,
+    rows_table,
+    run_group,
+    steady,
+    summarise,
+)
+from bench.shapes import (
+    BATCH_TOKENS,
+    EXTRACT_BATCH,
+    LR,
+    SMOKE_CLI,
+    TARGET_1B,
+    TTT,
+    VAL_FRACTION,
+    make_data,
+    prepare,
+)
 
-TARGET_1B = {"hidden_size": 2048, "num_hidden_layers": 22, "intermediate_size": 5632, "vocab_size": 32000,
-             "num_attention_heads": 32, "num_key_value_heads": 4}
-SMOKE = {"hidden_size": 32, "num_hidden_layers": 8, "intermediate_size": 64, "vocab_size": 128,
-         "num_attention_heads": 4, "num_key_value_heads": 2}
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 PARTS = ("disk", "extract", "capture", "allreduce", "train", "online1", "online")
 WRITERS = 8  # hidden_capture.extract_rows' writer threads per process
-EXTRACT_BATCH = {"gpu": 16384, "smoke": 96}
 
 ROWS: list[dict[str, Any]] = []
 META: dict[str, Any] = {}
@@ -89,73 +103,7 @@ def row(out: Path | None, part: str, name: str, value: float | str, unit: str = 
     save(out)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def run_group(cmd: list[str], env: dict[str, str], timeout: float, cwd: Path = REPO,
-              log: Path | None = None) -> subprocess.CompletedProcess:
-    """Run `cmd` in a new process group (torchrun's workers included); on timeout kill that group
-    (ours alone: we created it) and return returncode 124 with what was printed until then. The output
-    goes to LOG.stdout.log / LOG.stderr.log as it is printed (a temp dir without `log`), so it is on
-    disk even if this process is killed while the group's GPU processes take long to die."""
-    where = Path(tempfile.mkdtemp(prefix="run-group-")) if log is None else log.parent
-    where.mkdir(parents=True, exist_ok=True)
-    stem = log.name if log is not None else "run"
-    paths = (where / f"{stem}.stdout.log", where / f"{stem}.stderr.log")
-    with open(paths[0], "w") as so, open(paths[1], "w") as se:
-        proc = subprocess.Popen(cmd, stdout=so, stderr=se, text=True, env=env, cwd=cwd, start_new_session=True)
-        rc = None
-        try:
-            rc = proc.wait(timeout=max(1.0, timeout))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-    out, err = (x.read_text(errors="replace") for x in paths)
-    if log is None:
-        shutil.rmtree(where, ignore_errors=True)
-    if rc is None:
-        return subprocess.CompletedProcess(cmd, 124, out, err + f"\n[killed after {timeout:.0f} s]")
-    return subprocess.CompletedProcess(cmd, rc, out, err)
-
-
 # ---------------------------------------------------------------- inputs
-
-
-def make_target(shape: dict[str, int], where: Path, gpu: bool) -> Path:
-    """A Llama target with random weights (bf16 on GPU), saved to `where`."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(**shape, max_position_embeddings=4096, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    with torch.device("cuda" if gpu else "cpu"):
-        model = LlamaForCausalLM(cfg)
-    if gpu:
-        model = model.to(torch.bfloat16)
-    else:
-        with torch.no_grad():  # sharper logits than the default init, so argmax targets are not near-ties
-            model.lm_head.weight.mul_(20)
-    model.save_pretrained(str(where))
-    return where
-
-
-def make_data(vocab: int, samples: int, seq_len: int, where: Path, seed: int = 0) -> Path:
-    """A prepared dataset of random-token rows (lengths seq_len/2..seq_len), loss on all but 4 tokens."""
-    import datasets
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(seq_len // 2, seq_len + 1, (samples,), generator=g).tolist()
-    rows = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lens]
-    datasets.Dataset.from_dict({"input_ids": rows, "loss_mask": [[0] * 4 + [1] * (len(r) - 4) for r in rows],
-                                "seq_len": lens}).save_to_disk(str(where))
-    return where
 
 
 def row_lengths(data: Path) -> list[int]:
@@ -356,9 +304,8 @@ class Bench:
 
     def share(self, runs: int) -> float:
         """The seconds one of the `runs` training runs still to do in this part may take: an equal
-        share of what the deadline leaves after the later parts' minimum. A fixed cap killed a 2-GPU
-        run in its last epoch on a fresh machine, its warm-up having compiled for 136 s, while
-        the next part had minutes to spare (2026-12-01)."""
+        share of what the deadline leaves after the later parts' minimum (a fixed cap kills a run
+        whose cold compile took long while the next part has minutes to spare)."""
         if self.a.deadline is None:
             return 1800.0
         return max(1.0, (self.left() - self.reserve) / runs)
@@ -540,17 +487,12 @@ class Bench:
                 f"NCCL transport: {', '.join(transports) or 'not logged'}; torch {torch.__version__}")
 
     def train_args(self, target: Path, data: Path, epochs: int) -> list[str]:
-        from bench.train_real_loop import BATCH_TOKENS, LR, TTT, VAL_FRACTION
-
         kind = "gpu" if self.gpu else "smoke"
         return ["train", "--model", str(target), "--data", str(data), "--epochs", str(epochs), "--batch-tokens",
                 str(BATCH_TOKENS[kind]), "--lr", str(LR[kind]), "--ttt-steps", str(TTT), "--val-fraction",
                 str(VAL_FRACTION)] + ([] if self.gpu else ["--device", "cpu"])
 
     def train_run(self, name: str, args: list[str], nproc: int, cap: float) -> dict[str, Any]:
-        from bench import step_times
-        from bench.train_real_loop import steady
-
         out, metrics, times = self.work / name, self.work / f"{name}.metrics.json", self.work / f"{name}.step-times"
         shutil.rmtree(out, ignore_errors=True)
         shutil.rmtree(times, ignore_errors=True)
@@ -562,13 +504,11 @@ class Bench:
                "val_acc": ep[-1]["val_acc"], "world_size": log["args"]["world_size"], "wall_s": wall,
                "data_wait_s": [e["data_wait_s"] for e in ep], "target_s": [e.get("target_s") for e in ep]}
         res["steady_tok_s_all"] = steady(res)
-        res["step_times"] = step_times.summarise(step_times.read(times))
+        res["step_times"] = summarise(read(times))
         shutil.rmtree(out, ignore_errors=True)
         return res
 
     def compare(self, part: str, one: dict[str, Any], many: dict[str, Any], source: str) -> None:
-        from bench import step_times
-
         n = self.n
         row(self.out, part, f"{part} tok/s, 1 process", float(one["steady_tok_s_all"]), "tok/s",
             f"epochs after the first: {[round(x) for x in one['epoch_tok_s']]} ({source})")
@@ -581,7 +521,7 @@ class Bench:
             if res.get("step_times"):
                 st = res["step_times"]
                 row(self.out, part, f"{part} step, {procs} process(es): slowest rank's compute", st["slowest_compute_ms"],
-                    "ms", step_times.describe(st))
+                    "ms", describe(st))
         row(self.out, part, f"{part} val_loss by epoch, 1 / {n} processes",
             f"{' '.join(f'{x:.4f}' for x in one['val_loss'] if x is not None)} / "
             f"{' '.join(f'{x:.4f}' for x in many['val_loss'] if x is not None)}")
@@ -631,16 +571,7 @@ class Bench:
 
 def table(rows: list[dict[str, Any]] | None = None) -> str:
     """The rows (default: this bench's) as a plain-text table."""
-    rows = ROWS if rows is None else rows
-    if not rows:
-        return "(no rows)"
-    w = max(len(r["name"]) for r in rows)
-    lines = [f"{'measure':<{w}}  {'value':>14}  unit      note", "-" * (w + 40)]
-    for r in rows:
-        v = r["value"]
-        text = f"{v:>14,.3f}" if isinstance(v, float) else f"{v!s:>14}"
-        lines.append(f"{r['name']:<{w}}  {text}  {r['unit']:<8}  {r['note']}".rstrip())
-    return "\n".join(lines)
+    return rows_table(ROWS if rows is None else rows)
 
 
 MIN_SECONDS = {"disk": 15, "extract": 45, "capture": 40, "allreduce": 30, "train": 90, "online1": 80, "online": 80}
@@ -688,7 +619,7 @@ def main() -> int:
         print(f"this machine has {torch.cuda.device_count()} GPUs; {a.nproc} are needed (or use --smoke on the CPU)",
               file=sys.stderr)
         return 2
-    shape = SMOKE if a.smoke else TARGET_1B
+    shape = SMOKE_CLI if a.smoke else TARGET_1B
     META.update({"date": time.strftime("%Y-%m-%d %H:%M"), "smoke": a.smoke, "nproc": a.nproc, "shape": shape,
                  "args": {k: str(v) for k, v in vars(a).items()}, "torch": torch.__version__, "cpus": os.cpu_count(),
                  "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())], **NO_MULTICAST})
@@ -696,8 +627,6 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     bench = Bench(a, out, work, gpu, shape)
     try:
-        from bench.train_real_loop import prepare
-
         t0 = time.perf_counter()
         seq = 48 if a.smoke else 2048
         target, data_v, _, _, _ = prepare(work, shape, a.samples, seq, ["real"], gpu, a.smoke)

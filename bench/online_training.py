@@ -31,9 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import write_json
-from bench.multi_gpu_scaling import REPO, SMOKE, TARGET_1B, free_port, make_data, make_target
-from bench.multi_gpu_scaling import table as rows_table
+from bench.harness import REPO, free_port, rows_table, write_json
+from bench.shapes import SMOKE_CLI, TARGET_1B, make_data, make_target
 
 ROWS: list[dict[str, Any]] = []
 
@@ -118,7 +117,7 @@ def cli(args: list[str], gpu: bool, work: Path, name: str) -> tuple[float, dict[
 
 
 def speed(a: argparse.Namespace, gpu: bool, work: Path, out: Path | None) -> None:
-    shape = SMOKE if a.smoke else TARGET_1B
+    shape = SMOKE_CLI if a.smoke else TARGET_1B
     target = make_target(shape, work / "target", gpu)
     data = make_data(shape["vocab_size"], a.samples, a.seq_len, work / "data")
     cap = capture_rate(target, data, gpu, a.extract_batch_tokens)

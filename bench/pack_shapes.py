@@ -24,7 +24,7 @@ import json
 import sys
 from dataclasses import dataclass
 
-from bench.train_real_loop import variable_lengths
+from bench.shapes import variable_lengths
 from eagle.train import dataset
 from eagle.train.trainer import BUCKET_MULTIPLE
 

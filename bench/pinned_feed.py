@@ -1,9 +1,8 @@
 """Whether a host running ahead of the GPU makes eagle train's loader allocate pinned memory (issue
-27): fed fixed packs, the drafter's CUDA-graph step ran at 39-42 ms where it runs at 27 ms on the
-device, and torch's host allocator made a new pinned block for nearly every batch, ~29 ms of
-cudaHostAlloc each (bench/train_step_kernels.py, docs/benchmarks.md session 10). A graph replay
-returns at once, so the main thread can queue many steps ahead of the GPU; the eager step keeps it
-close. This bench has no drafter to compile (~1 minute on the H200):
+27): fed fixed packs, the drafter's CUDA-graph step was slower than on the device while torch's host
+allocator made a new pinned block for nearly every batch (bench/train_step_kernels.py). A graph
+replay returns at once, so the main thread can queue many steps ahead of the GPU; the eager step
+keeps it close. This bench has no drafter to compile (~1 minute on the H200):
 
     python -m bench.pinned_feed --out $OUT         # on a GPU
     python -m bench.pinned_feed --smoke            # tiny shapes on the CPU (a check of the code)
@@ -38,9 +37,8 @@ from typing import Any
 
 import torch
 
-from bench import bench_device, host_pool, timed_feed, write_json
-from bench.gpu_throughput import SMOKE, TARGET_1B, timed
-from bench.train_step_kernels import samples
+from bench.harness import bench_device, host_pool, timed, timed_feed, write_json
+from bench.shapes import SMOKE, TARGET_1B, samples
 
 Batch = dict[str, torch.Tensor]
 AHEAD = {"in step": 0, "2 ahead": 2, "free": None}  # free last: its passes find the cache warm

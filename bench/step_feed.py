@@ -1,10 +1,7 @@
 """Which part of feeding the drafter's step from the loader threads costs the CUDA-graph step its
-speed (issue 27). On the H200 the graphed 1.1B step runs at 27.0-27.6 ms with its batches on the
-device; fed by loader threads building batches it ran at 32-45 ms in the first feed that built
-them and at 28.3-28.9 ms in every later feed that made no new pinned block (sessions 8-10). The
-pins column says why: that first feed made 5 (2 threads) or 9 (4 threads) new pinned blocks
-taking 246 or 1,365 ms of cudaHostAlloc, and twice the threads later made 13 more (435 ms, 36.8
-ms a step) (docs/benchmarks.md, session 10).
+speed (issue 27): the graphed step is slower fed by loader threads that build its batches than with
+its batches on the device, and only in the feeds where torch's host allocator makes new pinned
+blocks (the pins column); the figures: bench/results/2026-12-01-h200-session10/README.md.
 
     python -m bench.step_feed --out $OUT      # on the H200: the 1.1B shape's drafter, ~2 min
     python -m bench.step_feed --smoke         # tiny shapes on the CPU, the eager step only (a check)
@@ -43,9 +40,8 @@ from typing import Any
 
 import torch
 
-from bench import bench_device, timed_feed, write_json
-from bench.gpu_throughput import SMOKE, TARGET_1B, random_target, save_verifier
-from bench.train_step_kernels import bench_drafter, samples
+from bench.harness import bench_device, timed_feed, write_json
+from bench.shapes import SMOKE, TARGET_1B, bench_drafter, random_target, samples, save_verifier
 
 Batch = dict[str, torch.Tensor]
 
@@ -106,9 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     if dev is None:
         return 1
     from eagle.drafter import model as drafter
+    from eagle.train import dataset
     from eagle.train.trainer import (
         compile_settings,
-        dataset,
         graphed_train_step,
         lr_lambda,
         step_autocast,

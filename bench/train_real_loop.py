@@ -31,20 +31,25 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench import write_json
+from bench.harness import ratios, run_group, steady, write_json
+from bench.shapes import (
+    BATCH_TOKENS,
+    LR,
+    SMOKE_CLI,
+    TARGET_1B,
+    TTT,
+    VAL_FRACTION,
+    drafter_flops_per_token,
+    prepare,
+)
 
 MODES = ("real", "fixed", "speculators", "nobuckets", "nowarm", "dynb")
-TTT = 3
-VAL_FRACTION = 0.05
-BATCH_TOKENS = {"gpu": 8192, "smoke": 96}
-LR = {"gpu": 2e-4, "smoke": 3e-3}  # eagle.train.trainer.default_lr of the 1.1B shape; the smoke's tiny shape needs more
 
 
 # ---------------------------------------------------------------- children
@@ -72,7 +77,7 @@ def child_eagle(mode: str, target: str, data: str, out: str, epochs: int, batch_
             return plain_forward(model, batch, *a, **k)
 
         train_mod.forward = forward  # backward_step and evaluate call the module's forward
-    from bench.step_times import StepTimes, summarise
+    from bench.harness import StepTimes, summarise
 
     times = StepTimes()
     times.install(train_mod)
@@ -151,8 +156,6 @@ def child_speculators(target: str, data: str, out: str, batch_tokens: int, lr: f
 
 # ---------------------------------------------------------------- parent
 def run_child(args: list[str], timeout: float, log: Path | None = None) -> dict | None:
-    from bench.multi_gpu_scaling import run_group
-
     cmd = [sys.executable, "-m", "bench.train_real_loop", "--child", json.dumps(args)]
     t0 = time.perf_counter()
     res = run_group(cmd, {**os.environ, "PYTHONUNBUFFERED": "1"}, timeout,
@@ -173,31 +176,6 @@ def run_child(args: list[str], timeout: float, log: Path | None = None) -> dict 
     return json.loads(line[len("RESULT "):])
 
 
-def eagle_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Start `eagle ARGS` (wait with `finish`)."""
-    return subprocess.Popen([sys.executable, "-m", "eagle.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
-
-
-def finish(proc: subprocess.Popen) -> None:
-    out, err = proc.communicate()
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(map(str, proc.args[2:5]))} failed:\n{err[-3000:]}")
-
-
-def make_rows(vocab: int, lengths: list[int], where: Path, seed: int) -> Path:
-    import datasets
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    rows = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
-    ds = datasets.Dataset.from_dict({"input_ids": rows, "loss_mask": [[0] * 4 + [1] * (len(r) - 4) for r in rows],
-                                     "seq_len": lengths})
-    ds.set_format("torch")  # as `eagle prepare` writes it; speculators' loader compares its tensors
-    ds.save_to_disk(str(where))
-    return where
-
-
 def matmul_rate() -> float:
     import torch
 
@@ -212,69 +190,6 @@ def matmul_rate() -> float:
         a @ a
     torch.cuda.synchronize()
     return 20 * 2 * 8192**3 / (time.perf_counter() - t0)
-
-
-def steady(res: dict) -> float:
-    """Real tokens per second over the epochs after the first (the first carries compilation)."""
-    if "steady_tok_s" in res:
-        return res["steady_tok_s"]
-    later = list(zip(res["epoch_tok_s"][1:], res["epoch_s"][1:], strict=True))
-    return sum(t * s for t, s in later) / sum(s for _, s in later) if later else res["epoch_tok_s"][0]
-
-
-def ratios(results: dict[str, dict]) -> dict[str, float]:
-    """The real loop's steady tok/s over each other mode's (fixed, speculators, nobuckets, nowarm, dynb)."""
-    base = results.get("real", {}).get("steady_tok_s_all")
-    return {f"real / {other}": base / results[other]["steady_tok_s_all"]
-            for other in ("fixed", "speculators", "nobuckets", "nowarm", "dynb") if base and other in results}
-
-
-def variable_lengths(n: int, shortest: int, longest: int) -> list[int]:
-    """The token counts of the variable-length rows (seeded: every bench that reads W/data-v, and
-    bench/pack_shapes.py's replay of its packing, sees the same lengths)."""
-    import torch
-
-    g = torch.Generator().manual_seed(0)
-    return torch.randint(shortest, longest + 1, (n,), generator=g).tolist()
-
-
-def prepare(work: Path, shape: dict[str, int], n: int, seq: int, modes: list[str], gpu: bool,
-            smoke: bool) -> tuple[Path, Path, Path | None, list[int], list[int]]:
-    """W/target, W/data-v (n rows of seq/2..seq tokens) and W/data-f (fixed rows, only when "fixed" is
-    run), extracted and with a vocabulary; what W already holds complete is reused (a marker file is
-    written last). `eagle extract` on W/data-v runs alone, with its metrics in W/extract-data-v.json:
-    bench/multi_gpu_scaling.py takes it as the 1-process extraction (its files' times give the rate)."""
-
-    from bench.multi_gpu_scaling import EXTRACT_BATCH, make_target
-
-    lengths_v = variable_lengths(n, seq // 2, seq)
-    n_fixed = max(8, n // 4)
-    layer_ids = [2, shape["num_hidden_layers"] // 2, shape["num_hidden_layers"] - 3]
-    target, data_v, data_f = work / "target", work / "data-v", work / "data-f"
-    want = {"shape": shape, "lengths_v": lengths_v, "n_fixed": n_fixed, "seq": seq, "layer_ids": layer_ids}
-    marker = work / "prepared.json"
-    have = json.loads(marker.read_text()) if marker.is_file() else {}
-    fixed = "fixed" in modes
-    if have.get("want") == want and (have.get("fixed") or not fixed):
-        return target, data_v, data_f if have.get("fixed") else None, lengths_v, layer_ids
-    import shutil
-
-    for d in (target, data_v, data_f):
-        shutil.rmtree(d, ignore_errors=True)
-    make_target(shape, target, gpu)
-    make_rows(shape["vocab_size"], lengths_v, data_v, 1)
-    if fixed:
-        make_rows(shape["vocab_size"], [seq] * n_fixed, data_f, 2)
-    ids = ",".join(map(str, layer_ids))
-    for d in (data_v, data_f) if fixed else (data_v,):  # one at a time: V's extraction is a 1-process figure
-        finish(eagle_cli("extract", "--model", str(target), "--data", str(d), "--layer-ids", ids, "--keep-free", "0",
-                         "--batch-tokens", str(EXTRACT_BATCH["smoke" if smoke else "gpu"]),
-                         *([] if gpu else ["--device", "cpu"]), env={"RUNBOOK_METRICS": str(work / f"extract-{d.name}.json")}))
-    finish(eagle_cli("vocab", "--data", str(data_v), "--draft-vocab", str(64 if smoke else 8000)))
-    if fixed:
-        (data_f / "vocab.safetensors").write_bytes((data_v / "vocab.safetensors").read_bytes())
-    marker.write_text(json.dumps({"want": want, "fixed": fixed}) + "\n")
-    return target, data_v, data_f if fixed else None, lengths_v, layer_ids
 
 
 def main() -> int:
@@ -302,11 +217,8 @@ def main() -> int:
 
     import torch
 
-    from bench.gpu_throughput import drafter_flops_per_token
-    from bench.multi_gpu_scaling import SMOKE, TARGET_1B
-
     gpu = not a.smoke and torch.cuda.is_available()
-    shape = SMOKE if a.smoke else TARGET_1B
+    shape = SMOKE_CLI if a.smoke else TARGET_1B
     n = a.samples or (24 if a.smoke else 256)
     seq = 48 if a.smoke else 2048
     kind = "smoke" if a.smoke else "gpu"

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import tempfile
 import time
@@ -42,87 +41,17 @@ from typing import Any
 
 import torch
 
-from bench import Clocks, bench_device, per_call_ms, timed_feed, write_json
-from bench.gpu_decode import ATTENTION, MATMUL, sync
-from bench.gpu_throughput import (
+from bench.harness import bench_device, kernel_profile, matmul_rate, sync, timed_feed, write_json
+from bench.shapes import (
     SMOKE,
     TARGET_1B,
+    bench_drafter,
     drafter_flops_per_token,
     random_target,
+    row_lengths,
+    samples,
     save_verifier,
-    timed,
 )
-
-CATEGORIES = (  # first match wins: attention before matmul (flash kernels carry "cutlass" in their names)
-    ("attention", ATTENTION),  # bench/gpu_decode's kernel kinds, and the training step's own
-    ("loss", re.compile(r"loss_(forward|backward)_kernel", re.I)),
-    ("matmul", MATMUL),
-    ("optimizer", re.compile(r"multi_tensor|adam|foreach|clip", re.I)),
-    ("inductor", re.compile(r"^triton_", re.I)),
-)
-
-
-def category(name: str) -> str:
-    return next((cat for cat, rx in CATEGORIES if rx.search(name)), "other")
-
-
-def kernel_profile(step: Any, dev: torch.device, steps: int = 3) -> dict[str, Any]:
-    """Device ms per step by category, kernels per step, the top kernels, and the step's wall ms."""
-    from torch.profiler import ProfilerActivity, profile
-
-    sync(dev)
-    t0 = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        sync(dev)
-    wall = (time.perf_counter() - t0) / steps
-    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
-    attr = "self_device_time_total" if events and hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
-    cats: dict[str, float] = {}
-    for e in events:
-        cats[category(e.key)] = cats.get(category(e.key), 0.0) + getattr(e, attr) / steps / 1000
-    top = sorted(events, key=lambda e: -getattr(e, attr))[:12]
-    return {"device_ms": round(sum(cats.values()), 3), "wall_ms_profiled": round(wall * 1000, 3),
-            "kernels": sum(e.count for e in events) // steps,
-            "by_category_ms": {k: round(v, 3) for k, v in sorted(cats.items(), key=lambda kv: -kv[1])},
-            "top": [{"kernel": e.key[:90], "ms": round(getattr(e, attr) / steps / 1000, 3), "calls": e.count // steps,
-                     "category": category(e.key)} for e in top]}
-
-
-def samples(shape: dict[str, int], lengths: list[int], aux: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    """Raw samples of these lengths as eagle extract writes them: hidden_states [T, aux + 1, H]
-    (random bf16), input_ids, loss_mask."""
-    g = torch.Generator().manual_seed(seed)
-    return [{"hidden_states": torch.randn(t, aux + 1, shape["hidden_size"], generator=g).to(torch.bfloat16),
-             "input_ids": torch.randint(0, shape["vocab_size"], (t,), generator=g),
-             "loss_mask": torch.ones(t, dtype=torch.long)} for t in lengths]
-
-
-def row_lengths(rows: int, seq: int, seed: int = 1) -> list[int]:
-    """The token counts of the real loop's variable-length rows: seq/2..seq, seeded (the same rows
-    in every bench that replays this loop)."""
-    g = torch.Generator().manual_seed(seed)
-    lo = seq // 2
-    return [lo + int(x) for x in torch.randint(0, seq - lo + 1, (rows,), generator=g)]
-
-
-def bench_drafter(vdir: Path, vocab: int, dv: int, layer_ids: list[int], ttt: int,
-                  dev: torch.device) -> tuple[Any, list[torch.nn.Parameter], torch.optim.Optimizer]:
-    """(drafter, its trainable parameters, AdamW as eagle train's) for these benches: the draft
-    vocabulary is the target's first `dv` ids, per-document attention, training mode, seed 0."""
-    from eagle.drafter import model as drafter
-    from eagle.train.trainer import use_doc_attention
-
-    d2t = torch.zeros(dv, dtype=torch.long)  # draft id i = target id i
-    t2d = torch.zeros(vocab, dtype=torch.bool)
-    t2d[:dv] = True
-    torch.manual_seed(0)
-    model = drafter.build_drafter(vdir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=ttt).to(dev)
-    use_doc_attention(model)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    return model, params, torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.0)
 
 
 def print_profile(label: str, title: str, prof: dict[str, Any], top: bool) -> None:
@@ -147,9 +76,9 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
     from speculators.losses import resolve_loss_config
 
     from eagle.drafter import model as drafter
+    from eagle.train import dataset
     from eagle.train.trainer import (
         compile_settings,
-        dataset,
         graphed_train_step,
         lr_lambda,
         step_autocast,
@@ -262,27 +191,6 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
         if graphs:
             out["profile_graphs"] = kernel_profile(lambda: graphed(resident[0]), dev)
     return out
-
-
-def matmul_rate(dev: torch.device, n: int) -> float:
-    """Measured bf16 FLOP/s of an n^3 product (the MFU's denominator, as bench/gpu_throughput's): ten
-    products after three, a burst the card runs at its boost clock (sustained_matmul_rate: held)."""
-    mat = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-    return 2 * n ** 3 / timed(lambda: mat @ mat, dev, 10 if n >= 4096 else 3, 3)
-
-
-def sustained_matmul_rate(dev: torch.device, n: int, seconds: float = 2.0) -> tuple[float, dict[str, Any] | None]:
-    """bf16 FLOP/s of n^3 products back to back for `seconds`, timed over the latter half, with the SM
-    clock and board power over that half (bench.Clocks). On the H200 a held load meets the card's
-    power cap (~700 W) and its clock falls from 1980 MHz to ~1500: the rate any long job can have,
-    where matmul_rate's burst is the boost clock's."""
-    mat = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-    one_ms = per_call_ms(lambda: mat @ mat, dev, 3)
-    calls = max(3, int(seconds * 500 / one_ms))  # half the time each
-    per_call_ms(lambda: mat @ mat, dev, calls)  # the first half: the clock settles
-    with Clocks(dev) as clk:
-        ms = per_call_ms(lambda: mat @ mat, dev, calls)
-    return 2 * n ** 3 / (ms / 1000), clk.summary()
 
 
 def main(argv: list[str] | None = None) -> int:

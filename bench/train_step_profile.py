@@ -15,9 +15,9 @@ after it (the target's forward is outside the timed region). Modes:
   nocudnn         cuDNN's SDPA backend disabled (PyTorch picks another kernel; no per-shape plans)
   limit256        torch._dynamo's recompile limit raised from 8 to 256
   eager           torch._dynamo disabled: the drafter runs eagerly (no compile, no recompiles)
-The first run (2026-11-29, compiled and limit256) found steps of either ~60 ms or ~375-570 ms; a
-cuDNN plan build per new shape (reported at ~400 ms elsewhere) is the suspect that bucket256 and
-nocudnn test. Default modes: compiled, nobuckets, bucket256 (about 8 minutes on the H200).
+A step on variable-length packs was either fast or about ten times slower; a cuDNN plan build per
+new shape is the suspect that bucket256 and nocudnn test (the figures:
+bench/results/2026-11-29-h200/README.md). Default modes: compiled, nobuckets, bucket256 (about 8 minutes on the H200).
 Prints per epoch: median / max step ms, steps over 2x the median, and real tokens per second of
 the median step. Writes OUT/train_step_profile.json (OUT: --out, else $OUT) after each mode, with
 every step's time, tokens and document layout [B, Lmax] (to correlate slow steps with shapes).
@@ -36,7 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import write_json
+from bench.harness import write_json
+from bench.shapes import SMOKE_CLI, TARGET_1B, make_data, make_target
 
 MODES = ("compiled", "nobuckets", "bucket256", "nocudnn", "limit256", "eager")
 DEFAULT_MODES = ("compiled", "nobuckets", "bucket256")
@@ -123,13 +124,12 @@ def main() -> int:
 
     import torch
 
-    from bench.multi_gpu_scaling import SMOKE, TARGET_1B, make_data, make_target
     from eagle.data.vocab import build_vocab
 
     gpu = not a.smoke and torch.cuda.is_available()
     samples = a.samples or (16 if a.smoke else 128)
     batch_tokens = a.batch_tokens or (96 if a.smoke else 8192)
-    shape = SMOKE if a.smoke else TARGET_1B
+    shape = SMOKE_CLI if a.smoke else TARGET_1B
     out = a.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     work = Path(tempfile.mkdtemp(prefix="step-profile-"))
     target = make_target(shape, work / "target", gpu)

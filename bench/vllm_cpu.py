@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import write_json
+from bench.harness import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,7 +1,7 @@
 """The repository is laid out as it says: imports run down the wings and form no circle
 (tests/support/import_rules.py), docs/architecture.md names every module, the benchmark scripts import
-the packages like any program, and the repository root is a runbook workspace whose own plans
-validate there."""
+the packages like any program and of bench/ only its harness and shapes, and the repository root is a
+runbook workspace whose own plans validate there."""
 
 from __future__ import annotations
 
@@ -103,6 +103,34 @@ def test_bench_scripts_import_the_packages_like_any_program() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_bench_scripts_import_only_the_harness_and_the_shapes() -> None:
+    """Every bench script imports of bench/ only bench.harness and bench.shapes (runbook and eagle
+    like any program); harness imports no bench module, shapes only harness; no circle."""
+    assert import_rules.bench_problems(REPO) == []
+    assert {"bench.harness", "bench.shapes"} <= set(import_rules.modules(REPO, "bench"))
+
+
+def test_the_bench_check_finds_a_script_importing_a_script(tmp_path: Path) -> None:
+    """The bench rule itself: a script importing another script (inside a function too), the
+    harness importing shapes (a circle with shapes' import of harness) are reported; a script's
+    imports of harness and shapes, and `from bench import shapes`, are not."""
+    files = {
+        "bench/__init__.py": '"""doc"""\n',
+        "bench/harness.py": "def f():\n    from bench.shapes import X\n",
+        "bench/shapes.py": "from bench.harness import f\nX = 1\n",
+        "bench/a.py": "from bench.harness import f\nfrom bench import shapes\n",
+        "bench/b.py": "import bench.shapes\ndef g():\n    from bench.a import f\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert import_rules.bench_problems(tmp_path) == [
+        "bench.b (line 3, a bench script) imports bench.a",
+        "bench.harness (line 2, a bench shared module) imports bench.shapes",
+        "import circle: bench.harness <-> bench.shapes",
+    ]
 
 
 def test_the_repository_root_is_a_runbook_workspace() -> None:

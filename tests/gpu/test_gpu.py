@@ -203,7 +203,7 @@ def test_train_step_as_cuda_graphs_equals_the_eager_step(toy_target: Path) -> No
 
     import torch
 
-    from bench.train_step_kernels import samples
+    from bench.shapes import samples
     from eagle.drafter import model as drafter
     from eagle.train.trainer import (
         compile_settings,

@@ -3,7 +3,9 @@
 Every import counts, at the top of a module or inside a function; only imports under
 `if TYPE_CHECKING:` do not (they never run). A package's wings are listed top to bottom: a module
 may import its own wing and the wings below it, never one above; and no set of modules may import
-each other in a circle, whatever their wings.
+each other in a circle, whatever their wings. The benchmark scripts under bench/ have no wings:
+each imports only the two modules they share, bench.harness and bench.shapes (BENCH_SHARED), and
+those import no script (bench_problems).
 """
 
 from __future__ import annotations
@@ -167,3 +169,24 @@ def check(root: Path, package: str) -> list[str]:
     mods = modules(root, package)
     edges = [edge for path in mods.values() for edge in imports(root, path, set(mods))]
     return upward(package, edges) + [f"import circle: {' <-> '.join(group)}" for group in circles(edges)]
+
+
+# What a bench script may import of bench/, and what each shared module may: shapes builds on harness.
+BENCH_SHARED: dict[str, set[str]] = {"bench.harness": set(), "bench.shapes": {"bench.harness"}}
+
+
+def bench_problems(root: Path) -> list[str]:
+    """Every import between bench/ modules other than a script's of bench.harness or bench.shapes
+    (and shapes' of harness), then circles. Running a script as a child (`python -m bench.NAME`) is
+    not an import and is not seen here."""
+    mods = modules(root, "bench")
+    problems: list[str] = []
+    edges: list[Edge] = []
+    for path in mods.values():
+        for edge in imports(root, path, set(mods)):
+            edges.append(edge)
+            allowed = BENCH_SHARED.get(edge.source, set(BENCH_SHARED))
+            if edge.target not in allowed:
+                kind = "shared module" if edge.source in BENCH_SHARED else "script"
+                problems.append(f"{edge.source} (line {edge.line}, a bench {kind}) imports {edge.target}")
+    return problems + [f"import circle: {' <-> '.join(group)}" for group in circles(edges)]

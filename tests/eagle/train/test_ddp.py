@@ -66,8 +66,8 @@ def test_ddp_two_processes_on_cpu(ddp_run: tuple[Path, list[str], dict]) -> None
 def test_step_times_bench_keeps_ddp_math_and_times_every_step(ddp_run: tuple[Path, list[str], dict]) -> None:
     """bench/step_times.py (issue 24's breakdown of a DDP step) wraps eagle's CLI and replaces DDP's
     all-reduce by a timed comm hook: the training must stay what plain DDP computes, and every
-    optimizer step of both ranks must come back with its times."""
-    from bench import step_times
+    optimizer step of both ranks must come back with its times (bench.harness reads and sums them up)."""
+    from bench import harness
 
     tmp_path, args, _ = ddp_run
     times = tmp_path / "step-times"
@@ -77,7 +77,7 @@ def test_step_times_bench_keeps_ddp_math_and_times_every_step(ddp_run: tuple[Pat
     for key in ("train_loss", "val_loss"):
         assert [e[key] for e in timed] == pytest.approx([e[key] for e in plain], rel=1e-5, abs=1e-6), key
 
-    ranks = step_times.read(times)
+    ranks = harness.read(times)
     assert len(ranks) == 2
     steps = sum(e["steps"] for e in plain) // 2  # optimizer steps of each rank: one batch a rank a step
     assert [len(r) for r in ranks] == [steps, steps]
@@ -85,21 +85,21 @@ def test_step_times_bench_keeps_ddp_math_and_times_every_step(ddp_run: tuple[Pat
         assert all(s["compute_ms"] > 0 and s["comm_ms"] >= 0 and s["opt_ms"] > 0 for s in rows)
         assert all(s["wall_ms"] >= s["compute_ms"] + s["comm_ms"] for s in rows[:-1]) and rows[-1]["wall_ms"] is None
         assert all(len(s["grid"]) == 2 for s in rows)  # shape buckets' [documents, width]
-    summary = step_times.summarise(ranks)
+    summary = harness.summarise(ranks)
     assert summary["world"] == 2 and summary["slowest_compute_ms"] >= summary["per_rank"][0]["compute_ms"]
-    assert "ranks' compute apart" in step_times.describe(summary)
+    assert "ranks' compute apart" in harness.describe(summary)
 
 
 @pytest.mark.slow
 def test_step_times_leave_the_shape_warm_up_out_of_step_one(ddp_run: tuple[Path, list[str], dict]) -> None:
     """The warm-up runs a backward per pack shape before step 1 and no optimizer step follows them:
     their marks must not be counted as step 1's (its compute once held the warm-up's too)."""
-    from bench import step_times
+    from bench import harness
 
     tmp_path, args, _ = ddp_run
     times = tmp_path / "warm-times"
     cmd = [sys.executable, "-m", "bench.step_times", "--out", str(times), "--", *args, "--shape-buckets", "--warm-shapes"]
     _train(cmd, tmp_path / "warm", tmp_path / "warm.json")
     assert json.loads((tmp_path / "warm" / "train_log.json").read_text())["warmup"] is not None
-    (rows,) = step_times.read(times)
+    (rows,) = harness.read(times)
     assert rows and all(s["batches"] == 1 for s in rows)

@@ -1,0 +1,252 @@
+"""The shapes, targets and data the bench scripts share: the 1.1B and 8B Llama shapes with their
+smoke (CPU) stand-ins, random-weight targets (in memory or saved), the drafter the training benches
+build, the FLOP counts their rooflines and MFUs divide by, random samples and prepared datasets.
+
+Imports bench.harness (to run `eagle` for the prepared data), no script. torch, transformers and
+eagle are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench.harness import eagle_cli, finish
+
+if TYPE_CHECKING:
+    import torch
+
+# the extraction and training benches' target: TinyLlama-1.1B's shape
+TARGET_1B = {"hidden_size": 2048, "num_hidden_layers": 22, "intermediate_size": 5632, "vocab_size": 32000,
+             "num_attention_heads": 32, "num_key_value_heads": 4}
+# its stand-in for the in-process benches' --smoke (gpu_throughput, train_step_kernels, extract_*, *_feed)
+SMOKE = {"hidden_size": 64, "num_hidden_layers": 8, "intermediate_size": 128, "vocab_size": 512,
+         "num_attention_heads": 4, "num_key_value_heads": 2}
+# its stand-in for the benches that run eagle's CLI in children (train_real_loop, multi_gpu_scaling,
+# online_training, train_step_profile): smaller still, several processes share two CPU cores
+SMOKE_CLI = {"hidden_size": 32, "num_hidden_layers": 8, "intermediate_size": 64, "vocab_size": 128,
+             "num_attention_heads": 4, "num_key_value_heads": 2}
+# the decode benches' target: Llama-3-8B's shape (vocab 32000), and gpu_decode's --smoke stand-in
+LLAMA_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 32000,
+            "num_attention_heads": 32, "num_key_value_heads": 8}
+SMOKE_8B = {"hidden_size": 128, "num_hidden_layers": 4, "intermediate_size": 256, "vocab_size": 1000,
+            "num_attention_heads": 4, "num_key_value_heads": 2}
+
+# `eagle train`'s arguments in the real-loop and multi-GPU benches, on the GPU and in --smoke
+TTT = 3
+VAL_FRACTION = 0.05
+BATCH_TOKENS = {"gpu": 8192, "smoke": 96}
+LR = {"gpu": 2e-4, "smoke": 3e-3}  # eagle.train.trainer.default_lr of the 1.1B shape; the smoke's tiny shape needs more
+EXTRACT_BATCH = {"gpu": 16384, "smoke": 96}  # `eagle extract --batch-tokens`
+
+
+# ---------------------------------------------------------------- targets
+def random_hf(model_class: Any, cfg: Any, dev: torch.device, dtype: torch.dtype) -> Any:
+    """A transformers model of `cfg` built on `dev` in `dtype` directly (no float32 copy of large
+    weights), matrices drawn from N(0, 0.02) after seed 0; in eval mode."""
+    import torch
+
+    torch.manual_seed(0)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(dev):
+            model = model_class(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.02)
+    return model.eval()
+
+
+def random_target(shape: dict[str, int], dev: torch.device, dtype: torch.dtype) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**shape, max_position_embeddings=4096, tie_word_embeddings=False, rms_norm_eps=1e-5)
+    cfg._attn_implementation = "sdpa"
+    return random_hf(LlamaForCausalLM, cfg, dev, dtype)
+
+
+def random_fast_target(shape: dict[str, int], device: torch.device, dtype: torch.dtype) -> Any:
+    """The fast decoder's own Llama (eagle.decode.fast.TargetModel) of `shape`, matrices from N(0, 0.02)
+    after seed 0; rope theta 500000 as Llama 3's."""
+    import torch
+    from transformers import LlamaConfig
+
+    from eagle.decode.fast import TargetModel
+
+    config = LlamaConfig(**shape, max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+    torch.manual_seed(0)
+    model = TargetModel(config, device=device, dtype=dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.02)
+    return model.eval()
+
+
+def make_target(shape: dict[str, int], where: Path, gpu: bool) -> Path:
+    """A Llama target with random weights (bf16 on GPU), saved to `where`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**shape, max_position_embeddings=4096, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    with torch.device("cuda" if gpu else "cpu"):
+        model = LlamaForCausalLM(cfg)
+    if gpu:
+        model = model.to(torch.bfloat16)
+    else:
+        with torch.no_grad():  # sharper logits than the default init, so argmax targets are not near-ties
+            model.lm_head.weight.mul_(20)
+    model.save_pretrained(str(where))
+    return where
+
+
+def save_verifier(model: Any, d: Path) -> None:
+    """What the drafter reads from its target: config.json and three tensors."""
+    from safetensors.torch import save_file
+
+    d.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(str(d))
+    sd = {"model.embed_tokens.weight": model.model.embed_tokens.weight, "lm_head.weight": model.lm_head.weight,
+          "model.norm.weight": model.model.norm.weight}
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in sd.items()}, str(d / "model.safetensors"))
+
+
+def bench_drafter(vdir: Path, vocab: int, dv: int, layer_ids: list[int], ttt: int,
+                  dev: torch.device) -> tuple[Any, list[torch.nn.Parameter], torch.optim.Optimizer]:
+    """(drafter, its trainable parameters, AdamW as eagle train's) for these benches: the draft
+    vocabulary is the target's first `dv` ids, per-document attention, training mode, seed 0."""
+    import torch
+
+    from eagle.drafter import model as drafter
+    from eagle.train.trainer import use_doc_attention
+
+    d2t = torch.zeros(dv, dtype=torch.long)  # draft id i = target id i
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[:dv] = True
+    torch.manual_seed(0)
+    model = drafter.build_drafter(vdir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=ttt).to(dev)
+    use_doc_attention(model)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    return model, params, torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.0)
+
+
+# ---------------------------------------------------------------- FLOPs
+def target_flops_per_token(shape: dict[str, int], seq: int) -> float:
+    """Forward FLOPs per token of the decoder (no LM head): 2 x matmul params + causal attention."""
+    h, i, n = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+    kv = h * shape["num_key_value_heads"] // shape["num_attention_heads"]
+    per_layer = 2 * (2 * h * h + 2 * h * kv + 3 * h * i)
+    attn = 2 * 2 * h * (seq / 2)  # QK^T and PV over the causal prefix, on average seq/2 keys
+    return n * (per_layer + attn)
+
+
+def drafter_flops_per_token(h: int, inter: int, heads: int, kv_heads: int, dv: int, ttt: int, doc: int) -> float:
+    """Training FLOPs per token: 6 x trained matmul params per use, plus causal attention (x3), plus
+    the frozen verifier head's forward."""
+    kv = h * kv_heads // heads
+    layer = 2 * h * h + 2 * (2 * h) * kv + h * h + 3 * h * inter  # q,k,v take 2H inputs
+    per_step = layer + h * dv  # + lm_head
+    attn = 2 * 2 * h * (doc / 2)
+    return 6 * 3 * h * h + ttt * (6 * per_step + 3 * attn) + 2 * h * dv
+
+
+# ---------------------------------------------------------------- samples and data
+def samples(shape: dict[str, int], lengths: list[int], aux: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """Raw samples of these lengths as eagle extract writes them: hidden_states [T, aux + 1, H]
+    (random bf16), input_ids, loss_mask."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return [{"hidden_states": torch.randn(t, aux + 1, shape["hidden_size"], generator=g).to(torch.bfloat16),
+             "input_ids": torch.randint(0, shape["vocab_size"], (t,), generator=g),
+             "loss_mask": torch.ones(t, dtype=torch.long)} for t in lengths]
+
+
+def row_lengths(rows: int, seq: int, seed: int = 1) -> list[int]:
+    """The token counts of the real loop's variable-length rows: seq/2..seq, seeded (the same rows
+    in every bench that replays this loop)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    lo = seq // 2
+    return [lo + int(x) for x in torch.randint(0, seq - lo + 1, (rows,), generator=g)]
+
+
+def variable_lengths(n: int, shortest: int, longest: int) -> list[int]:
+    """The token counts of the variable-length rows (seeded: every bench that reads W/data-v, and
+    bench/pack_shapes.py's replay of its packing, sees the same lengths)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(shortest, longest + 1, (n,), generator=g).tolist()
+
+
+def make_rows(vocab: int, lengths: list[int], where: Path, seed: int) -> Path:
+    import datasets
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+    ds = datasets.Dataset.from_dict({"input_ids": rows, "loss_mask": [[0] * 4 + [1] * (len(r) - 4) for r in rows],
+                                     "seq_len": lengths})
+    ds.set_format("torch")  # as `eagle prepare` writes it; speculators' loader compares its tensors
+    ds.save_to_disk(str(where))
+    return where
+
+
+def make_data(vocab: int, samples: int, seq_len: int, where: Path, seed: int = 0) -> Path:
+    """A prepared dataset of random-token rows (lengths seq_len/2..seq_len), loss on all but 4 tokens."""
+    import datasets
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(seq_len // 2, seq_len + 1, (samples,), generator=g).tolist()
+    rows = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lens]
+    datasets.Dataset.from_dict({"input_ids": rows, "loss_mask": [[0] * 4 + [1] * (len(r) - 4) for r in rows],
+                                "seq_len": lens}).save_to_disk(str(where))
+    return where
+
+
+def prepare(work: Path, shape: dict[str, int], n: int, seq: int, modes: list[str], gpu: bool,
+            smoke: bool) -> tuple[Path, Path, Path | None, list[int], list[int]]:
+    """W/target, W/data-v (n rows of seq/2..seq tokens) and W/data-f (fixed rows, only when "fixed" is
+    run), extracted and with a vocabulary; what W already holds complete is reused (a marker file is
+    written last). `eagle extract` on W/data-v runs alone, with its metrics in W/extract-data-v.json:
+    bench/multi_gpu_scaling.py takes it as the 1-process extraction (its files' times give the rate)."""
+    lengths_v = variable_lengths(n, seq // 2, seq)
+    n_fixed = max(8, n // 4)
+    layer_ids = [2, shape["num_hidden_layers"] // 2, shape["num_hidden_layers"] - 3]
+    target, data_v, data_f = work / "target", work / "data-v", work / "data-f"
+    want = {"shape": shape, "lengths_v": lengths_v, "n_fixed": n_fixed, "seq": seq, "layer_ids": layer_ids}
+    marker = work / "prepared.json"
+    have = json.loads(marker.read_text()) if marker.is_file() else {}
+    fixed = "fixed" in modes
+    if have.get("want") == want and (have.get("fixed") or not fixed):
+        return target, data_v, data_f if have.get("fixed") else None, lengths_v, layer_ids
+    import shutil
+
+    for d in (target, data_v, data_f):
+        shutil.rmtree(d, ignore_errors=True)
+    make_target(shape, target, gpu)
+    make_rows(shape["vocab_size"], lengths_v, data_v, 1)
+    if fixed:
+        make_rows(shape["vocab_size"], [seq] * n_fixed, data_f, 2)
+    ids = ",".join(map(str, layer_ids))
+    for d in (data_v, data_f) if fixed else (data_v,):  # one at a time: V's extraction is a 1-process figure
+        finish(eagle_cli("extract", "--model", str(target), "--data", str(d), "--layer-ids", ids, "--keep-free", "0",
+                         "--batch-tokens", str(EXTRACT_BATCH["smoke" if smoke else "gpu"]),
+                         *([] if gpu else ["--device", "cpu"]), env={"RUNBOOK_METRICS": str(work / f"extract-{d.name}.json")}))
+    finish(eagle_cli("vocab", "--data", str(data_v), "--draft-vocab", str(64 if smoke else 8000)))
+    if fixed:
+        (data_f / "vocab.safetensors").write_bytes((data_v / "vocab.safetensors").read_bytes())
+    marker.write_text(json.dumps({"want": want, "fixed": fixed}) + "\n")
+    return target, data_v, data_f if fixed else None, lengths_v, layer_ids
+
