@@ -205,9 +205,9 @@ def test_train_step_as_cuda_graphs_equals_the_eager_step(toy_target: Path) -> No
 
     from bench.shapes import samples
     from eagle.drafter import model as drafter
+    from eagle.train import dataset
     from eagle.train.trainer import (
         compile_settings,
-        dataset,
         graphed_train_step,
         lr_lambda,
         step_autocast,
