@@ -19,7 +19,7 @@ from runbook.model import EXIT_CODES, JUDGED, Phase, Plan, RunRecord
 
 if TYPE_CHECKING:
     from runbook.contract import DetachedView, Selected
-    from runbook.run.local import Interrupts
+    from runbook.run.executor import Interrupts
     from runbook.run.planstate import PlanState
     from runbook.run.runner import RunOptions
     from runbook.run.select import Selection
@@ -326,7 +326,7 @@ class _Next:
     def loop(self, ws: Workspace, lock: RunLock, commit: bool) -> Output:
         from runbook.plan.writeback import HandEdited, check_blocks
         from runbook.run import runner
-        from runbook.run.local import Interrupts
+        from runbook.run.executor import Interrupts
         from runbook.run.planstate import for_workspace
 
         interrupts: Interrupts | None = None

@@ -10,16 +10,15 @@ reader's view of where the plan stands.
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runbook.contract import MilestoneView, RecordResult, iso_utc, phase_label
+from runbook.contract import MilestoneView, RecordResult, phase_label
 from runbook.errors import RunbookError
-from runbook.formatting import format_value
+from runbook.formatting import format_value, iso_utc, minute_text, utc_now
 from runbook.model import RunRecord
 from runbook.report.notes import Milestone, RecordOutcome
 from runbook.store.workspace import Workspace
@@ -32,7 +31,7 @@ __all__ = ["find_row", "find_run", "milestone_for", "write_record"]
 
 def now_text() -> str:
     """The milestone time as the notes show it: "2026-11-29 14:30 UTC"."""
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return minute_text(utc_now()) + " UTC"
 
 
 def find_run(ws: Workspace, ref: str, rows: list[Row] | None = None) -> RunRecord:

@@ -52,7 +52,7 @@ from typing import Any, BinaryIO, NamedTuple
 from runbook.model import RunRecord
 from runbook.store.ledger import parse_run, read_record_bytes, runs_dir, unreadable_text
 
-__all__ = ["INDEX_DIR", "INDEX_NAME", "LedgerIndex", "Row", "index_path"]
+__all__ = ["INDEX_DIR", "INDEX_NAME", "LedgerIndex", "Row", "find_run", "index_path"]
 
 INDEX_DIR = "index"  # under the state directory
 INDEX_NAME = "runs.idx"
@@ -74,7 +74,7 @@ class Row(NamedTuple):
     plan: str
     phase: str
     started: str
-    moment: int | None  # `finished or started` as UTC epoch seconds (`contract.parse_utc`); None: no time
+    moment: int | None  # `finished or started` as UTC epoch seconds (`formatting.parse_utc`); None: no time
     verdict: str
     start_s: int | None  # `started` as UTC epoch seconds; None: not a time
 
@@ -193,7 +193,7 @@ def _read_one(folder: Path, name: str) -> _Read:
 
 
 def _summary(name: str, digest: bytes, record: RunRecord) -> RawRow:
-    from runbook.contract import parse_utc
+    from runbook.formatting import parse_utc
 
     return (name, digest, record.run_id, record.plan, record.phase, record.started,
             _epoch(parse_utc(record.finished or record.started)), record.verdict, _epoch(parse_utc(record.started)))
@@ -518,6 +518,11 @@ class LedgerIndex:
                 found = self.load([row])
                 return found[0] if found else None
         return None
+
+
+def find_run(state_dir: str | os.PathLike[str], ref: str) -> RunRecord | None:
+    """A run by id, id prefix, or `last` (through the ledger's index: only that run is read)."""
+    return LedgerIndex.open(state_dir).find(ref)
 
 
 def _latest(rows: list[RawRow]) -> dict[str, list[RawRow]]:

@@ -95,7 +95,8 @@ def locate(ws: Workspace, run_ref: str | None, step: str | None) -> Located:
 def follow(ws: Workspace, where: Located, write: Callable[[bytes], None], *, lines: int, pinned: bool) -> str | None:
     """Print the last `lines` lines, then what is appended, until the run ends; the closing line.
     `pinned`: a step was named, so do not move on to the next step."""
-    from runbook.store.ledger import find_run, run_dir, tail_lines
+    from runbook.store.index import find_run
+    from runbook.store.ledger import run_dir, tail_lines
     from runbook.store.live import is_alive, live_path, read_live
 
     folder = run_dir(ws.state, where.run_id)
