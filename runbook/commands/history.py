@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from runbook.cli import Output
 from runbook.commands._options import json_option, open_runs_filter, warn
+from runbook.commands._output import Output
 from runbook.contract import HistoryResult, RunView
 from runbook.errors import RunbookError
 from runbook.model import MetricValue, Plan, RunRecord

@@ -1,6 +1,7 @@
 """`runbook next` end to end: select a phase, show it, run it, judge it, record it, write it back, commit.
 
-The click command (`runbook/commands/next.py`) parses options and prints; the work is here:
+The session (`runbook/run/session.py`, behind the click command `runbook/commands/next.py`) asks and
+prints; the work is here:
 
 - `select`: the phase to run (`runbook.run.select`, the same function runbook/run/planstate.py asks, so
   `runbook next` does what status and brief say), and `render_preview`: what will run;

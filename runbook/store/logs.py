@@ -50,13 +50,13 @@ def locate(ws: Workspace, run_ref: str | None, step: str | None) -> Located:
     live = None
     record = None
     if run_ref:
-        live = next((x for x in lives if x.run_id == run_ref or (run_ref != "last" and x.run_id.startswith(run_ref))),
-                     None)
+        from runbook.store.index import LAST_REF
+
+        # a run in progress by its id or prefix; `last` / `last~N` count the recorded runs, as every verb's do
+        live = None if LAST_REF.fullmatch(run_ref) else next(
+            (x for x in lives if x.run_id == run_ref or x.run_id.startswith(run_ref)), None)
         if live is None:
-            record = ws.ledger().find(run_ref, ws.plan_rel if run_ref == "last" else None)
-            if record is None:
-                raise RunbookError(f"no run {run_ref!r} in {ws.rel(ws.state)}/runs/", "unknown_run",
-                                   hint="see `runbook history` for run ids")
+            record = ws.find_run(run_ref)
     else:
         alive = [x for x in lives if is_alive(x) is not False]
         live = alive[-1] if alive else (lives[-1] if lives else None)
