@@ -4,7 +4,7 @@ Each verb lives in its own module under `runbook/commands/` and is imported only
 invoked, so `runbook --help` starts without loading anything heavy (no torch, no git).
 
 This is the one place where outcomes become output and exit codes. A verb returns an `Output`
-(its result model, its exit code, its text) or raises `RunbookError`; click's own usage errors,
+(runbook/commands/_output.py: its result model, its exit code, its text) or raises `RunbookError`; click's own usage errors,
 Ctrl-C and unexpected exceptions are mapped here too. Under `--json` stdout carries exactly one
 JSON document, the envelope of runbook/contract.py, whatever happens; without it the text goes to
 stdout and refusals to stderr. No traceback reaches a user.
@@ -17,11 +17,11 @@ import importlib.util
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from runbook.commands._output import Output
 from runbook.plan.mdtext import ends_with_newline
 
 if TYPE_CHECKING:
@@ -55,15 +55,6 @@ Exit codes:
 With --json, stdout holds exactly one JSON document: {"schema_version", "command", "ok",
 "exit_code", "result"} or {..., "ok": false, "error": {"code", "message", ...}} (docs/json.md).
 """
-
-
-@dataclass
-class Output:
-    """What a verb hands back: its result (printed under --json), exit code and text."""
-
-    result: Any = None  # a pydantic model from runbook/contract.py
-    exit_code: int = 0
-    text: str | None = None  # printed on stdout without --json (None: the verb printed already)
 
 
 class LazyGroup(click.Group):

@@ -19,7 +19,6 @@ Every command's `--json` prints exactly one `Envelope` on stdout:
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import re
@@ -31,6 +30,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from runbook.formatting import iso_utc
 from runbook.model import Problem, RunRecord, SeriesInfo, StepResult, Verdict, criterion_display
 from runbook.plan.criteria import Comparison
 
@@ -47,41 +47,6 @@ SelectMode = Literal["fresh", "resume", "rerun", "changed", "restart", "stale"]
 
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-# ---- times ---------------------------------------------------------------------------------------
-
-_NOTES_TIME = re.compile(r"^(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2})(?::(\d{2}))?(?:\.\d+)?\s*(?:UTC|Z)?$")
-
-
-def iso_utc(value: str | _dt.datetime | None) -> str | None:
-    """Any time runbook writes (ledger ISO with microseconds, lock ISO, notes "2026-11-29 14:30
-    UTC") as ISO 8601 UTC to the second: "2026-11-29T14:30:00Z". Unparsable text is returned as is."""
-    if value is None:
-        return None
-    if isinstance(value, _dt.datetime):
-        moment = value if value.tzinfo else value.replace(tzinfo=_dt.timezone.utc)
-        return moment.astimezone(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    text = value.strip()
-    try:
-        return iso_utc(_dt.datetime.fromisoformat(text.replace("Z", "+00:00")))
-    except ValueError:
-        pass
-    match = _NOTES_TIME.match(text)
-    if match:
-        return f"{match.group(1)}T{match.group(2)}:{match.group(3) or '00'}Z"
-    return text
-
-
-def parse_utc(value: str | None) -> _dt.datetime | None:
-    """The moment an `iso_utc`-able text names, None when it names none."""
-    text = iso_utc(value)
-    if not text:
-        return None
-    try:
-        return _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 # ---- shared pieces -------------------------------------------------------------------------------

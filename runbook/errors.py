@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from runbook.model import Problem
+    from runbook.model import Plan, Problem
 
 # code -> exit code. Exit codes: 0 pass / done, 1 fail, 2 usage, plan or refusal, 3 inconclusive,
 # 4 error / timeout / interrupted, 5 the run lock is held by another run.
@@ -76,3 +76,10 @@ class RunbookError(Exception):
         if self.hint:
             lines.append(f"  {self.hint}")
         return "\n".join(lines)
+
+
+def unknown_phase(plan: Plan, ref: str, where: str) -> RunbookError:
+    """The refusal of a PHASE argument (`where`: the plan as the user named it) that names no phase of `plan`."""
+    known = ", ".join(f"{p.id} ({p.display_name})" for p in plan.phases)
+    return RunbookError(f"{where}: no phase {ref!r}; phases: {known}", "unknown_phase", file=where,
+                        hint="name a phase by its label (`1`, `\"Phase 1\"`) or its id (`phase-1`)")

@@ -52,7 +52,8 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from runbook.cli import COMMANDS, Output, error_info, refusal
+from runbook.cli import COMMANDS, error_info, refusal
+from runbook.commands._output import Output
 from runbook.contract import envelope_json, output_schema
 from runbook.errors import RunbookError
 from runbook.report.agents import runbook_argv
@@ -182,7 +183,7 @@ class RecordArgs(PlanArgs):
     lessons: list[str] = Field([], description="Lessons to add to 'Lessons learned' (ones already there are skipped).")
     next_steps: list[str] = Field([], description="Replace 'Next steps' with these items (left as they are when "
                                                   "empty).")
-    run: str | None = Field(None, description="Attach a run of the plan: its id, or `last`.")
+    run: str | None = Field(None, description="Attach a run of the plan: its id, a unique prefix, `last` or `last~N`.")
     plots: list[str] = Field([], description="Metrics to show as charts in the milestone: the run's series of each "
                                              "(a training curve), else its value across the phase's runs.")
     no_commit: bool = Field(False, description="Write the notes but do not commit them.")
@@ -195,7 +196,7 @@ class RecordArgs(PlanArgs):
 
 
 class ForgetArgs(PlanArgs):
-    run: str = Field(..., description="The run to drop: its id, a unique prefix, or `last`.")
+    run: str = Field(..., description="The run to drop: its id, a unique prefix, `last` or `last~N`.")
     no_commit: bool = Field(False, description="Write the plan and remove the ledger file, but do not commit.")
 
     def cli_kwargs(self) -> dict[str, Any]:
@@ -211,7 +212,7 @@ class ResetArgs(PlanArgs):
 
 
 class LogsArgs(PlanArgs):
-    run: str | None = Field(None, description="A run id (or prefix, or `last`); default: the run in progress, "
+    run: str | None = Field(None, description="A run id (or a unique prefix, `last`, `last~N`); default: the run in progress, "
                                               "else the latest.")
     step: str | None = Field(None, description="A step id (`step-2`, or `2`); default: the step running now, "
                                                "else the last one started.")

@@ -232,6 +232,15 @@ class Plan(BaseModel):
                 return phase
         return None
 
+    def phase_index(self) -> dict[str, Phase]:
+        """Lower-cased phase references -> phase, as `find_phase` resolves them, in one dict."""
+        index: dict[str, Phase] = {}
+        for phase in self.phases:
+            for key in (phase.id, phase.explicit_id, f"phase {phase.label}", phase.label):
+                if key:
+                    index.setdefault(key.lower(), phase)
+        return index
+
 
 # ---- the run ledger (state/runs/<run-id>.json) -----------------------------------------------
 
@@ -284,6 +293,18 @@ class StepResult(BaseModel):
     def completed(self) -> bool:
         """Done: exited 0 with usable metrics, or done in an earlier run. Only these are ticked."""
         return self.skipped or (self.exit_code == 0 and self.metrics_error is None)
+
+
+def merge_metrics(results: list[StepResult]) -> Metrics:
+    """Merge in step order: a later step's value wins; each is also kept as `<step-id>.<name>`."""
+    merged: Metrics = {}
+    qualified: Metrics = {}
+    for result in results:
+        for name, value in result.metrics.items():
+            merged[name] = value
+            qualified[f"{result.step_id}.{name}"] = value
+    merged.update(qualified)
+    return merged
 
 
 class EnvFingerprint(BaseModel):

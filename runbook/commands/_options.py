@@ -74,7 +74,7 @@ def open_runs_filter(plan_opt: str | None, phase_ref: str | None) -> tuple[Works
         return ws, plan, None
     phase = plan.find_phase(phase_ref)
     if phase is None:
-        from runbook.commands.show import unknown_phase
+        from runbook.errors import unknown_phase
 
         raise unknown_phase(plan, phase_ref, ws.plan_display)
     return ws, plan, phase.id

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from runbook.cli import Output
 from runbook.commands._options import json_option, open_plan, plan_option, warn
+from runbook.commands._output import Output
 
 
 @click.command(

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from runbook.cli import Output
 from runbook.commands._options import json_option, warn
+from runbook.commands._output import Output
 from runbook.errors import RunbookError
 from runbook.model import RunRecord
 
@@ -37,7 +37,6 @@ def command(run_a: str | None, run_b: str | None, plan_opt: str | None, show_all
       runbook diff last~1 last --json | jq '.result.metrics[] | select(.changed)'
     """
     from runbook.report.compare import diff, render_diff
-    from runbook.report.recording import find_run
     from runbook.store.workspace import Workspace
 
     ws = Workspace.open(plan_opt) if plan_opt else Workspace.at()
@@ -48,8 +47,8 @@ def command(run_a: str | None, run_b: str | None, plan_opt: str | None, show_all
     if not rows:
         raise RunbookError(f"no runs in {ws.rel(ws.state)}/runs yet", "unknown_run",
                            hint="run a phase first (`runbook next`)")
-    b = find_run(ws, run_b or run_a or "last", rows)
-    a = find_run(ws, run_a, rows) if run_a and run_b else find_run(ws, _before(b, rows).run_id, rows)
+    b = ws.find_run(run_b or run_a or "last", rows)
+    a = ws.find_run(run_a, rows) if run_a and run_b else ws.find_run(_before(b, rows).run_id, rows)
     changed = None
     if ws.git and a.commit_before and b.commit_before and a.commit_before != b.commit_before:
         from runbook.store.gitops import changed_files

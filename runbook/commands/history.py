@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from runbook.cli import Output
 from runbook.commands._options import json_option, open_runs_filter, warn
+from runbook.commands._output import Output
 from runbook.contract import HistoryResult, RunView
 from runbook.errors import RunbookError
 from runbook.model import MetricValue, Plan, RunRecord
@@ -122,7 +122,7 @@ def _pending(ws: Workspace, one_plan: bool, phase_id: str | None) -> list[RunRec
 def _render(result: HistoryResult, runs: list[RunRecord], metrics: tuple[str, ...], state_rel: str,
             pending: set[str] | frozenset[str] = frozenset(), one_phase: bool = False,
             chrono: list[RunRecord] | None = None, state_dir: Path | None = None) -> str:
-    from runbook.formatting import format_took, format_value
+    from runbook.formatting import format_took, format_value, minute_text
     from runbook.plan.writeback import varying_vars
     from runbook.report.compare import value
 
@@ -140,7 +140,7 @@ def _render(result: HistoryResult, runs: list[RunRecord], metrics: tuple[str, ..
         var_names = varying_vars(runs, exclude=metrics) if one_phase else []
         rows = []
         for r in runs:
-            when = (r.finished or r.started)[:16].replace("T", " ")
+            when = minute_text(r.finished or r.started)
             verdict = r.verdict + (" (not yet recorded)" if r.run_id in pending else "")
             cells = [r.run_id, r.phase, verdict, when, format_took(r.duration_s)]
             cells += [fmt(r.vars.get(n)) for n in var_names]
@@ -206,7 +206,7 @@ def _since(text: str) -> int:
     """--since as UTC epoch seconds: a date, an ISO time (UTC unless it says otherwise) or a run id."""
     import re
 
-    from runbook.contract import parse_utc
+    from runbook.formatting import parse_utc
 
     value = text.strip()
     match = re.fullmatch(r"(\d{4})(\d{2})(\d{2})-(\d{2})(\d{2})(\d{2})(?:-[0-9a-fA-F]+)?", value)

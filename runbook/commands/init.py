@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from runbook.cli import Output
 from runbook.commands._options import json_option
+from runbook.commands._output import Output
 from runbook.contract import InitResult
 from runbook.errors import RunbookError
 from runbook.plan.mdtext import detect_newline, ends_with_newline

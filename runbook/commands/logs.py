@@ -6,14 +6,14 @@ import sys
 
 import click
 
-from runbook.cli import Output
 from runbook.commands._options import json_option, open_plan, plan_option
+from runbook.commands._output import Output
 from runbook.contract import LogsResult
 
 
 @click.command("logs")
 @plan_option
-@click.option("--run", "run_ref", metavar="RUN", help="A run id (or prefix, or `last`); default: the run in progress, else the latest.")
+@click.option("--run", "run_ref", metavar="RUN", help="A run id (or a unique prefix, `last`, `last~N`); default: the run in progress, else the latest.")
 @click.option("--step", metavar="STEP", help="A step id (`step-2`, or `2`); default: the step running now, else the last one started.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing what is appended, step after step, until the run ends.")
 @click.option("--lines", "-n", type=click.IntRange(min=0), default=40, show_default=True, help="How many last lines to print first.")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from runbook.cli import Output
 from runbook.commands._options import json_option, open_runs_filter, warn
+from runbook.commands._output import Output
 from runbook.errors import RunbookError
 
 
@@ -39,7 +39,6 @@ def command(phase_ref: str | None, metric: str, run_refs: tuple[str, ...], out: 
       runbook plot --metric val_loss --runs last~1,last --out val.png
     """
     from runbook.report.plotting import draw, plan_chart
-    from runbook.report.recording import find_run
 
     ws, plan, phase_id = open_runs_filter(plan_opt, phase_ref)
     index = ws.ledger()
@@ -49,7 +48,7 @@ def command(phase_ref: str | None, metric: str, run_refs: tuple[str, ...], out: 
         warn(problems)
         rows = index.rows(plan_rel, phase_id)
         refs = [ref for item in run_refs for ref in item.split(",") if ref.strip()]
-        chosen = [find_run(ws, ref.strip(), rows) for ref in refs]
+        chosen = [ws.find_run(ref.strip(), rows) for ref in refs]
         runs = sorted({r.run_id: r for r in chosen}.values(), key=lambda r: (r.started, r.run_id))
     else:  # a chart across the runs: every one of them
         runs = index.runs(plan_rel, phase_id, problems)[0]

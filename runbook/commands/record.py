@@ -8,8 +8,8 @@ from typing import IO, TYPE_CHECKING
 
 import click
 
-from runbook.cli import Output
 from runbook.commands._options import json_option, open_plan, plan_option
+from runbook.commands._output import Output
 from runbook.errors import RunbookError
 from runbook.model import RunRecord
 from runbook.plan.mdtext import to_lf
@@ -130,7 +130,7 @@ def command(
 
     Run with no TITLE and no options in a terminal to write the milestone in $EDITOR.
     """
-    from runbook.report.recording import draw_plots, find_run, milestone_for, write_record
+    from runbook.report.recording import draw_plots, milestone_for, write_record
 
     metrics: dict[str, float] = {}
     for arg in metric_args:
@@ -146,7 +146,7 @@ def command(
     if ws.notes_path is None:
         raise RunbookError(f"{ws.plan_rel} names no notes document", "config", file=ws.plan_rel,
                            hint="add `notes: notes.md` (relative to the plan) to its front matter")
-    run = find_run(ws, run_ref) if run_ref else None
+    run = ws.find_run(run_ref) if run_ref else None
 
     no_flags = not (metric_args or lessons or next_steps or body is not None)
     if title is None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from runbook.cli import Output
 from runbook.commands._options import forget_and_say, open_plan, unrecord_options
+from runbook.commands._output import Output
 from runbook.contract import ResetResult, RunView
 
 
@@ -27,7 +27,7 @@ def command(phase_ref: str, plan_opt: str | None, no_commit: bool, as_json: bool
     logs go from state/runs/; plan and ledger are committed together. `runbook next` then reaches
     the phase as if it had never run.
     """
-    from runbook.commands.show import unknown_phase
+    from runbook.errors import unknown_phase
 
     ws = open_plan(plan_opt)
     phase = ws.plan.find_phase(phase_ref)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from runbook.cli import Output
 from runbook.commands._options import json_option, open_plan, plan_option
+from runbook.commands._output import Output
 from runbook.contract import PhaseDetail, ShowResult, ShowStep
-from runbook.errors import RunbookError
+from runbook.errors import unknown_phase
 from runbook.model import Phase, Plan
 from runbook.plan.mdtext import ends_with_newline
 
@@ -20,12 +20,6 @@ def resolved_steps(plan: Plan, phase: Phase) -> list[ShowStep]:
                  line=step.span.start_line)
         for step, cmd in zip(phase.steps, resolved_commands(plan, phase), strict=True)
     ]
-
-
-def unknown_phase(plan: Plan, ref: str, where: str) -> RunbookError:
-    known = ", ".join(f"{p.id} ({p.display_name})" for p in plan.phases)
-    return RunbookError(f"{where}: no phase {ref!r}; phases: {known}", "unknown_phase", file=where,
-                        hint="name a phase by its label (`1`, `\"Phase 1\"`) or its id (`phase-1`)")
 
 
 @click.command("show")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import click
 
-from runbook.cli import Output
 from runbook.commands._options import json_option, open_plan, plan_option, warn
+from runbook.commands._output import Output
 from runbook.contract import PlanStateView, StatusResult
+from runbook.formatting import minute_text
 
 
 def render(view: PlanStateView, plan_path: str) -> str:
@@ -14,8 +15,7 @@ def render(view: PlanStateView, plan_path: str) -> str:
     table = [["", "ID", "TITLE", "ESTIMATE", "STEPS", "STATE", "LAST RUN"]]
     for row in view.phases:
         title = row.title if len(row.title) <= 40 else row.title[:39] + "…"
-        last = " · ".join(x for x in (row.verdict, (row.finished or "")[:16].replace("T", " ") + " UTC"
-                                      if row.finished else None, row.reason) if x) or "-"
+        last = " · ".join(x for x in (row.verdict, minute_text(row.finished) + " UTC" if row.finished else None, row.reason) if x) or "-"
         table.append([">" if row.next else "", row.id, title, row.estimate or "-",
                       f"{row.steps_done}/{row.steps_total}", row.state.replace("_", " "), last])
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]

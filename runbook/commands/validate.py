@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from runbook.cli import Output
 from runbook.commands._options import json_option
+from runbook.commands._output import Output
 from runbook.contract import PlanCheck, ProblemView, ValidateResult
 from runbook.errors import RunbookError
 from runbook.model import Plan, Problem

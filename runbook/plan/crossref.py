@@ -27,7 +27,7 @@ COUNTED = frozenset({"pass", "fail", "inconclusive"})  # runs whose metrics a re
 
 def split(name: str, index: dict[str, Phase]) -> tuple[Phase, str] | None:
     """(the phase, the metric name in it) when `name` is a reference; `index` is
-    runbook.plan.parse.phase_index(plan) (lower-cased references -> phase)."""
+    plan.phase_index() (lower-cased references -> phase)."""
     head, dot, rest = name.partition(".")
     if not dot or not rest:
         return None
@@ -70,12 +70,11 @@ class Refs:
 def resolve(plan: Plan, phase: Phase, expr: Expr | None, runs: list[RunRecord]) -> Refs:
     """The values of `expr`'s references to other phases, from `runs` (this plan's, oldest first)."""
     from runbook.plan.criteria import metric_names
-    from runbook.plan.parse import phase_index
 
     refs = Refs()
     if expr is None:
         return refs
-    index = phase_index(plan)
+    index = plan.phase_index()
     latest: dict[str, RunRecord] = {}
     for record in runs:
         if record.verdict in COUNTED:

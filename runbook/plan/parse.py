@@ -41,7 +41,6 @@ __all__ = [
     "parse_duration",
     "parse_plan",
     "parse_status_line",
-    "phase_index",
     "read_plan",
     "read_text",
     "reassemble",
@@ -790,7 +789,7 @@ class _Parser:
                 self.error(line0, 1, f"duplicate phase label 'Phase {phase.label}' (first at line {by_label[phase.label.lower()].span.start_line}): references to it would be ambiguous")
             by_label.setdefault(phase.label.lower(), phase)
         known = ", ".join(p.display_name for p in plan.phases)
-        index = phase_index(plan)
+        index = plan.phase_index()
         for phase in plan.phases:
             for key in ("on_pass", "on_fail"):
                 ref = getattr(phase, key)
@@ -912,16 +911,6 @@ class _Parser:
                 else:
                     state[node] = 2
                     path.pop()
-
-
-def phase_index(plan: Plan) -> dict[str, Phase]:
-    """Lower-cased phase references -> phase, as `Plan.find_phase` resolves them, in one dict."""
-    index: dict[str, Phase] = {}
-    for phase in plan.phases:
-        for key in (phase.id, phase.explicit_id, f"phase {phase.label}", phase.label):
-            if key:
-                index.setdefault(key.lower(), phase)
-    return index
 
 
 def _is_phase_heading(content: str) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["KEYS", "ResourcesError", "merge", "parse_resources", "sbatch_args", "time_minutes"]
+__all__ = ["KEYS", "ResourcesError", "merge", "parse_resources", "sbatch_args"]
 
 # key -> what its value must look like (a regex over the whole value) and a word for messages
 _INT = (r"[1-9][0-9]{0,6}", "a whole number such as 2")
@@ -89,24 +89,3 @@ def merge(defaults: dict[str, str], own: dict[str, str]) -> dict[str, str]:
 def sbatch_args(resources: dict[str, str]) -> list[str]:
     """`{"nodes": "2"}` -> `["--nodes=2"]`, in order."""
     return [f"--{key}={value}" for key, value in resources.items()]
-
-
-def time_minutes(value: str) -> float | None:
-    """A Slurm time as minutes (None for UNLIMITED / INFINITE or nonsense)."""
-    if value.upper() in ("UNLIMITED", "INFINITE"):
-        return None
-    days = 0
-    if "-" in value:
-        d, value = value.split("-", 1)
-        days = int(d)
-        parts = [int(x) for x in value.split(":")]
-        hours, minutes, seconds = (parts + [0, 0])[:3]
-    else:
-        parts = [int(x) for x in value.split(":")]
-        if len(parts) == 1:
-            hours, minutes, seconds = 0, parts[0], 0
-        elif len(parts) == 2:
-            hours, minutes, seconds = 0, parts[0], parts[1]
-        else:
-            hours, minutes, seconds = parts
-    return days * 1440 + hours * 60 + minutes + seconds / 60

@@ -29,11 +29,10 @@ from __future__ import annotations
 import difflib
 import hashlib
 
-from runbook.formatting import format_took, format_value
+from runbook.formatting import format_took, format_value, minute_text
 from runbook.model import Phase, Plan, RunRecord
 from runbook.plan.markers import render_block
 from runbook.plan.mdtext import detect_newline, ends_with_newline, line_end, to_lf
-from runbook.store.ledger import parse_iso
 
 STATUS = "status"
 RESULTS = "results"
@@ -90,18 +89,9 @@ def block_sha(inner: str) -> str:
     return hashlib.sha256(to_lf(inner).encode("utf-8")).hexdigest()[:8]
 
 
-def _minute(iso_text: str | None) -> str:
-    if not iso_text:
-        return "-"
-    try:
-        return parse_iso(iso_text).strftime("%Y-%m-%d %H:%M")
-    except ValueError:
-        return iso_text[:16].replace("T", " ")
-
-
 def status_line(record: RunRecord) -> str:
     """`**Status:** pass · 2026-11-29 14:30 UTC · run 20261129-143012-7f3a · accept_len 2.41 >= 1.5`"""
-    parts = [record.verdict, f"{_minute(record.finished or record.started)} UTC", f"run {record.run_id}"]
+    parts = [record.verdict, f"{minute_text(record.finished or record.started)} UTC", f"run {record.run_id}"]
     reason = " ".join(record.reason.replace("·", "-").split())
     if reason:
         parts.append(reason)
@@ -113,11 +103,10 @@ def table_columns(plan: Plan, phase: Phase) -> list[str]:
     then its `Columns:`."""
     from runbook.plan import crossref
     from runbook.plan.criteria import metric_names
-    from runbook.plan.parse import phase_index
 
     names = metric_names(phase.criterion.expr) if phase.criterion else []
     if any("." in name for name in names):
-        index = phase_index(plan)
+        index = plan.phase_index()
         names = [name for name in names if crossref.split(name, index) is None]
     return list(dict.fromkeys([*names, *phase.columns]))
 
@@ -160,7 +149,7 @@ def results_table(records: list[RunRecord], metric_names: list[str], earlier: in
     rows = [
         [
             r.run_id,
-            _minute(r.finished),
+            minute_text(r.finished),
             (r.commit_before or "")[:7] or "-",
             *(_text(r.vars.get(name)) for name in var_names),
             *(_text(cell(r, name)) for name in metric_names),

@@ -16,8 +16,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from runbook.contract import Brief, MilestoneText, NoteStep, iso_utc, parse_utc, top_metrics
-from runbook.formatting import format_took, format_value
+from runbook.contract import Brief, MilestoneText, NoteStep, top_metrics
+from runbook.formatting import format_took, format_value, iso_utc, parse_utc
 from runbook.model import Expr, Metrics, Plan, RunRecord
 from runbook.plan.mdtext import to_lf
 from runbook.report.notes import read_framing, read_lessons, read_milestones, read_next_steps, read_status

@@ -149,7 +149,8 @@ def _plain(v: object) -> float | str | None:
 
 
 def _run(record: RunRecord) -> DiffRun:
-    from runbook.contract import iso_utc, phase_label
+    from runbook.contract import phase_label
+    from runbook.formatting import iso_utc
 
     return DiffRun(run_id=record.run_id, plan=record.plan, phase=record.phase, label=phase_label(record.phase_label),
                    verdict=record.verdict, reason=record.reason, finished=iso_utc(record.finished or record.started),

@@ -10,63 +10,24 @@ reader's view of where the plan stands.
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from runbook.contract import MilestoneView, RecordResult, iso_utc, phase_label
+from runbook.contract import MilestoneView, RecordResult, phase_label
 from runbook.errors import RunbookError
-from runbook.formatting import format_value
+from runbook.formatting import format_value, iso_utc, minute_text, utc_now
 from runbook.model import RunRecord
 from runbook.report.notes import Milestone, RecordOutcome
 from runbook.store.workspace import Workspace
 
-if TYPE_CHECKING:
-    from runbook.store.index import Row
-
-__all__ = ["find_row", "find_run", "milestone_for", "write_record"]
+__all__ = ["milestone_for", "write_record"]
 
 
 def now_text() -> str:
     """The milestone time as the notes show it: "2026-11-29 14:30 UTC"."""
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def find_run(ws: Workspace, ref: str, rows: list[Row] | None = None) -> RunRecord:
-    """A run of the workspace's plan (or one of `rows`, from its ledger's index) by id, unique id
-    prefix, `last`, or `last~N` (the N-th run before the last); RunbookError(unknown_run). Only
-    the run found is read from the ledger."""
-    row = find_row(ws, ref, rows)
-    found = ws.ledger().load([row])
-    if not found:  # it changed since the index was checked, a moment ago
-        raise RunbookError(f"{ref!r}: {ws.rel(ws.state)}/runs/{row.name} is no longer a readable run record",
-                           "unknown_run", hint="`runbook history` lists the runs")
-    return found[0]
-
-
-def find_row(ws: Workspace, ref: str, rows: list[Row] | None = None) -> Row:
-    """`find_run`'s run as the ledger's index lists it (nothing read)."""
-    if rows is None:
-        rows = ws.ledger().rows(ws.plan_rel if ws.plan_path is not None else None)
-    whose = ws.plan_rel if ws.plan_path is not None else "this workspace"
-    last = re.fullmatch(r"last(?:~(\d{1,6}))?", ref)
-    if last:
-        back = int(last.group(1) or 0)
-        if back >= len(rows):
-            have = f"only {len(rows)} run(s)" if rows else "no runs"
-            raise RunbookError(f"{ref!r}: {whose} has {have} in {ws.rel(ws.state)}/runs", "unknown_run",
-                               hint="run a phase first (`runbook next`), or name a run from `runbook history`")
-        return rows[-1 - back]
-    matches = [r for r in rows if r.run_id == ref] or [r for r in rows if r.run_id.startswith(ref)]
-    if len(matches) != 1:
-        known = ", ".join(r.run_id for r in rows[-5:]) or "none"
-        what = "matches several runs" if matches else "is not a run"
-        raise RunbookError(f"{ref!r} {what} of {whose} (latest: {known})", "unknown_run",
-                           hint="`runbook history` lists them")
-    return matches[0]
+    return minute_text(utc_now()) + " UTC"
 
 
 def milestone_for(title: str, body: str, metrics: dict[str, float], run: RunRecord | None) -> Milestone:

@@ -98,10 +98,3 @@ def read_resource(name: str) -> bytes:
     for part in name.split("/"):
         node = node.joinpath(part)
     return node.read_bytes()
-
-
-def resource_exists(name: str) -> bool:
-    node = templates_root()
-    for part in name.split("/"):
-        node = node.joinpath(part)
-    return node.is_file()

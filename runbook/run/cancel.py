@@ -45,7 +45,7 @@ def _is_runbook(pid: int) -> bool:
 
 
 def cancel(ws: Workspace, *, wait_s: float, say: Say, warn: Say) -> CancelResult:
-    from runbook.store.ledger import find_run
+    from runbook.store.index import find_run
     from runbook.store.lock import read_lock
     from runbook.store.procs import pid_alive
 

@@ -40,88 +40,27 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any, BinaryIO
 
 from runbook.files import NotReadable, read_bounded
+from runbook.formatting import iso, utc_now
 from runbook.model import Expr, Metrics, StepResult
+from runbook.model import merge_metrics as merge_metrics  # re-exported: bench/ledger_scale.py judges with it
 from runbook.redact import redact_credentials
+from runbook.run.executor import KILL_GRACE_S, Interrupts, StepContext, StepsOutcome, StepSpec, stop_cause
 from runbook.store import procs
-from runbook.store.ledger import iso, run_dir, tail_lines, utc_now
-
-KILL_GRACE_S = 5.0
-_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+from runbook.store.ledger import run_dir, tail_lines
 
 
 class MetricsError(Exception):
     """A step's metrics file cannot be used; the message names the step, the file and the fix."""
 
 
-@dataclass
-class StepSpec:
-    """One step to run: its id, its command with vars resolved, and whether it is already done."""
-
-    step_id: str
-    command: str
-    skip: bool = False  # done in an earlier run of this phase: not run again
-    carried_metrics: Metrics = field(default_factory=dict)  # its metrics from that run
-
-
-@dataclass
-class StepsOutcome:
-    results: list[StepResult]
-    stopped: str | None = None  # "error" | "timeout" | "interrupted" when the phase stopped early
-    reason: str = ""
-
-
-class Interrupts:
-    """Turn SIGINT / SIGTERM / SIGHUP into a flag while the block runs (main thread only).
-
-    The running step's process group is then terminated by `run_steps`, and the run is still
-    judged, recorded and committed before runbook exits. A second signal makes the kill immediate.
-    """
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.count = 0
-        self._old: dict[int, Callable[[int, FrameType | None], Any] | int] = {}
-
-    def _handle(self, signum: int, _frame: object) -> None:
-        self.count += 1
-        if self.signum is None:
-            self.signum = signum
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum else ""
-
-    def __enter__(self) -> Interrupts:
-        for sig in _SIGNALS:
-            old = signal.signal(sig, self._handle)
-            self._old[sig] = signal.SIG_DFL if old is None else old  # None: a handler not set from Python
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-
 METRICS_MAX_BYTES = 1 << 20  # a metrics file is a small JSON object
 METRICS_MAX_COUNT = 1000
 METRIC_STRING_MAX = 1000
 _DIGITS_MAX = 300  # an integer longer than this is not a measurement
-
-
-def stop_cause(interrupts: Interrupts | None, deadline: float | None, now: float) -> str | None:
-    """Why a running step must stop now: "interrupted" (a signal came), "timeout" (the phase's
-    deadline passed), or None (it runs on). The one rule for every executor (local, Slurm)."""
-    if interrupts is not None and interrupts.signum is not None:
-        return "interrupted"
-    if deadline is not None and now >= deadline:
-        return "timeout"
-    return None
 
 
 class _NotANumber(ValueError):
@@ -467,18 +406,6 @@ def _configured_bin_path(root: Path) -> str:
         return "append"
 
 
-def merge_metrics(results: list[StepResult]) -> Metrics:
-    """Merge in step order: a later step's value wins; each is also kept as `<step-id>.<name>`."""
-    merged: Metrics = {}
-    qualified: Metrics = {}
-    for result in results:
-        for name, value in result.metrics.items():
-            merged[name] = value
-            qualified[f"{result.step_id}.{name}"] = value
-    merged.update(qualified)
-    return merged
-
-
 def judge(
     criterion_expr: Expr | None, metrics: Metrics, results: list[StepResult] | None = None,
     ref_missing: dict[str, str] | None = None,
@@ -557,3 +484,16 @@ def _printed_json(lines: list[str]) -> str | None:
         if isinstance(data, dict) and data:
             return text if len(text) <= 80 else text[:77] + "..."
     return None
+
+
+class LocalExecutor:
+    """Each step a `bash -c` subprocess in its own process group, here (`run_steps`)."""
+
+    name = "local"
+
+    def run_steps(self, steps: list[StepSpec], ctx: StepContext) -> StepsOutcome:
+        return run_steps(
+            steps, run_id=ctx.run_id, phase_id=ctx.phase_id, repo_root=ctx.repo_root, state_dir=ctx.state_dir,
+            timeout_s=ctx.timeout_s, echo=ctx.echo, announce=ctx.hooks.announce, on_pgid=ctx.hooks.on_pgid,
+            on_result=ctx.hooks.on_result, interrupts=ctx.interrupts, grace_s=ctx.grace_s, bin_path=ctx.bin_path,
+        )

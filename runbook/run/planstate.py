@@ -51,10 +51,9 @@ from runbook.contract import (
     PlanStateView,
     RunView,
     StepLine,
-    iso_utc,
-    parse_utc,
     phase_label,
 )
+from runbook.formatting import format_took, iso_utc, parse_utc, utc_now
 from runbook.model import Phase, Plan, RunRecord
 from runbook.run.select import RESUMABLE, Selection, resolved_commands, select_phase, stale_reason
 
@@ -97,7 +96,7 @@ def holder_view(info: LockInfo, plan: Plan | None, state_rel: str, now: _dt.date
 
     alive: bool | None = pid_alive(info.pid, info.pid_start) if info.host == socket.gethostname() else None
     started = parse_utc(info.started)
-    now = now or _dt.datetime.now(_dt.timezone.utc)
+    now = now or utc_now()
     phase = plan.find_phase(info.phase) if plan is not None and info.phase else None
     log = f"{state_rel}/runs/{info.run_id}/{info.step}.log" if info.run_id and info.step else None
     holder = LockHolder(
@@ -149,18 +148,12 @@ def running_text(holder: LockHolder, plan_rel: str) -> str:
     return f"{what} is running ({', '.join(b for b in bits if b)})"
 
 
-def _took(seconds: float | None) -> str:
-    from runbook.formatting import format_took
-
-    return format_took(seconds)
-
-
 def _beat_text(holder: LockHolder) -> str | None:
     if holder.heartbeat_age_s is None:
         return None
     if holder.silent:
-        return f"NO heartbeat for {_took(holder.heartbeat_age_s)}"
-    return f"last heartbeat {_took(max(holder.heartbeat_age_s, 0.0))} ago"
+        return f"NO heartbeat for {format_took(holder.heartbeat_age_s)}"
+    return f"last heartbeat {format_took(max(holder.heartbeat_age_s, 0.0))} ago"
 
 
 def _steps(plan: Plan, phase: Phase, done_before: int) -> list[StepLine]:

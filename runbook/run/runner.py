@@ -1,6 +1,7 @@
 """`runbook next` end to end: select a phase, show it, run it, judge it, record it, write it back, commit.
 
-The click command (`runbook/commands/next.py`) parses options and prints; the work is here:
+The session (`runbook/run/session.py`, behind the click command `runbook/commands/next.py`) asks and
+prints; the work is here:
 
 - `select`: the phase to run (`runbook.run.select`, the same function runbook/run/planstate.py asks, so
   `runbook next` does what status and brief say), and `render_preview`: what will run;
@@ -26,12 +27,13 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from runbook.errors import RunbookError
 from runbook.files import atomic_write_text, remove_stale_temps
-from runbook.formatting import format_value
-from runbook.model import Expr, Metrics, Phase, Plan, RunRecord
+from runbook.formatting import format_value, iso, parse_iso, utc_now
+from runbook.model import Expr, Metrics, Phase, Plan, RunRecord, merge_metrics
 from runbook.plan import writeback
 from runbook.plan.mdtext import to_lf
 from runbook.redact import redact_credentials
-from runbook.run.local import Interrupts, StepSpec, judge, merge_metrics
+from runbook.run.executor import Executor, Interrupts, StepContext, StepHooks, StepSpec, phase_executor
+from runbook.run.local import judge
 from runbook.run.select import Selection, select_phase
 from runbook.store import gitops, ledger
 from runbook.store.lock import RunLock, write_lock
@@ -264,7 +266,6 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
     from runbook.plan.criteria import metric_names as names_in
     from runbook.plan.overrides import effective, used_vars
     from runbook.run.envprint import fingerprint
-    from runbook.run.executor import phase_executor
     from runbook.store.live import PlannedStep, new_live
 
     phase = sel.phase
@@ -290,7 +291,7 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
     live = new_live(
         run_id=run_id, plan=ws.plan_rel, plan_blob=plan_blob, phase=phase.id, phase_label=phase.label,
         phase_text_hash=text_hash, criterion=phase.criterion.display if phase.criterion else None,
-        metric_names=metric_names, started=ledger.iso(ledger.utc_now()), timeout_s=phase.timeout_s,
+        metric_names=metric_names, started=iso(utc_now()), timeout_s=phase.timeout_s,
         commit_before=commit_before, dirty=bool(dirty_files) if dirty_files is not None else None,
         dirty_files=dirty_files or [], env=env, executor=executor, detached=opts.detached,
         planned=[PlannedStep(step_id=s.step_id, command=s.command, skip=s.skip, carried_metrics=s.carried_metrics)
@@ -333,7 +334,6 @@ def continue_run(ws: Workspace, live: LiveRun, lock: RunLock, opts: RunOptions) 
 def _execute(ws: Workspace, live: LiveRun, specs: list[StepSpec], lock: RunLock, opts: RunOptions, *,
              started_from: str | None, criterion: Expr | None, reattach: bool = False) -> RunResult:
     """Run the steps with the run's executor (live state and heartbeat kept), judge, record."""
-    from runbook.run.executor import StepContext, StepHooks, executor_for
     from runbook.run.slurm import poll_interval
     from runbook.store.live import JobRef, LiveWriter
 
@@ -342,12 +342,12 @@ def _execute(ws: Workspace, live: LiveRun, specs: list[StepSpec], lock: RunLock,
 
     def announce(spec: StepSpec) -> None:
         lock.note(step=spec.step_id)
-        writer.update(step=spec.step_id, step_started=ledger.iso(ledger.utc_now()),
+        writer.update(step=spec.step_id, step_started=iso(utc_now()),
                       step_log=ws.rel(ledger.run_dir(ws.state, live.run_id) / f"{spec.step_id}.log"))
         opts.say(f"\n── {label} · {spec.step_id} ──\n$ {spec.command}")
 
     def on_job(step_id: str, job_id: str, name: str) -> None:
-        writer.add_job(JobRef(step_id=step_id, job_id=job_id, name=name, submitted=ledger.iso(ledger.utc_now())))
+        writer.add_job(JobRef(step_id=step_id, job_id=job_id, name=name, submitted=iso(utc_now())))
         opts.say(f"submitted Slurm job {job_id} for {step_id}")
 
     prior = {r.step_id: r for r in live.results} if reattach else {}
@@ -355,8 +355,8 @@ def _execute(ws: Workspace, live: LiveRun, specs: list[StepSpec], lock: RunLock,
     if reattach and live.step is not None and (job := live.job_for(live.step)) is not None:
         jobs[live.step] = (job.job_id, job.name)
         opts.say(f"re-attaching to Slurm job {job.job_id} ({live.step}) of run {live.run_id}")
-    started = ledger.parse_iso(live.started)
-    elapsed_before = max((ledger.utc_now() - started).total_seconds(), 0.0) if reattach else 0.0
+    started = parse_iso(live.started)
+    elapsed_before = max((utc_now() - started).total_seconds(), 0.0) if reattach else 0.0
     ctx = StepContext(
         run_id=live.run_id, phase_id=live.phase, repo_root=ws.root, state_dir=ws.state, timeout_s=live.timeout_s,
         elapsed_s=elapsed_before, echo=opts.echo, interrupts=opts.interrupts, grace_s=opts.grace_s,
@@ -387,7 +387,7 @@ def _execute(ws: Workspace, live: LiveRun, specs: list[StepSpec], lock: RunLock,
         phase_label=live.phase_label,
         phase_text_hash=live.phase_text_hash,
         started=live.started,
-        finished=ledger.iso(ledger.utc_now()),
+        finished=iso(utc_now()),
         duration_s=round(elapsed_before + time.monotonic() - t0, 3),
         steps=outcome.results,
         metrics=metrics,
@@ -644,3 +644,14 @@ def record_command(ws: Workspace, phase: Phase, record: RunRecord, plan_arg: str
     if plan_arg:
         parts += ["--plan", shlex.quote(plan_arg)]
     return " ".join(parts) + ' --lesson "..." --next "..."'
+
+
+def executor_for(name: str | None) -> Executor:
+    """The executor a phase's `Executor:` names (None: local)."""
+    if name == "slurm":
+        from runbook.run.slurm import SlurmExecutor
+
+        return SlurmExecutor()
+    from runbook.run.local import LocalExecutor
+
+    return LocalExecutor()

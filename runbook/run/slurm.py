@@ -44,20 +44,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from runbook.formatting import iso, utc_now
 from runbook.model import StepResult
 from runbook.redact import redact_credentials
-from runbook.run.executor import StepContext
-from runbook.run.local import (
-    MetricsError,
-    StepsOutcome,
-    StepSpec,
-    _Echo,
-    _rel,
-    read_metrics,
-    step_env,
-    stop_cause,
-)
-from runbook.store.ledger import iso, run_dir, tail_lines, utc_now
+from runbook.run.executor import StepContext, StepsOutcome, StepSpec, stop_cause
+from runbook.run.local import MetricsError, _Echo, _rel, read_metrics, step_env
+from runbook.store.ledger import run_dir, tail_lines
 from runbook.store.live import seconds_from_env
 
 __all__ = ["JobInfo", "SlurmError", "SlurmExecutor", "cancel_job", "find_job", "job_info", "job_name", "verdict_of"]

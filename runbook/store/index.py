@@ -43,6 +43,7 @@ import contextlib
 import hashlib
 import marshal
 import os
+import re
 import struct
 import time
 from datetime import datetime
@@ -52,7 +53,7 @@ from typing import Any, BinaryIO, NamedTuple
 from runbook.model import RunRecord
 from runbook.store.ledger import parse_run, read_record_bytes, runs_dir, unreadable_text
 
-__all__ = ["INDEX_DIR", "INDEX_NAME", "LedgerIndex", "Row", "index_path"]
+__all__ = ["INDEX_DIR", "INDEX_NAME", "LAST_REF", "LedgerIndex", "Row", "find_run", "index_path", "pick_rows"]
 
 INDEX_DIR = "index"  # under the state directory
 INDEX_NAME = "runs.idx"
@@ -74,7 +75,7 @@ class Row(NamedTuple):
     plan: str
     phase: str
     started: str
-    moment: int | None  # `finished or started` as UTC epoch seconds (`contract.parse_utc`); None: no time
+    moment: int | None  # `finished or started` as UTC epoch seconds (`formatting.parse_utc`); None: no time
     verdict: str
     start_s: int | None  # `started` as UTC epoch seconds; None: not a time
 
@@ -193,7 +194,7 @@ def _read_one(folder: Path, name: str) -> _Read:
 
 
 def _summary(name: str, digest: bytes, record: RunRecord) -> RawRow:
-    from runbook.contract import parse_utc
+    from runbook.formatting import parse_utc
 
     return (name, digest, record.run_id, record.plan, record.phase, record.started,
             _epoch(parse_utc(record.finished or record.started)), record.verdict, _epoch(parse_utc(record.started)))
@@ -497,12 +498,8 @@ class LedgerIndex:
         return self.load([Row._make(r) for r in kept], problems), len(rows) - len(kept)
 
     def find(self, ref: str, plan: str | None = None) -> RunRecord | None:
-        """A run (of `plan`) by id, unique id prefix, or `last`; None when none or several match."""
-        rows = self.rows(plan)
-        if ref == "last":
-            matches = rows[-1:]
-        else:
-            matches = [r for r in rows if r.run_id == ref][:1] or [r for r in rows if r.run_id.startswith(ref)]
+        """A run (of `plan`) by a run reference (`pick_rows`); None when none or several match."""
+        matches = pick_rows(self.rows(plan), ref)
         found = self.load(matches) if len(matches) == 1 else []
         return found[0] if found else None
 
@@ -518,6 +515,26 @@ class LedgerIndex:
                 found = self.load([row])
                 return found[0] if found else None
         return None
+
+
+LAST_REF = re.compile(r"last(?:~(\d{1,6}))?")  # `last`, `last~N`
+
+
+def pick_rows(rows: list[Row], ref: str) -> list[Row]:
+    """The rows a run reference names among `rows` (ledger order, oldest first): `last`, `last~N`
+    (the N-th run before the last), a run id, or a prefix of run ids. One row: found; none: no such
+    run; several: the prefix is ambiguous. The one rule of every verb that takes a RUN
+    (`Workspace.find_run` words its refusals)."""
+    last = LAST_REF.fullmatch(ref)
+    if last:
+        back = int(last.group(1) or 0)
+        return [rows[-1 - back]] if back < len(rows) else []
+    return [r for r in rows if r.run_id == ref][:1] or [r for r in rows if r.run_id.startswith(ref)]
+
+
+def find_run(state_dir: str | os.PathLike[str], ref: str) -> RunRecord | None:
+    """A run by id, id prefix, or `last` (through the ledger's index: only that run is read)."""
+    return LedgerIndex.open(state_dir).find(ref)
 
 
 def _latest(rows: list[RawRow]) -> dict[str, list[RawRow]]:

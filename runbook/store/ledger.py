@@ -22,25 +22,14 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from runbook.files import atomic_write_text
+from runbook.formatting import iso as iso  # re-exported: bench/ledger_scale.py writes records with it
+from runbook.formatting import utc_now
 from runbook.model import RunRecord
 
 RUNS_DIR = "runs"
 LOG_TAIL_LINES = 20
 LOG_TAIL_BYTES = 8 * 1024  # the most of a log a run record keeps
 LOG_LINE_CHARS = 400
-
-
-def utc_now() -> _dt.datetime:
-    return _dt.datetime.now(_dt.timezone.utc)
-
-
-def iso(moment: _dt.datetime) -> str:
-    """ISO 8601 UTC with microseconds and a `Z`: sortable as text."""
-    return moment.astimezone(_dt.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-def parse_iso(text: str) -> _dt.datetime:
-    return _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:
@@ -141,13 +130,6 @@ def load_runs(
         records.append(record)
     records.sort(key=_order)
     return records
-
-
-def find_run(state_dir: str | os.PathLike[str], ref: str) -> RunRecord | None:
-    """A run by id, id prefix, or `last` (through the ledger's index: only that run is read)."""
-    from runbook.store.index import LedgerIndex
-
-    return LedgerIndex.open(state_dir).find(ref)
 
 
 def tail_lines(

@@ -35,9 +35,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runbook.files import atomic_write_text
-from runbook.model import EnvFingerprint, Metrics, RunRecord, StepResult
+from runbook.formatting import iso, parse_iso, utc_now
+from runbook.model import EnvFingerprint, Metrics, RunRecord, StepResult, merge_metrics
 from runbook.store import procs
-from runbook.store.ledger import iso, parse_iso, run_dir, runs_dir, tail_lines, utc_now
+from runbook.store.ledger import run_dir, runs_dir, tail_lines
 
 __all__ = [
     "JobRef",
@@ -147,8 +148,6 @@ class LiveRun(BaseModel):
         return found
 
     def metrics_so_far(self) -> Metrics:
-        from runbook.run.local import merge_metrics
-
         return merge_metrics(self.results)
 
     def heartbeat_age(self, now: _dt.datetime | None = None) -> float | None:
@@ -221,8 +220,6 @@ def orphans(state_dir: str | os.PathLike[str], plan: str | None, recorded: set[s
 def interrupted_record(live: LiveRun, root: Path, reason: str) -> RunRecord:
     """The run record of a run whose process died: what it finished, the step it was in (with its
     log's last lines), verdict `interrupted`."""
-    from runbook.run.local import merge_metrics
-
     steps = list(live.results)
     done = {r.step_id for r in steps}
     if live.step and live.step not in done:

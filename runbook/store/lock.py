@@ -24,7 +24,6 @@ Public surface: `run_lock(state_dir, ...)` and `write_lock(state_dir)` context m
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import errno
 import fcntl
 import json
@@ -37,6 +36,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from runbook.files import NotReadable, atomic_write_text, read_bounded
+from runbook.formatting import iso_utc, parse_iso, utc_now
 from runbook.store import procs
 from runbook.store.procs import group_alive, pid_alive
 
@@ -121,10 +121,6 @@ class WriteLockTimeout(LockError):
             f"could not take the write lock {path} within {timeout_s:g}s: another runbook command is "
             "writing. Try again; if nothing is running, the lock clears itself (it is an flock)."
         )
-
-
-def _utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def read_lock(path: Path) -> LockInfo | None:
@@ -283,7 +279,7 @@ def _clear_git_locks(stale: LockInfo, git_dir: Path) -> str:
 
 def _parse_time(iso: str) -> float | None:
     try:
-        return _dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+        return parse_iso(iso).timestamp()
     except ValueError:
         return None
 
@@ -310,7 +306,7 @@ def run_lock(
     me = LockInfo(
         pid=os.getpid(),
         host=host,
-        started=_utc_now(),
+        started=iso_utc(utc_now()),
         run_id=run_id,
         pid_start=procs.proc_start(os.getpid()),
         boot_id=procs.boot_id(),

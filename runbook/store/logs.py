@@ -50,13 +50,13 @@ def locate(ws: Workspace, run_ref: str | None, step: str | None) -> Located:
     live = None
     record = None
     if run_ref:
-        live = next((x for x in lives if x.run_id == run_ref or (run_ref != "last" and x.run_id.startswith(run_ref))),
-                     None)
+        from runbook.store.index import LAST_REF
+
+        # a run in progress by its id or prefix; `last` / `last~N` count the recorded runs, as every verb's do
+        live = None if LAST_REF.fullmatch(run_ref) else next(
+            (x for x in lives if x.run_id == run_ref or x.run_id.startswith(run_ref)), None)
         if live is None:
-            record = ws.ledger().find(run_ref, ws.plan_rel if run_ref == "last" else None)
-            if record is None:
-                raise RunbookError(f"no run {run_ref!r} in {ws.rel(ws.state)}/runs/", "unknown_run",
-                                   hint="see `runbook history` for run ids")
+            record = ws.find_run(run_ref)
     else:
         alive = [x for x in lives if is_alive(x) is not False]
         live = alive[-1] if alive else (lives[-1] if lives else None)
@@ -95,7 +95,8 @@ def locate(ws: Workspace, run_ref: str | None, step: str | None) -> Located:
 def follow(ws: Workspace, where: Located, write: Callable[[bytes], None], *, lines: int, pinned: bool) -> str | None:
     """Print the last `lines` lines, then what is appended, until the run ends; the closing line.
     `pinned`: a step was named, so do not move on to the next step."""
-    from runbook.store.ledger import find_run, run_dir, tail_lines
+    from runbook.store.index import find_run
+    from runbook.store.ledger import run_dir, tail_lines
     from runbook.store.live import is_alive, live_path, read_live
 
     folder = run_dir(ws.state, where.run_id)

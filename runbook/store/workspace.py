@@ -20,7 +20,7 @@ from runbook.model import Plan, Problem, RunRecord
 from runbook.store.project import Config, ConfigError
 
 if TYPE_CHECKING:
-    from runbook.store.index import LedgerIndex
+    from runbook.store.index import LedgerIndex, Row
     from runbook.store.live import LiveRun
     from runbook.store.lock import LockInfo
 
@@ -237,6 +237,37 @@ class Workspace:
 
             self._ledger = LedgerIndex.open(self.state)
         return self._ledger
+
+    def find_run(self, ref: str, rows: list[Row] | None = None) -> RunRecord:
+        """A run of this plan (of the workspace, without a plan; or one of `rows`, from its ledger's
+        index) by a run reference: its id, a unique id prefix, `last`, or `last~N` (the N-th run
+        before the last; runbook/store/index.py `pick_rows`); RunbookError(unknown_run). Only the run
+        found is read from the ledger. Every verb that takes a RUN resolves it here."""
+        row = self.find_row(ref, rows)
+        found = self.ledger().load([row])
+        if not found:  # it changed since the index was checked, a moment ago
+            raise RunbookError(f"{ref!r}: {self.rel(self.state)}/runs/{row.name} is no longer a readable run record",
+                               "unknown_run", hint="`runbook history` lists the runs")
+        return found[0]
+
+    def find_row(self, ref: str, rows: list[Row] | None = None) -> Row:
+        """`find_run`'s run as the ledger's index lists it (nothing read)."""
+        from runbook.store.index import LAST_REF, pick_rows
+
+        if rows is None:
+            rows = self.ledger().rows(self.plan_rel if self.plan_path is not None else None)
+        whose = self.plan_rel if self.plan_path is not None else "this workspace"
+        matches = pick_rows(rows, ref)
+        if len(matches) == 1:
+            return matches[0]
+        if LAST_REF.fullmatch(ref):
+            have = f"only {len(rows)} run(s)" if rows else "no runs"
+            raise RunbookError(f"{ref!r}: {whose} has {have} in {self.rel(self.state)}/runs", "unknown_run",
+                               hint="run a phase first (`runbook next`), or name a run from `runbook history`")
+        known = ", ".join(r.run_id for r in rows[-5:]) or "none"
+        what = "matches several runs" if matches else "is not a run"
+        raise RunbookError(f"{ref!r} {what} of {whose} (latest: {known})", "unknown_run",
+                           hint="`runbook history` lists them")
 
     def ledger_changed(self) -> None:
         """Run records were written or removed: the next `ledger()` checks state/runs/ again."""

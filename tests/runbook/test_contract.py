@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from runbook import contract
+from runbook import contract, formatting
 from runbook.cli import COMMANDS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -56,10 +56,10 @@ def test_every_field_of_every_model_is_documented() -> None:
 
 
 def test_times_are_iso_utc_to_the_second() -> None:
-    assert contract.iso_utc("2026-11-29T14:30:12.123456Z") == "2026-11-29T14:30:12Z"
-    assert contract.iso_utc("2026-11-29 14:30 UTC") == "2026-11-29T14:30:00Z"
-    assert contract.iso_utc("2026-11-29T14:30:12+02:00") == "2026-11-29T12:30:12Z"
-    assert contract.iso_utc(None) is None
+    assert formatting.iso_utc("2026-11-29T14:30:12.123456Z") == "2026-11-29T14:30:12Z"
+    assert formatting.iso_utc("2026-11-29 14:30 UTC") == "2026-11-29T14:30:00Z"
+    assert formatting.iso_utc("2026-11-29T14:30:12+02:00") == "2026-11-29T12:30:12Z"
+    assert formatting.iso_utc(None) is None
 
 
 def test_envelope_is_one_document_with_result_or_error() -> None:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from runbook.model import StepResult
-from runbook.run.local import Interrupts, MetricsError, StepSpec, merge_metrics, read_metrics, run_steps
+from runbook.model import StepResult, merge_metrics
+from runbook.run.executor import Interrupts, StepSpec
+from runbook.run.local import MetricsError, read_metrics, run_steps
 from runbook.store.lock import group_alive, pid_alive
 
 

@@ -7,7 +7,8 @@ import re
 
 from helpers import run_record
 
-from runbook.store.ledger import find_run, load_runs, new_run_id, save_run, tail_lines
+from runbook.store.index import find_run
+from runbook.store.ledger import load_runs, new_run_id, save_run, tail_lines
 
 
 def _rec(run_id, phase="phase-0", started="2026-01-01T00:00:00.000000Z", verdict="pass"):

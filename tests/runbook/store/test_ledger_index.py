@@ -19,7 +19,8 @@ from pathlib import Path
 import helpers as H
 import pytest
 
-from runbook.contract import parse_utc, top_metrics
+from runbook.contract import top_metrics
+from runbook.formatting import parse_utc
 from runbook.model import RunRecord
 from runbook.store import index as ledger_index
 from runbook.store.index import LedgerIndex, index_path
