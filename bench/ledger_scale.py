@@ -91,14 +91,15 @@ def _metrics_for(name: str, rng: random.Random, good: bool) -> dict[str, float]:
 
 def build(repo: Path, runs: int, seed: int = 0) -> dict:
     """The workspace with `runs` records; returns facts about it (sizes, phases)."""
-    from runbook.model import RunRecord, StepResult
+    from runbook.formatting import iso
+    from runbook.model import RunRecord, StepResult, merge_metrics
     from runbook.plan import writeback
     from runbook.plan.criteria import metric_names
     from runbook.plan.parse import parse_plan
     from runbook.run.envprint import fingerprint
-    from runbook.run.local import judge, merge_metrics
+    from runbook.run.local import judge
     from runbook.run.select import resolved_commands
-    from runbook.store.ledger import iso, run_path
+    from runbook.store.ledger import run_path
 
     rng = random.Random(seed)
     repo.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,6 @@ from typing import Any, BinaryIO
 from runbook.files import NotReadable, read_bounded
 from runbook.formatting import iso, utc_now
 from runbook.model import Expr, Metrics, StepResult
-from runbook.model import merge_metrics as merge_metrics  # re-exported: bench/ledger_scale.py judges with it
 from runbook.redact import redact_credentials
 from runbook.run.executor import KILL_GRACE_S, Interrupts, StepContext, StepsOutcome, StepSpec, stop_cause
 from runbook.store import procs

@@ -22,7 +22,6 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from runbook.files import atomic_write_text
-from runbook.formatting import iso as iso  # re-exported: bench/ledger_scale.py writes records with it
 from runbook.formatting import utc_now
 from runbook.model import RunRecord
 
