@@ -35,8 +35,9 @@ import torch
 
 from bench.gpu_decode import copy_bandwidth, random_target
 from bench.gpu_throughput import random_hf
-from eagle.decode.fast import Decoder, TargetModel, required_len
+from eagle.decode.fast import Decoder, TargetModel
 from eagle.decode.generic import GenericDecoder
+from eagle.decode.interface import required_len
 
 QWEN3_8B = {"hidden_size": 4096, "num_hidden_layers": 36, "intermediate_size": 12288, "vocab_size": 151936,
             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}

@@ -39,7 +39,9 @@ from pathlib import Path
 import torch
 
 from eagle.decode import llama_ops
-from eagle.decode.fast import Decoder, TargetModel, load_decoder, required_len
+from eagle.decode.factory import load_decoder
+from eagle.decode.fast import Decoder, TargetModel
+from eagle.decode.interface import required_len
 from eagle.decode.leviathan import acceptance_from_accept_len, leviathan_speedup
 
 LLAMA_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 32000,
@@ -242,7 +244,7 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], new_tokens: int, device
               dtype: torch.dtype) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
-    from eagle.decode.fast import eos_ids_of
+    from eagle.decode.factory import eos_ids_of
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
     pad = (eos_ids_of(model_dir) or [0])[0]
