@@ -36,8 +36,9 @@ import torch
 from bench.harness import copy_bandwidth
 from bench.shapes import LLAMA_8B, random_hf
 from bench.shapes import random_fast_target as random_target
-from eagle.decode.fast import Decoder, TargetModel, required_len
+from eagle.decode.fast import Decoder, TargetModel
 from eagle.decode.generic import GenericDecoder
+from eagle.decode.interface import required_len
 
 QWEN3_8B = {"hidden_size": 4096, "num_hidden_layers": 36, "intermediate_size": 12288, "vocab_size": 151936,
             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}

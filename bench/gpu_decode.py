@@ -41,7 +41,9 @@ from bench.harness import ATTENTION, MATMUL, copy_bandwidth, sync
 from bench.shapes import LLAMA_8B, SMOKE_8B
 from bench.shapes import random_fast_target as random_target
 from eagle.decode import llama_ops
-from eagle.decode.fast import Decoder, TargetModel, load_decoder, required_len
+from eagle.decode.factory import load_decoder
+from eagle.decode.fast import Decoder, TargetModel
+from eagle.decode.interface import required_len
 from eagle.decode.leviathan import acceptance_from_accept_len, leviathan_speedup
 
 Rows = list[tuple[str, str]]
@@ -202,7 +204,7 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], new_tokens: int, device
               dtype: torch.dtype) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
-    from eagle.decode.fast import eos_ids_of
+    from eagle.decode.factory import eos_ids_of
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
     pad = (eos_ids_of(model_dir) or [0])[0]

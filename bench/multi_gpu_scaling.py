@@ -250,8 +250,7 @@ def child_capture(target: str, data: str, sync: str, rank: int, world: int, reps
 
     from eagle.data import hidden_io
     from eagle.data.capture import CapturePipeline, HiddenCapture, plan_buckets
-    from eagle.data.prepare import load_model
-    from eagle.target import open_target
+    from eagle.target import load_model, open_target
 
     device = f"cuda:{rank}" if gpu else "cpu"
     if not gpu:

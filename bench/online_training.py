@@ -76,8 +76,7 @@ def capture_rate(target: Path, data: Path, gpu: bool, batch_tokens: int) -> floa
 
     from eagle.data.capture import extract_rows
     from eagle.data.hidden_io import open_prepared
-    from eagle.data.prepare import load_model
-    from eagle.target import default_layer_ids
+    from eagle.target import default_layer_ids, load_model
 
     model = load_model(target, "cuda" if gpu else "cpu")
     rows = list(open_prepared(data).with_format(None)["input_ids"])

@@ -55,7 +55,9 @@ def main() -> None:
 
     from eagle.common import quiet_hf
     from eagle.data import hidden_io, prepare
-    from eagle.serving import server as serve
+    from eagle.serving.extraction import extraction_spec, hidden_states_from
+    from eagle.serving.flags import VllmFlags, server_spec
+    from eagle.serving.server import running_server
     from eagle.toy import cached_target
 
     quiet_hf()
@@ -73,8 +75,8 @@ def main() -> None:
     prepare(target, prompts, work / "hf", backend="hf", batch_size=16, **common)
     hf_s = time.perf_counter() - t0
     row("regenerate hf (batch 16)", loss_tokens(work / "hf") / hf_s, "tok/s", f"{hf_s:.1f} s with the model load")
-    spec = serve.server_spec(target, serve.VllmFlags(), cuda=False, max_model_len=512, max_num_seqs=64)
-    with serve.running_server(spec, 900.0, echo=False) as server:
+    spec = server_spec(target, VllmFlags(), cuda=False, max_model_len=512, max_num_seqs=64)
+    with running_server(spec, 900.0, echo=False) as server:
         row("vLLM server start (eager)", server.startup_s, "s")
         for n in (1, 64):
             t0 = time.perf_counter()
@@ -94,14 +96,14 @@ def main() -> None:
     layer_ids = res["layer_ids"]
     storage = work / "hidden"
     storage.mkdir()
-    spec = serve.extraction_spec(target, rows, layer_ids, storage, serve.VllmFlags(), cuda=False, concurrency=32)
+    spec = extraction_spec(target, rows, layer_ids, storage, VllmFlags(), cuda=False, concurrency=32)
     worst = 0.0
-    with serve.running_server(spec, 900.0, echo=False) as server:
+    with running_server(spec, 900.0, echo=False) as server:
         row("vLLM extraction server start (eager)", server.startup_s, "s")
-        list(serve.hidden_states_from(server, rows[:8], len(layer_ids), 8))  # warm-up
+        list(hidden_states_from(server, rows[:8], len(layer_ids), 8))  # warm-up
         for n in (1, 8, 32):
             t0 = time.perf_counter()
-            got = dict(serve.hidden_states_from(server, rows, len(layer_ids), n))
+            got = dict(hidden_states_from(server, rows, len(layer_ids), n))
             s = time.perf_counter() - t0
             row(f"extract vLLM, {n} in flight", sum(map(len, rows)) / s, "tok/s", f"{s:.1f} s, {len(rows)} samples")
             if n == 8:

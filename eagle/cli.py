@@ -1,7 +1,8 @@
 """The `eagle` command line: the EAGLE-3 drafter pipeline.
 
-Each verb's click command is the `command` object of the module named below; modules are
-imported only when their verb runs, so `eagle --help` is instant.
+Each verb's click command is the `command` object of the module named below (eagle/commands/VERB.py;
+`train` stays in eagle/train/trainer.py until its verb moves there too); modules are imported only
+when their verb runs, so `eagle --help` is instant.
 """
 
 from __future__ import annotations
@@ -13,18 +14,18 @@ import click
 
 # verb -> (module holding `command`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "toy-target": ("eagle.toy", "Make a tiny trained target (Llama, Qwen3, DeepSeek-V3, Kimi-K2.5 layout) or its successor locally."),
-    "prepare": ("eagle.data.prepare", "Conversations -> token ids + assistant-only loss mask."),
-    "extract": ("eagle.data.extract", "Target hidden states in speculators' offline format."),
-    "vocab": ("eagle.data.vocab", "Draft vocabulary: d2t / t2d from token frequencies."),
+    "toy-target": ("eagle.commands.toy_target", "Make a tiny trained target (Llama, Qwen3, DeepSeek-V3, Kimi-K2.5 layout) or its successor locally."),
+    "prepare": ("eagle.commands.prepare", "Conversations -> token ids + assistant-only loss mask."),
+    "extract": ("eagle.commands.extract", "Target hidden states in speculators' offline format."),
+    "vocab": ("eagle.commands.vocab", "Draft vocabulary: d2t / t2d from token frequencies."),
     "train": ("eagle.train.trainer", "Train (or fine-tune) the EAGLE-3 drafter."),
-    "evaluate": ("eagle.decode.evaluate", "Greedy speculative decoding: acceptance length, exactness."),
-    "bench": ("eagle.decode.bench", "tok/s of plain vs speculative decoding, Leviathan bound."),
-    "probe": ("eagle.decode.probe", "How alike two targets are; does a drafter carry over?"),
-    "serve-bench": ("eagle.serving.serve_bench", "vLLM: the target alone and with the drafter; speedup, acceptance."),
-    "serve-config": ("eagle.serving.serve_config", "The vLLM and SGLang command lines that serve the drafter."),
-    "check-checkpoint": ("eagle.drafter.check", "Static checks of a drafter checkpoint against its target."),
-    "import-drafter": ("eagle.drafter.import_drafter", "A drafter of any published EAGLE-3 layout, written in ours."),
+    "evaluate": ("eagle.commands.evaluate", "Greedy speculative decoding: acceptance length, exactness."),
+    "bench": ("eagle.commands.bench", "tok/s of plain vs speculative decoding, Leviathan bound."),
+    "probe": ("eagle.commands.probe", "How alike two targets are; does a drafter carry over?"),
+    "serve-bench": ("eagle.commands.serve_bench", "vLLM: the target alone and with the drafter; speedup, acceptance."),
+    "serve-config": ("eagle.commands.serve_config", "The vLLM and SGLang command lines that serve the drafter."),
+    "check-checkpoint": ("eagle.commands.check_checkpoint", "Static checks of a drafter checkpoint against its target."),
+    "import-drafter": ("eagle.commands.import_drafter", "A drafter of any published EAGLE-3 layout, written in ours."),
 }
 
 

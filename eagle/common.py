@@ -66,6 +66,16 @@ def warn(msg: str) -> None:
     click.echo(f"warning: {msg}", err=True)
 
 
+def note(msg: str) -> None:
+    """A progress line on stderr (what a long step is doing); stdout stays the command's result."""
+    click.echo(msg, err=True)
+
+
+def say(msg: str) -> None:
+    """A line of a command's human view on stdout."""
+    click.echo(msg)
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):

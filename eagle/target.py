@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from eagle.common import EagleError, open_safetensors, split_layer_ids
+from eagle.common import EagleError, open_safetensors, pick_device, pick_dtype, split_layer_ids
 
 CONFIG_FILE = "config.json"
 TEXT_KEYS = ("text_config", "language_config", "llm_config")
@@ -494,3 +494,12 @@ def open_target(path: str | os.PathLike[str], trust_remote_code: bool = False, w
                   num_layers=int(text["num_hidden_layers"]), hidden_size=int(text["hidden_size"]),
                   vocab_size=int(text["vocab_size"]), dtype=str(dtype) if dtype else None,
                   custom_code=bool(raw.get("auto_map")), trust_remote_code=trust_remote_code, text=text, raw=raw)
+
+
+def load_model(path: str | os.PathLike[str], device_name: str = "auto", dtype_name: str = "auto",
+               trust_remote_code: bool = False) -> Any:
+    """The target model at a local directory, on the chosen device/dtype (common.pick_device /
+    pick_dtype names), in eval mode: causal LMs and multimodal wrappers, custom code only with
+    trust_remote_code, big ones spread over GPUs (Target.load_model)."""
+    device = pick_device(device_name)
+    return open_target(path, trust_remote_code).load_model(device, pick_dtype(dtype_name, device))

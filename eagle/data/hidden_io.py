@@ -113,13 +113,6 @@ def read_data_meta(data_dir: str | os.PathLike[str]) -> DataMeta:
         raise EagleError(f"{f} is not a valid eagle data description: {e}") from None
 
 
-def read_prepare_info(data_dir: str | os.PathLike[str]) -> PrepareInfo | None:
-    f = Path(data_dir) / PREPARE_FILE
-    if not f.is_file():
-        return None
-    return PrepareInfo.model_validate_json(f.read_text())
-
-
 # ---------------------------------------------------------------- the prepared dataset
 
 

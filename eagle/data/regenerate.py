@@ -23,7 +23,8 @@ from pydantic import BaseModel
 
 from eagle.common import EagleError, progress
 from eagle.data.turns import Answer, Sample, TurnError
-from eagle.serving.server import Generation, GenerationRequest, Sampling, VllmFlags
+from eagle.serving.client import Generation, GenerationRequest, Sampling
+from eagle.serving.flags import VllmFlags
 
 Answerer = Callable[[list[GenerationRequest], str], list[Generation]]
 
@@ -108,8 +109,7 @@ def hf_answerer(model_dir: Path, tokenizer: Any, settings: RegenSettings, trust_
     """transformers `generate`: batches of --batch-size prompts sorted by length, left-padded."""
     import torch
 
-    from eagle.data.prepare import load_model
-    from eagle.target import input_device
+    from eagle.target import input_device, load_model
 
     model = load_model(model_dir, settings.device, settings.dtype, trust_remote_code=trust_remote_code)
     eos = stop_ids(model_dir, tokenizer, trust_remote_code)
@@ -160,13 +160,15 @@ def hf_answerer(model_dir: Path, tokenizer: Any, settings: RegenSettings, trust_
 def vllm_answerer(model_dir: Path, settings: RegenSettings, flags: VllmFlags,
                   echo: bool = True) -> Iterator[tuple[Answerer, int]]:
     """vLLM for the target (a server it starts and stops, or --vllm-url's); yields (answerer, max_model_len)."""
-    from eagle.serving import server as serve
+    from eagle.serving.client import generate_many, served_model
+    from eagle.serving.flags import SERVED_NAME, host_has_cuda, max_positions, server_spec
+    from eagle.serving.server import running_server
 
     def answerer(url: str, name: str, on_error: Callable[[BaseException], Exception]) -> Answerer:
         def answer(requests: list[GenerationRequest], desc: str) -> list[Generation]:
             bar = progress(total=len(requests), desc=desc, unit="prompt")
             try:
-                return serve.generate_many(url, requests, settings.sampling, settings.concurrency,
+                return generate_many(url, requests, settings.sampling, settings.concurrency,
                                            on_done=lambda _: bar.update(1), model_name=name)
             except Exception as exc:  # noqa: BLE001 - show vLLM's side too
                 raise on_error(exc) from None
@@ -176,16 +178,16 @@ def vllm_answerer(model_dir: Path, settings: RegenSettings, flags: VllmFlags,
         return answer
 
     if settings.vllm_url:
-        name, limit = serve.served_model(settings.vllm_url)
+        name, limit = served_model(settings.vllm_url)
         yield answerer(settings.vllm_url, name, lambda e: EagleError(f"vLLM at {settings.vllm_url}: {e}")), limit
         return
-    positions = serve.max_positions(model_dir)
-    spec = serve.server_spec(model_dir, flags, serve.host_has_cuda(),
+    positions = max_positions(model_dir)
+    spec = server_spec(model_dir, flags, host_has_cuda(),
                              dtype=None if settings.dtype == "auto" else settings.dtype,
                              max_model_len=min(settings.max_len, positions or settings.max_len),
                              max_num_seqs=settings.concurrency)
-    with serve.running_server(spec, settings.startup_timeout, echo, prefix="eagle-vllm-regen-") as server:
-        yield answerer(server.url, serve.SERVED_NAME, server.failed), server.max_model_len()
+    with running_server(spec, settings.startup_timeout, echo, prefix="eagle-vllm-regen-") as server:
+        yield answerer(server.url, SERVED_NAME, server.failed), server.max_model_len()
 
 
 def regenerate(model_dir: Path, tokenizer: Any, samples: list[Sample], settings: RegenSettings,
@@ -198,7 +200,7 @@ def regenerate(model_dir: Path, tokenizer: Any, samples: list[Sample], settings:
     if settings.backend == "vllm":
         with vllm_answerer(model_dir, settings, flags, echo) as (answer, limit):
             return answer_rounds(samples, answer, settings, limit)
-    from eagle.serving.server import max_positions
+    from eagle.serving.flags import max_positions
 
     answer = hf_answerer(model_dir, tokenizer, settings, flags.trusts_remote_code)
     return answer_rounds(samples, answer, settings, max_positions(model_dir) or settings.max_len)

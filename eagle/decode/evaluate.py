@@ -22,19 +22,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import click
 from pydantic import BaseModel
 
-from eagle.command import (
-    attention_option,
-    device_option,
-    dtype_option,
-    finish,
-    json_option,
-    refusals,
-    trust_remote_code_option,
-)
-from eagle.common import EagleError, pick_device, pick_dtype, progress, quiet_hf, warn
+from eagle.common import EagleError, pick_device, pick_dtype, progress
 
 if TYPE_CHECKING:
     import torch
@@ -124,7 +114,8 @@ def run_evaluate(model_dir: str | Path, draft_dir: str | Path, prompts: list[lis
     """check: compare with transformers' generate (True), skip it (False), or do it in float32 only (None)."""
     import torch
 
-    from eagle.decode.fast import load_decoder, required_len
+    from eagle.decode.factory import load_decoder
+    from eagle.decode.interface import required_len
 
     longest = max(len(p) for p in prompts)
     dec = load_decoder(model_dir, draft_dir, max_len=required_len(longest, max_new_tokens, k),
@@ -179,66 +170,3 @@ def load_inputs(model: Path, prompts_file: Path, limit: int | None, draft: Path 
         raise EagleError(str(exc)) from exc
     dev = pick_device(device)
     return prompts, dev, pick_dtype(dtype, dev)
-
-
-def decoder_option(fn: Any) -> Any:
-    """`--decoder auto|fast|generic` of evaluate, probe and bench."""
-    return click.option("--decoder", type=click.Choice(["auto", "fast", "generic"]), default="auto",
-                        show_default=True,
-                        help="fast: eagle/decode/fast.py (static cache, CUDA graphs; Llama and Qwen3 targets); generic: "
-                             "the target's own transformers forward with a KV cache (any architecture); auto: "
-                             "fast where it implements the target.")(fn)
-
-
-@click.command("evaluate")
-@click.option("--model", "model", type=click.Path(path_type=Path), required=True, help="Target model dir.")
-@click.option("--draft", "draft", type=click.Path(path_type=Path), required=True, help="Drafter checkpoint dir.")
-@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), required=True,
-              help="Prompts JSONL (OpenAI `messages`, ShareGPT `conversations` or `prompt`).")
-@click.option("-k", "k", type=click.IntRange(1, 16), default=3, show_default=True, help="Draft tokens per step.")
-@click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True)
-@click.option("--limit", type=click.IntRange(1), default=None, help="Use only the first N prompts.")
-@device_option()
-@dtype_option()
-@click.option("--check/--no-check", "check", default=None,
-              help="Compare the output with transformers' generate token for token (generate_match) "
-                   "[default: in float32 only].")
-@decoder_option
-@attention_option
-@trust_remote_code_option
-@json_option("Print the full report as JSON.")
-def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens: int, limit: int | None,
-            device: str, dtype: str, check: bool | None, decoder: str, attention: str, trust_remote_code: bool,
-            as_json: bool) -> None:
-    """Greedy speculative decoding: acceptance length, per-position acceptance, exactness.
-
-    \b
-    Metrics ($RUNBOOK_METRICS): accept_len (tokens per verify step, bonus included, as vLLM
-    counts it), accept_rate_0 .. accept_rate_{k-1}, greedy_match (1 when the speculative output
-    equals plain greedy decoding with the same decoder and dtype for every prompt), generate_match
-    (1 when it also equals transformers' generate; float32 by default), fast_decoder (1 fast path,
-    0 generic). An untrained drafter gives accept_len ~1.0.
-
-    \b
-    Example:
-      eagle evaluate --model work/target --draft work/draft --prompts plans/data/prompts.jsonl -k 3
-    """
-    quiet_hf()
-    with refusals(ValueError, FileNotFoundError):
-        prompts, dev, dt = load_inputs(model, prompts_file, limit, draft, trust_remote_code, device, dtype, attention)
-        report = run_evaluate(model, draft, prompts, k, max_new_tokens, dev, dt, check=check,
-                              decoder=decoder, trust_remote_code=trust_remote_code, attention=attention)
-
-    def mismatches() -> None:
-        if report.greedy_match == 0:
-            bad = [i for i, r in enumerate(report.per_prompt) if not r.matches_greedy]
-            warn(f"speculative output differs from plain greedy decoding on prompts {bad[:10]} "
-                 f"({report.decoder} decoder): a decoding bug")
-        if report.generate_match == 0:
-            bad = [i for i, r in enumerate(report.per_prompt) if not r.matches_reference]
-            warn(f"output differs from transformers' generate on prompts {bad[:10]}")
-
-    finish(report, as_json, metrics=report.metrics(), show=mismatches,
-           table={"prompts": report.prompts, "k": k, "decoder": report.decoder, "attention": report.attention,
-                  "dtype": report.dtype,
-                  **{m: v for m, v in report.metrics().items() if m != "fast_decoder"}})

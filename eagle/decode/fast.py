@@ -1,7 +1,8 @@
 """Fast greedy and speculative (EAGLE-3 chain) decoding for Llama and Qwen3 targets.
 
 Other architectures (DeepSeek-V3 / Kimi MoE + MLA, custom code, ...) decode through their own
-transformers forward in eagle/decode/generic.py; `load_decoder` picks the path.
+transformers forward in eagle/decode/generic.py; eagle/decode/factory.py's `load_decoder` picks the
+path. Both implement eagle/decode/interface.py's `SpeculativeDecoder`.
 
 Why our own compact target module instead of transformers' model with a StaticCache: every step
 here reads its position from a device tensor and writes the KV cache at device-computed slots, so
@@ -33,14 +34,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import Any, cast
 
 import torch
 from torch import nn
 
-from eagle.common import ATTENTION_CHOICES, ATTENTION_KERNELS, EagleError
+from eagle.common import ATTENTION_KERNELS
+from eagle.decode.interface import Proposer, SpecResult, required_len, synchronize, time_call
 from eagle.decode.llama_ops import (
     DecoderLayer,
     KVCache,
@@ -52,10 +53,7 @@ from eagle.decode.llama_ops import (
     head_dim_of,
     rope_inv_freq,
 )
-from eagle.target import FAST_DECODER_TYPES, check_layer_ids, input_device
-
-if TYPE_CHECKING:
-    from eagle.decode.generic import GenericDecoder
+from eagle.target import check_layer_ids
 
 
 class TargetModel(nn.Module):
@@ -130,34 +128,6 @@ class TargetModel(nn.Module):
         return logits, aux, x
 
 
-class Proposer(Protocol):
-    """What the decoder needs from a drafter (eagle.decode.draft_infer.Drafter implements it)."""
-
-    @property
-    def hidden_size(self) -> int: ...
-
-    def new_cache(self, max_len: int, attention: str = "sdpa") -> KVCache: ...
-
-    def propose_rows(self, aux: torch.Tensor, tokens: torch.Tensor, slots: torch.Tensor,
-                     cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def propose_step(self, token: torch.Tensor, feat: torch.Tensor, slot: torch.Tensor,
-                     cache: KVCache, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(target id [1], feature [1, H]); the id written into `out` when given."""
-        ...
-
-
-@dataclass
-class SpecResult:
-    tokens: list[int]
-    accepted: list[int] = field(default_factory=list)  # drafts accepted per verify step (0..k)
-
-    @property
-    def accept_len(self) -> float:
-        """Mean tokens per verify step, bonus included (vLLM: 1 + accepted / drafts)."""
-        return 1.0 + sum(self.accepted) / len(self.accepted) if self.accepted else float("nan")
-
-
 def _graphed(fn: Callable[[], None], use_graph: bool) -> Callable[[], None]:
     """Capture `fn` (no arguments; reads and writes only persistent tensors) as a CUDA graph."""
     if not use_graph:
@@ -177,7 +147,7 @@ def _graphed(fn: Callable[[], None], use_graph: bool) -> Callable[[], None]:
 class Decoder:
     """Greedy and speculative decoding over static caches sized `max_len` tokens."""
 
-    path = "fast"  # which decoder ran (evaluate / probe / bench report it); see generic_decode.py
+    path = "fast"  # which decoder ran (evaluate / probe / bench report it); see eagle/decode/generic.py
 
     def __init__(self, target: TargetModel, proposer: Proposer | None = None, *, max_len: int,
                  layer_ids: Sequence[int] | None = None, eos_ids: Sequence[int] = (),
@@ -341,7 +311,7 @@ class Decoder:
             if event is not None:
                 event.synchronize()
             done, new = self._finished(p, max_new, int(state_buf[0]), state_buf[1:])
-        _sync(self.device)
+        synchronize(self.device)
         self.last_timing = {"prefill_s": t1 - self._t_start, "decode_s": time.perf_counter() - t1}
         return new
 
@@ -416,7 +386,7 @@ class Decoder:
         out = {}
         for name, fn in stages.items():
             self.prefill(prompt_ids, speculative=self.proposer is not None)
-            out[name] = _time(fn, iters, self.device)
+            out[name] = time_call(fn, iters, self.device)
         return out
 
     @torch.inference_mode()
@@ -465,100 +435,4 @@ def accept_cycle(tokens: torch.Tensor, pos: torch.Tensor, greedy: torch.Tensor, 
     feat.copy_(feats.index_select(0, m))
 
 
-def resolve_attention(device: str | torch.device, fast: bool = True) -> str:
-    """What `--attention auto` runs: "triton" for the fast decoder on a CUDA device where the Triton
-    kernels run, else "sdpa" (the CPU, where Triton only interprets; the generic decoder)."""
-    from eagle.decode.triton_attention import unavailable_reason
-
-    dev = torch.device(device)
-    return "triton" if fast and dev.type == "cuda" and unavailable_reason(dev) is None else "sdpa"
-
-
 SPEC_ROWS = 9  # rows of the cycle's buffers made at start (k <= 8; a larger k enlarges them)
-
-
-def required_len(prompt_len: int, max_new_tokens: int, k: int = 0, sync_every: int = 4) -> int:
-    """Cache length a Decoder needs: up to `sync_every` launches (cycles of k+1 tokens) run past
-    the end before the host sees it."""
-    return prompt_len + max_new_tokens + (sync_every + 1) * (k + 1) + 2
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _time(fn: Callable[[], None], iters: int, device: torch.device) -> float:
-    for _ in range(2):
-        fn()
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    _sync(device)
-    return (time.perf_counter() - start) / iters
-
-
-def eos_ids_of(model_dir: str | Path) -> list[int]:
-    """EOS ids as transformers' generate uses them (generation_config, else config)."""
-    from eagle.target import open_target
-
-    return open_target(model_dir).eos_ids()
-
-
-def load_decoder(model_dir: str | Path, draft_dir: str | Path | None = None, *, max_len: int,
-                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 layer_ids: Sequence[int] | None = None, use_graphs: bool | None = None,
-                 path: str = "auto", trust_remote_code: bool = False,
-                 attention: str = "auto") -> Decoder | GenericDecoder:
-    """Target (+ drafter) from their directories, ready to decode.
-
-    path: "fast" (this module: static cache, CUDA graphs; Llama and Qwen3 text models), "generic"
-    (eagle/decode/generic.py: the target's own transformers forward with a KV cache; any
-    architecture) or "auto" (fast when it implements the target, else generic). The decoder's
-    `path` attribute says which ran. attention: the fast decoder's kernels, "sdpa" or "triton"
-    (llama_ops.ATTENTION_KERNELS; the generic decoder takes only "sdpa"), or "auto"
-    (`resolve_attention`); the decoder's `attention` attribute says which ran."""
-    from eagle.decode.draft_infer import load_drafter
-    from eagle.decode.generic import GenericDecoder
-    from eagle.target import open_target
-
-    if path not in ("auto", "fast", "generic"):
-        raise ValueError(f"decoder path {path!r}: use auto, fast or generic")
-    target = open_target(model_dir, trust_remote_code)
-    if path == "fast" and not target.fast_decoder:
-        raise EagleError(f"--decoder fast: the fast decoder implements {', '.join(FAST_DECODER_TYPES)} text models; "
-                         f"{model_dir} is {target.text_model_type!r} (use --decoder generic or auto)", code=2)
-    fast = path == "fast" or (path == "auto" and target.fast_decoder)
-    if attention not in ATTENTION_CHOICES:
-        raise ValueError(f"--attention {attention!r}: use one of {', '.join(ATTENTION_CHOICES)}")
-    if attention == "auto":
-        attention = resolve_attention(device, fast)
-    if attention != "sdpa" and not fast:
-        raise EagleError(f"--attention {attention}: only the fast decoder has a choice of attention kernel; "
-                         f"{model_dir} decodes with the generic one (use --attention sdpa, or --decoder fast "
-                         "for a Llama or Qwen3 target)", code=2)
-    if attention == "triton":
-        from eagle.decode.triton_attention import require
-
-        require(device)  # before loading any weights
-    model = TargetModel.from_pretrained(model_dir, device=device, dtype=dtype) if fast else None
-    if model is None:
-        model = target.load_model(device, dtype)
-    drafter = None
-    ids = layer_ids
-    if draft_dir is not None:
-        embed = target.read_weights(["embed_tokens.weight"])["embed_tokens.weight"]
-        dev = model.lm_head.weight.device if fast else input_device(model)
-        drafter = load_drafter(draft_dir, target_embed=embed, target_vocab_size=target.vocab_size,
-                               target_layers=target.num_layers, device=dev, dtype=dtype)
-        if drafter.spec.target_hidden_size != target.hidden_size:
-            raise ValueError(f"{draft_dir}: drafter expects target hidden size {drafter.spec.target_hidden_size}, "
-                             f"{model_dir} has {target.hidden_size}")
-        ids = ids or drafter.spec.layer_ids or target.default_layer_ids()
-        if len(ids) != drafter.spec.num_aux:
-            raise ValueError(f"{draft_dir}: drafter's fc takes {drafter.spec.num_aux} aux layers, got layer ids {ids}")
-    if fast:
-        return Decoder(model, drafter, max_len=max_len, layer_ids=ids, eos_ids=target.eos_ids(),
-                       use_graphs=use_graphs, attention=attention)
-    return GenericDecoder(model, drafter, max_len=max_len, layer_ids=ids, eos_ids=target.eos_ids())

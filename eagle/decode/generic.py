@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from eagle.decode.fast import Proposer, SpecResult, _time, required_len
+from eagle.decode.interface import Proposer, SpecResult, required_len, synchronize, time_call
 from eagle.target import check_layer_ids, input_device
 
 
@@ -135,14 +135,14 @@ class GenericDecoder:
         t0 = time.perf_counter()
         logits, _ = self.forward(prompt_ids, cache, last_only=True)
         new = [int(logits[-1].argmax())]
-        _sync(self.device)
+        synchronize(self.device)
         t1 = time.perf_counter()
         done, new = self._done(new, max_new_tokens)
         while not done:
             logits, _ = self.forward(new[-1:], cache)
             new.append(int(logits[-1].argmax()))
             done, new = self._done(new, max_new_tokens)
-        _sync(self.device)
+        synchronize(self.device)
         self.last_timing = {"prefill_s": t1 - t0, "decode_s": time.perf_counter() - t1}
         return new
 
@@ -168,7 +168,7 @@ class GenericDecoder:
             ids, feats = self.proposer.propose_rows(aux, torch.tensor(seq[1:p + 1], **long),
                                                     torch.arange(p, **long), dcache)
         d1, feat = ids[-1:], feats[-1:]
-        _sync(self.device)
+        synchronize(self.device)
         t1 = time.perf_counter()
         n = p  # tokens in the target's cache; seq[n] is decided but not yet cached
         history: list[tuple[int, int]] = []  # (accepted m, n at the cycle's start)
@@ -198,7 +198,7 @@ class GenericDecoder:
             d1, feat = ids[m:m + 1], feats[m:m + 1]
             n += m + 1
             done, new = self._done(seq[p:], max_new_tokens)
-        _sync(self.device)
+        synchronize(self.device)
         self.last_timing = {"prefill_s": t1 - t0, "decode_s": time.perf_counter() - t1, "cycles": len(history)}
         last_index = p + len(new) - 1  # seq index of the last token kept
         return SpecResult(tokens=new, accepted=[m for m, n0 in history if n0 < last_index])
@@ -222,7 +222,7 @@ class GenericDecoder:
             self.forward([tok] * (k + 1), cache, self.layer_ids)
             self._crop(cache, p)
 
-        out = {"target_step": _time(step, iters, self.device), "verify": _time(verify, iters, self.device)}
+        out = {"target_step": time_call(step, iters, self.device), "verify": time_call(verify, iters, self.device)}
         proposer = self.proposer
         if proposer is not None:
             assert aux is not None  # the drafter's layers were asked for
@@ -245,11 +245,6 @@ class GenericDecoder:
             def catchup() -> None:
                 proposer.propose_rows(row_aux, row_tokens, rows, dcache)
 
-            out["draft_step"] = _time(draft_step, iters, self.device)
-            out["catchup"] = _time(catchup, iters, self.device)
+            out["draft_step"] = time_call(draft_step, iters, self.device)
+            out["catchup"] = time_call(catchup, iters, self.device)
         return out
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

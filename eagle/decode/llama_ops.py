@@ -378,27 +378,6 @@ class DecoderLayer(nn.Module):
         return self.mlp(self.post_attention_layernorm(x, f), residual=x, fused=f)
 
 
-def load_safetensors_dir(path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """All tensors of `model.safetensors` or of the shards named in `model.safetensors.index.json`."""
-    import json
-    from pathlib import Path
-
-    from eagle.common import load_safetensors
-
-    path = Path(path)
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (path / "model.safetensors").exists():
-        files = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(f"{path}: no model.safetensors (or model.safetensors.index.json) found")
-    tensors: dict[str, torch.Tensor] = {}
-    for name in files:
-        tensors.update(load_safetensors(path / name, device=device, what="weights file"))
-    return tensors
-
-
 def check_and_assign(module: nn.Module, tensors: dict[str, torch.Tensor], what: str, device, dtype) -> None:
     """Load `tensors` into `module` (built on the meta device), naming every missing, unexpected or
     mis-shaped tensor in one error."""

@@ -202,21 +202,6 @@ def fit_problems(have: DraftConfig, want: DraftConfig, fields: tuple[str, ...] =
     ]
 
 
-def expected_draft_config(target_config: dict[str, Any], layer_ids: list[int], draft_vocab_size: int,
-                          speculative_tokens: int, norm_before_residual: bool = False,
-                          verifier: str | None = None) -> DraftConfig:
-    """The DraftConfig a drafter for this target (its config.json dict) and this data must have."""
-    return DraftConfig.from_config_json({
-        "speculators_model_type": "eagle3",
-        "transformer_layer_config": target_config,
-        "speculators_config": {"proposal_methods": [{"speculative_tokens": speculative_tokens}],
-                               "verifier": {"name_or_path": verifier}},
-        "draft_vocab_size": draft_vocab_size,
-        "norm_before_residual": norm_before_residual,
-        "eagle_aux_hidden_state_layer_ids": list(layer_ids),
-    }, source="target config.json")
-
-
 def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape of every required tensor (optional ones: see `optional_shapes`)."""
     h, i, hd, th = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.aux_hidden_size

@@ -303,8 +303,3 @@ def check_savable(model: Eagle3DraftModel, out: str | os.PathLike[str]) -> None:
     """Raise CheckpointError now if `save` would refuse this model later (run before training)."""
     config, tensors = export(model)
     checkpoint.check_writable(out, config, {k: tuple(v.shape) for k, v in tensors.items()})
-
-
-def describe(model: Eagle3DraftModel) -> checkpoint.DraftConfig:
-    """The DraftConfig of a live model (as its checkpoint would declare it)."""
-    return checkpoint.DraftConfig.from_config_json(checkpoint.normalize_config(model.config.to_dict()))

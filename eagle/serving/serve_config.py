@@ -1,6 +1,6 @@
 """`eagle serve-config`: the exact vLLM and SGLang command lines that serve a drafter as it was benchmarked.
 
-The engine flags come from the same place as serve-bench's (eagle/serving/server.py `server_spec`: the
+The engine flags come from the same place as serve-bench's (eagle/serving/flags.py `server_spec`: the
 user's `--vllm-arg`s, `--trust-remote-code`, the mode and dtype the host implies), minus what only
 the benchmark needs (its port, seed, context length sized for the prompts, batch limit). So the
 lines printed here, or the `deploy` block of `eagle serve-bench --json` (`--from-bench`), are the
@@ -18,13 +18,10 @@ import json
 import shlex
 from pathlib import Path
 
-import click
 from pydantic import BaseModel, ValidationError
 
-from eagle.command import finish, json_option, refusals
-from eagle.common import EagleError, fail
-from eagle.serving import server as serve
-from eagle.serving.server import Flag, ServerSpec
+from eagle.common import EagleError
+from eagle.serving.flags import Flag, ServerSpec, merge_flags, render_flags, speculative_config
 
 # vLLM engine flag -> SGLang server flag (same value)
 SGLANG_EQUIVALENT = {
@@ -69,14 +66,14 @@ def deploy_flags(spec: ServerSpec) -> list[Flag]:
         defaults.append(("enforce-eager", None))
     if spec.trust_remote_code:
         defaults.append(("trust-remote-code", None))
-    return serve.merge_flags(defaults, spec.engine_args)
+    return merge_flags(defaults, spec.engine_args)
 
 
 def vllm_command(spec: ServerSpec) -> list[str]:
     if not spec.draft:
         raise EagleError("no drafter to serve (give --draft)")
     return ["vllm", "serve", _path(spec.model), "--speculative-config",
-            serve.speculative_config(_path(spec.draft), spec.k), *serve.render_flags(deploy_flags(spec))]
+            speculative_config(_path(spec.draft), spec.k), *render_flags(deploy_flags(spec))]
 
 
 def sglang_command(spec: ServerSpec) -> tuple[list[str], list[str]]:
@@ -98,7 +95,7 @@ def sglang_command(spec: ServerSpec) -> tuple[list[str], list[str]]:
             if value is not None:
                 cmd.append(value)
         else:
-            unmapped += serve.render_flags([(key, value)])
+            unmapped += render_flags([(key, value)])
     return cmd, unmapped
 
 
@@ -137,36 +134,3 @@ def render(dc: DeployCommands) -> str:
         lines.append("# no SGLang equivalent known for: " + " ".join(dc.sglang_unmapped))
     lines += [""] + [f"# note: {n}" for n in dc.notes]
     return "\n".join(lines)
-
-
-@click.command("serve-config")
-@click.option("--model", type=click.Path(), help="Target model directory or hub id.")
-@click.option("--draft", type=click.Path(), help="EAGLE-3 drafter directory (speculators format).")
-@click.option("-k", "k", default=3, show_default=True, type=click.IntRange(1, 16), help="Draft tokens per step.")
-@serve.vllm_options
-@click.option("--dtype", default=None, help="vLLM --dtype [default: the model's, as a GPU server would use].")
-@click.option("--from-bench", "bench_json", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="A `eagle serve-bench --json` report: print the lines it measured.")
-@json_option("Print {vllm, sglang, sglang_unmapped, notes} as JSON.")
-def command(model: str | None, draft: str | None, k: int, vllm_args: tuple[str, ...], trust_remote_code: bool,
-            eager: bool | None, dtype: str | None, bench_json: Path | None, as_json: bool) -> None:
-    """Print the vLLM and SGLang command lines that serve the drafter as it was benchmarked.
-
-    From flags (the same --vllm-arg / --trust-remote-code / --enforce-eager as serve-bench, for a
-    CUDA server: CUDA graphs unless --enforce-eager), or from a serve-bench JSON report
-    (--from-bench), which records the lines of the configuration it measured.
-
-    \b
-    eagle serve-config --model /models/big --draft /ckpt/draft -k 3 --trust-remote-code --vllm-arg tensor-parallel-size=8
-    eagle serve-bench ... --json > bench.json && eagle serve-config --from-bench bench.json
-    """
-    if bench_json is None and (not model or not draft):
-        fail("give --model and --draft, or --from-bench REPORT.json", code=2)
-    with refusals():
-        if bench_json is not None:
-            dc = from_bench(bench_json)
-        else:
-            assert model is not None and draft is not None  # checked above
-            flags = serve.vllm_flags(vllm_args, trust_remote_code, eager)
-            dc = deploy_commands(serve.server_spec(model, flags, cuda=True, dtype=dtype, draft=draft, k=k))
-    finish(dc, as_json, show=lambda: click.echo(render(dc)))

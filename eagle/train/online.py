@@ -131,7 +131,7 @@ class OnlineStates(DataSource):
 def load_target(model_dir: Path, device: torch.device, trust_remote_code: bool = False) -> Any:
     """The target beside the drafter, on the training device (bf16 on GPU, fp32 on CPU), with a clear
     error when it does not fit there."""
-    from eagle.data.prepare import load_model
+    from eagle.target import load_model
 
     try:
         return load_model(model_dir, str(device), "auto", trust_remote_code)

@@ -97,14 +97,9 @@ def test_vllm_serves_it_given_as_the_model(relative_drafter: Path, toy_target: P
     """`vllm serve DRAFT` (the drafter directory as --model: vLLM takes the target from the
     checkpoint's verifier) from another directory, acceptance as `eagle evaluate` measures it."""
     from eagle.prompts import load_prompt_token_ids
-    from eagle.serving.server import (
-        ServerSpec,
-        acceptance_metrics,
-        free_port,
-        run_prompts,
-        running_server,
-        spec_counters,
-    )
+    from eagle.serving.client import acceptance_metrics, run_prompts, spec_counters
+    from eagle.serving.flags import ServerSpec
+    from eagle.serving.server import free_port, running_server
 
     res = CliRunner().invoke(cli, ["evaluate", "--model", str(toy_target), "--draft", str(relative_drafter),
                                    "--prompts", str(HELDOUT), "-k", str(K), "--limit", str(LIMIT),

@@ -18,7 +18,9 @@ import _reasoning_target as rt
 import pytest
 
 from eagle.data import prepare as data
-from eagle.serving.server import Sampling, ServerSpec, VllmServer
+from eagle.serving.client import Sampling
+from eagle.serving.flags import ServerSpec
+from eagle.serving.server import VllmServer
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

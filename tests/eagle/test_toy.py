@@ -13,6 +13,7 @@ import torch
 from click.testing import CliRunner
 
 from eagle import toy
+from eagle.commands import toy_target
 from eagle.common import EagleError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -139,12 +140,12 @@ def test_cli_refuses_nonempty_out_and_bad_layers(tmp_path):
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "f").write_text("keep me")
     runner = CliRunner()
-    r = runner.invoke(toy.command, ["--out", str(tmp_path / "x")])
+    r = runner.invoke(toy_target.command, ["--out", str(tmp_path / "x")])
     assert r.exit_code == 1 and "error:" in r.stderr and "not empty" in r.stderr
     assert (tmp_path / "x" / "f").read_text() == "keep me"
-    r = runner.invoke(toy.command, ["--out", str(tmp_path / "y"), "--num-layers", "4"])
+    r = runner.invoke(toy_target.command, ["--out", str(tmp_path / "y"), "--num-layers", "4"])
     assert r.exit_code == 1 and "at least 8" in r.stderr
-    r = runner.invoke(toy.command, ["--base", str(tmp_path / "nope"), "--out", str(tmp_path / "z")])
+    r = runner.invoke(toy_target.command, ["--base", str(tmp_path / "nope"), "--out", str(tmp_path / "z")])
     assert r.exit_code == 1 and "not a toy target" in r.stderr
 
 
@@ -193,7 +194,7 @@ def test_toy_target_with_eagle_cache_copies_the_cached_toy_and_its_successor(tmp
             "--vocab", "256", "--active", "40", "--steps", "2"]
     runner = CliRunner()
     for out in ("a", "b"):
-        r = runner.invoke(toy.command, ["--out", str(tmp_path / out), *tiny])
+        r = runner.invoke(toy_target.command, ["--out", str(tmp_path / out), *tiny])
         assert r.exit_code == 0, r.output
         assert "$EAGLE_CACHE" in r.output
     assert len(built) == 1 and built[0].parent == cache  # built once, in the cache
@@ -202,7 +203,7 @@ def test_toy_target_with_eagle_cache_copies_the_cached_toy_and_its_successor(tmp
     assert toy.read_toy_meta(tmp_path / "b").config.hidden == 32
 
     for out in ("s1", "s2"):
-        r = runner.invoke(toy.command, ["--base", str(tmp_path / "a"), "--out", str(tmp_path / out)])
+        r = runner.invoke(toy_target.command, ["--base", str(tmp_path / "a"), "--out", str(tmp_path / out)])
         assert r.exit_code == 0, r.output
         assert "$EAGLE_CACHE" in r.output
         assert toy.read_toy_meta(tmp_path / out).base == str(tmp_path / "a")  # as if built from --base here
@@ -211,6 +212,6 @@ def test_toy_target_with_eagle_cache_copies_the_cached_toy_and_its_successor(tmp
     assert (tmp_path / "s1" / weights).read_bytes() != (tmp_path / "a" / weights).read_bytes()
 
     # Not the default successor (--steps given): built here, not taken from the cache.
-    r = runner.invoke(toy.command, ["--base", str(tmp_path / "a"), "--out", str(tmp_path / "s3"), "--steps", "1"])
+    r = runner.invoke(toy_target.command, ["--base", str(tmp_path / "a"), "--out", str(tmp_path / "s3"), "--steps", "1"])
     assert r.exit_code == 0, r.output
     assert "$EAGLE_CACHE" not in r.output and built[-1] == tmp_path / "s3"

@@ -51,7 +51,7 @@ def test_capture_pipeline_with_and_without_a_device_index(toy_target: Path) -> N
     import torch
 
     from eagle.data.capture import CapturePipeline, HiddenCapture
-    from eagle.data.prepare import load_model
+    from eagle.target import load_model
 
     model = load_model(toy_target, "cuda", "auto")
     g = torch.Generator().manual_seed(0)
@@ -82,7 +82,7 @@ def test_whole_decoder_capture_equals_the_layers_capture(toy_target: Path) -> No
     import torch
 
     from eagle.data.capture import HiddenCapture, padded_input
-    from eagle.data.prepare import load_model
+    from eagle.target import load_model
 
     model = load_model(toy_target, "cuda", "auto")
     g = torch.Generator().manual_seed(0)
@@ -420,7 +420,8 @@ def test_fast_decoder_with_triton_attention_equals_sdpa(toy_target: Path, gpu_dr
     near ties), speculative == plain greedy in bfloat16; then `eagle bench --attention triton`."""
     import torch
 
-    from eagle.decode.fast import load_decoder, required_len
+    from eagle.decode.factory import load_decoder
+    from eagle.decode.interface import required_len
     from eagle.prompts import load_prompt_token_ids
 
     prompts = load_prompt_token_ids(toy_target, HELDOUT, 8)

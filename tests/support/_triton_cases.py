@@ -212,7 +212,7 @@ def _accept_case(k: int, m: int) -> dict[str, object]:
 def decoder_outputs(target: str, draft: str, prompts: str, new_tokens: int, k: int) -> dict[str, object]:
     """Greedy and speculative tokens of the fast decoder with each attention kernel (float32)."""
     from eagle.decode import triton_attention
-    from eagle.decode.fast import load_decoder
+    from eagle.decode.factory import load_decoder
     from eagle.prompts import load_prompt_token_ids
 
     torch.set_num_threads(1)

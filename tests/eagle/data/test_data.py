@@ -10,6 +10,7 @@ import torch
 from click.testing import CliRunner
 
 from eagle import toy
+from eagle.commands import prepare as prepare_verb
 from eagle.common import EagleError
 from eagle.data import prepare as data
 
@@ -128,7 +129,7 @@ def mixed_file(tmp_path: Path) -> Path:
 
 def test_prepare_both_formats_skips_and_reports_bad_lines(tmp_path, tok_dir, tok):
     src = mixed_file(tmp_path)
-    r = CliRunner().invoke(data.command, ["--model", str(tok_dir), "--data", str(src), "--out", str(tmp_path / "out")])
+    r = CliRunner().invoke(prepare_verb.command, ["--model", str(tok_dir), "--data", str(src), "--out", str(tmp_path / "out")])
     assert r.exit_code == 0, r.output
     assert f"{src}:3: invalid JSON" in r.stderr
     assert f"{src}:4: no assistant turn" in r.stderr
@@ -151,7 +152,7 @@ def test_prepare_both_formats_skips_and_reports_bad_lines(tmp_path, tok_dir, tok
 def test_prepare_on_bad_record_fail_writes_nothing(tmp_path, tok_dir):
     src = mixed_file(tmp_path)
     out = tmp_path / "out"
-    r = CliRunner().invoke(data.command, ["--model", str(tok_dir), "--data", str(src), "--out", str(out),
+    r = CliRunner().invoke(prepare_verb.command, ["--model", str(tok_dir), "--data", str(src), "--out", str(out),
                                           "--on-bad-record", "fail"])
     assert r.exit_code == 1
     assert f"{src}:3: invalid JSON" in r.stderr and "nothing written" in r.stderr
@@ -175,7 +176,7 @@ def test_prepare_bad_paths(tmp_path, tok_dir, args, why):
     src = mixed_file(tmp_path)
     base = {"--model": str(tok_dir), "--data": str(src), "--out": str(tmp_path / "o")}
     base[args[0]] = str(tmp_path / args[1])
-    r = CliRunner().invoke(data.command, [x for kv in base.items() for x in kv])
+    r = CliRunner().invoke(prepare_verb.command, [x for kv in base.items() for x in kv])
     assert r.exit_code == 1 and why in r.stderr and "Traceback" not in r.output
 
 

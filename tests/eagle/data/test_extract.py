@@ -13,6 +13,7 @@ import torch
 from click.testing import CliRunner
 
 from eagle import toy
+from eagle.commands import extract as extract_verb
 from eagle.common import EagleError
 from eagle.data import extract, hidden_io
 from eagle.data import prepare as data
@@ -189,7 +190,7 @@ def test_cli_out_dir_metrics_and_errors(toy_target, prepared, tmp_path):
     runner = CliRunner()
     metrics = tmp_path / "m.json"
     out = tmp_path / "elsewhere"
-    r = runner.invoke(extract.command, ["--model", str(toy_target), "--data", str(prepared), "--out", str(out),
+    r = runner.invoke(extract_verb.command, ["--model", str(toy_target), "--data", str(prepared), "--out", str(out),
                                         "--layer-ids", "1,2,3"], env={"RUNBOOK_METRICS": str(metrics)})
     assert r.exit_code == 0, r.output
     assert "1,2,3 + last (pre-norm)" in r.stdout
@@ -210,6 +211,6 @@ def test_cli_out_dir_metrics_and_errors(toy_target, prepared, tmp_path):
     ]:
         base = {"--model": str(toy_target), "--data": str(prepared), "--out": str(tmp_path / "o2")}
         base.update(dict(zip(args[::2], args[1::2], strict=True)))
-        r = runner.invoke(extract.command, [x for kv in base.items() for x in kv])
+        r = runner.invoke(extract_verb.command, [x for kv in base.items() for x in kv])
         assert r.exit_code == code and why in r.stderr, (args, r.output)
         assert not (tmp_path / "o2").exists()  # refused before writing anything

@@ -172,7 +172,7 @@ def test_thinking_switch_and_sampling_options(tmp_path, target, tok) -> None:
                         template_kwargs={"enable_thinking": False})
     assert [toks(tok, s) for s in spans(ds[0]["input_ids"], ds[0]["loss_mask"])] == [["yes", "done", "<|im_end|>"]]
     assert info.template_kwargs == {"enable_thinking": False}
-    from eagle.serving.server import Sampling
+    from eagle.serving.client import Sampling
 
     info, ds = _prepare(target, tmp_path, [{"messages": conv(("user", "hello"))}], name="sampled", n=2,
                         sampling=Sampling(temperature=0.7, top_p=0.9, seed=1))

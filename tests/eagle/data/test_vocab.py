@@ -10,6 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from eagle.commands import vocab as vocab_verb
 from eagle.common import EagleError
 from eagle.data import hidden_io, vocab
 
@@ -104,16 +105,16 @@ def test_build_vocab_writes_file_and_summary(small_data):
 def test_cli_table_metric_and_errors(small_data, tmp_path):
     runner = CliRunner()
     metrics = tmp_path / "m.json"
-    r = runner.invoke(vocab.command, ["--data", str(small_data), "--draft-vocab", "2"], env={"RUNBOOK_METRICS": str(metrics)})
+    r = runner.invoke(vocab_verb.command, ["--data", str(small_data), "--draft-vocab", "2"], env={"RUNBOOK_METRICS": str(metrics)})
     assert r.exit_code == 0, r.output
     assert "2 / 16" in r.stdout
     assert json.loads(metrics.read_text())["vocab_coverage"] == pytest.approx(4 / 5)
-    r = runner.invoke(vocab.command, ["--data", str(small_data), "--draft-vocab", "17"])
+    r = runner.invoke(vocab_verb.command, ["--data", str(small_data), "--draft-vocab", "17"])
     assert r.exit_code == 1 and "between 1 and the target vocab size 16" in r.stderr
-    r = runner.invoke(vocab.command, ["--data", str(tmp_path / "nope"), "--draft-vocab", "2"])
+    r = runner.invoke(vocab_verb.command, ["--data", str(tmp_path / "nope"), "--draft-vocab", "2"])
     assert r.exit_code == 1 and "does not exist" in r.stderr
     (small_data / hidden_io.META_FILE).unlink()
-    r = runner.invoke(vocab.command, ["--data", str(small_data), "--draft-vocab", "2"])
+    r = runner.invoke(vocab_verb.command, ["--data", str(small_data), "--draft-vocab", "2"])
     assert r.exit_code == 1 and "no --model was given" in r.stderr
 
 
@@ -174,7 +175,7 @@ def test_from_draft_keeps_the_drafters_vocabulary(tiny_drafter, tmp_path):
     ckpt = checkpoint.load_draft_state(tiny_drafter)
     runner = CliRunner()
     metrics = tmp_path / "m.json"
-    r = runner.invoke(vocab.command, ["--data", str(data), "--from-draft", str(tiny_drafter), "--json"],
+    r = runner.invoke(vocab_verb.command, ["--data", str(data), "--from-draft", str(tiny_drafter), "--json"],
                       env={"RUNBOOK_METRICS": str(metrics)})
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
@@ -208,7 +209,7 @@ def test_from_draft_without_t2d_rebuilds_it(tiny_drafter, tmp_path):
 
 def _fails(args: list[str], *needles: str, code: int = 2) -> None:
     """Exit `code` (1: bad usage or data; 2: a drafter that cannot be read or used), one error line."""
-    r = CliRunner().invoke(vocab.command, args)
+    r = CliRunner().invoke(vocab_verb.command, args)
     assert r.exit_code == code, r.output
     assert len([line for line in r.stderr.splitlines() if line.startswith("error:")]) == 1
     assert "Traceback" not in r.output

@@ -41,7 +41,8 @@ def random_draft(toy_target: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def _decoder(target: Path, draft: Path | None, proposer=None, max_len: int = 256):
-    from eagle.decode.fast import Decoder, TargetModel, eos_ids_of, load_decoder
+    from eagle.decode.factory import eos_ids_of, load_decoder
+    from eagle.decode.fast import Decoder, TargetModel
     from eagle.target import default_layer_ids
 
     if proposer is None:
@@ -124,7 +125,7 @@ def test_a_longer_chain_than_the_cycle_buffers_hold(toy_target, prompts, referen
 def test_time_stages_with_and_without_a_drafter(toy_target: Path, random_draft: Path, prompts) -> None:
     """The bench's stage timings: a target alone times its step and its (k+1)-token verify (no aux
     states to take); with a drafter, its step and catch-up too; the decoder still decodes after."""
-    from eagle.decode.fast import load_decoder
+    from eagle.decode.factory import load_decoder
 
     plain = load_decoder(toy_target, None, max_len=128)
     assert set(plain.time_stages(K, prompts[0], iters=2)) == {"target_step", "verify"}
@@ -267,7 +268,8 @@ def test_rope_and_fused_projections_match_the_reference(toy_target: Path) -> Non
 def test_launches_in_flight_do_not_change_the_output(toy_target, random_draft, prompts, references,
                                                       in_flight) -> None:
     from eagle.decode.draft_infer import load_drafter
-    from eagle.decode.fast import Decoder, TargetModel, eos_ids_of
+    from eagle.decode.factory import eos_ids_of
+    from eagle.decode.fast import Decoder, TargetModel
     from eagle.target import default_layer_ids
 
     target = TargetModel.from_pretrained(toy_target)

@@ -71,7 +71,8 @@ def hf_greedy(target: Path, prompt: list[int], max_new: int) -> list[int]:
 @pytest.mark.parametrize("arch", ARCHS + ["remote"])
 def test_every_architecture_decodes_exactly(arch: str, targets: dict[str, Path], prompts: list[list[int]],
                                             tmp_path: Path) -> None:
-    from eagle.decode.fast import load_decoder, required_len
+    from eagle.decode.factory import load_decoder
+    from eagle.decode.interface import required_len
 
     target = targets[arch]
     draft = random_drafter(target, tmp_path / "draft")
@@ -90,8 +91,8 @@ def test_generic_path_accepts_right_drafts_and_rejects_wrong_ones(arch: str, tar
                                                                    prompts: list[list[int]]) -> None:
     """An oracle drafter (the reference continuation) is accepted whole; one wrong at every 4th
     slot is cut there: the verify step and the cache crop of the generic path are right."""
-    from eagle.decode.fast import required_len
     from eagle.decode.generic import GenericDecoder
+    from eagle.decode.interface import required_len
     from eagle.target import open_target
 
     t = open_target(targets[arch])
@@ -113,7 +114,7 @@ def test_generic_path_accepts_right_drafts_and_rejects_wrong_ones(arch: str, tar
 
 def test_fast_decoder_refuses_what_it_lacks(targets: dict[str, Path]) -> None:
     from eagle.common import EagleError
-    from eagle.decode.fast import load_decoder
+    from eagle.decode.factory import load_decoder
 
     with pytest.raises(EagleError, match="--decoder generic") as err:
         load_decoder(targets["deepseek_v3"], None, max_len=64, path="fast")
@@ -124,7 +125,7 @@ def test_fast_decoder_refuses_what_it_lacks(targets: dict[str, Path]) -> None:
 
 def test_fast_and_generic_paths_agree_on_qwen3(targets: dict[str, Path], prompts: list[list[int]]) -> None:
     """Same target, two implementations, float32: same tokens, aux states equal to rounding."""
-    from eagle.decode.fast import load_decoder
+    from eagle.decode.factory import load_decoder
 
     fast = load_decoder(targets["qwen3"], None, max_len=64, path="fast")
     generic = load_decoder(targets["qwen3"], None, max_len=64, path="generic")

@@ -200,7 +200,7 @@ def test_fast_decoder_with_triton_attention_equals_sdpa(toy_target: Path, tmp_pa
 
 @pytest.mark.slow  # toy_target
 def test_the_generic_decoder_refuses_triton(toy_target: Path) -> None:
-    from eagle.decode.fast import load_decoder
+    from eagle.decode.factory import load_decoder
 
     with pytest.raises(EagleError, match="--attention triton: only the fast decoder.*use --attention sdpa") as exc:
         load_decoder(toy_target, max_len=64, path="generic", attention="triton")
@@ -211,7 +211,7 @@ def test_auto_runs_triton_only_where_it_compiles(monkeypatch: pytest.MonkeyPatch
     """`--attention auto` (the default): triton for the fast decoder on CUDA with triton installed;
     sdpa on the CPU (even under the interpreter: too slow to be a default), for the generic decoder,
     and where triton is missing."""
-    from eagle.decode.fast import resolve_attention
+    from eagle.decode.factory import resolve_attention
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert resolve_attention("cpu") == "sdpa"

@@ -13,7 +13,8 @@ import pytest
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-from eagle.drafter.check import check_checkpoint, command, config_problems
+from eagle.commands.check_checkpoint import command
+from eagle.drafter.check import check_checkpoint, config_problems
 
 
 @pytest.fixture(scope="module")

