@@ -9,17 +9,10 @@ from pathlib import Path
 
 import click
 
+from eagle import toy
 from eagle.commands._options import finish, json_option, refusals
 from eagle.common import fail, quiet_hf
-from eagle.toy import (
-    ARCHS,
-    ToyConfig,
-    build_successor,
-    build_toy_target,
-    cache_root,
-    from_cache,
-    successor_from_cache,
-)
+from eagle.toy import ARCHS, ToyConfig
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -69,9 +62,9 @@ def command(out: Path, base: Path | None, arch: str, num_layers: int, hidden: in
     with refusals():
         if base is not None:
             default = steps is None and shift is None and seed is None
-            hit = successor_from_cache(out, base) if cached and default else None
+            hit = toy.successor_from_cache(out, base) if cached and default else None
             cached = hit is not None
-            meta = hit or build_successor(base, out, steps=steps, shift=shift, seed=seed)
+            meta = hit or toy.build_successor(base, out, steps=steps, shift=shift, seed=seed)
         else:
             cfg = ToyConfig(arch=arch, num_layers=num_layers, hidden=hidden, intermediate=intermediate, heads=heads,
                             kv_heads=kv_heads, vocab=vocab, active=active,
@@ -79,7 +72,7 @@ def command(out: Path, base: Path | None, arch: str, num_layers: int, hidden: in
                             seed=seed if seed is not None else 0)
             if shift is not None:
                 cfg.shift = shift
-            meta = from_cache(out, cfg) if cached else build_toy_target(out, cfg)
+            meta = toy.from_cache(out, cfg) if cached else toy.build_toy_target(out, cfg)
     c = meta.config
     finish(meta, as_json, table={
         "out": str(out),
@@ -91,5 +84,5 @@ def command(out: Path, base: Path | None, arch: str, num_layers: int, hidden: in
         "final loss": round(meta.final_loss, 4),
         "shifted words": meta.shifted_words,
         "build seconds": meta.build_seconds,
-        **({"from": f"$EAGLE_CACHE ({cache_root()})"} if cached else {}),
+        **({"from": f"$EAGLE_CACHE ({toy.cache_root()})"} if cached else {}),
     })

@@ -28,7 +28,7 @@ from eagle.drafter import checkpoint
 
 _here = Path(__file__).parent
 
-HELDOUT = _here.parent / "plans" / "data" / "prompts-heldout.jsonl"
+HELDOUT = _here.parents[2] / "plans" / "data" / "prompts-heldout.jsonl"
 EVAL = ["--prompts", str(HELDOUT), "-k", "3", "--limit", "3", "--max-new-tokens", "24", "--no-check", "--json"]
 LAYOUT_NAMES = ["ours", *L.LAYOUTS, "speculators_save"]
 
