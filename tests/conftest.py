@@ -139,8 +139,8 @@ def toy_successor(toy_target: Path) -> Path:
 def toy_data(toy_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A prepared + extracted data dir: 32 regenerated prompts of plans/data/prompts.jsonl,
     default layer ids, hidden states on disk, vocab of 256. Read-only for tests."""
-    from eagle.data.prepare import prepare
     from eagle.data.extract import extract
+    from eagle.data.prepare import prepare
     from eagle.data.vocab import build_vocab
 
     def build(out: Path) -> None:
