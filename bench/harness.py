@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eagle.train.hooks import StepHooks
+
 if TYPE_CHECKING:
     import torch
 
@@ -341,8 +343,9 @@ class Marks:
         return float(a.elapsed_time(b)) if self.cuda else 1000.0 * (b - a)
 
 
-class StepTimes:
-    """Wraps eagle.train.trainer so every optimizer step leaves its marks; `rows()` turns them into times."""
+class StepTimes(StepHooks):
+    """The Trainer's step hooks (eagle/train/hooks.py) leaving marks at every optimizer step; `rows()`
+    turns them into times."""
 
     def __init__(self, keep: int = 4000) -> None:
         self.keep = keep
@@ -350,53 +353,40 @@ class StepTimes:
         self.steps: list[dict[str, Any]] = []
         self._bw: list[tuple[Any, Any, Any, list[int]]] = []  # (start, last bucket ready, end, grid) per backward
         self._bucket: Any = None
+        self._start: Any = None
+        self._opt_start: Any = None
 
     def _m(self) -> Any:
         if self.marks is None:
             self.marks = Marks()
         return self.marks.mark()
 
-    def install(self, train_mod: Any) -> None:
-        import torch
+    def before_backward(self, batch: dict[str, Any]) -> None:
+        self._bucket = None
+        self._start = self._m()
+
+    def after_backward(self, batch: dict[str, Any]) -> None:
+        grid = list(batch["doc_index"].shape[-2:]) if "doc_index" in batch else []
+        self._bw.append((self._start, self._bucket, self._m(), grid))
+
+    def before_optimizer(self) -> None:
+        self._opt_start = self._m()
+
+    def after_optimizer(self) -> None:
+        if self._bw and len(self.steps) < self.keep:
+            first, last = self._bw[0], self._bw[-1]
+            self.steps.append({"start": first[0], "bucket": last[1], "bw_end": last[2], "opt_start": self._opt_start,
+                               "opt_end": self._m(), "grid": last[3], "batches": len(self._bw)})
+        self._bw = []
+
+    def ddp(self, model: Any) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        plain_backward, plain_opt, plain_warm_up, times = (train_mod.backward_step, train_mod.optimizer_step,
-                                                           train_mod.warm_up, self)
-
-        def backward_step(model: Any, batch: dict[str, Any], *a: Any, **k: Any) -> Any:
-            times._bucket = None
-            start = times._m()
-            out = plain_backward(model, batch, *a, **k)
-            grid = list(batch["doc_index"].shape[-2:]) if "doc_index" in batch else []
-            times._bw.append((start, times._bucket, times._m(), grid))
-            return out
-
-        def warm_up(*a: Any, **k: Any) -> Any:
-            out = plain_warm_up(*a, **k)
-            times._bw = []  # its backward passes (no optimizer step follows them) are not step 1's
-            return out
-
-        def optimizer_step(*a: Any, **k: Any) -> Any:
-            start = times._m()
-            out = plain_opt(*a, **k)
-            if times._bw and len(times.steps) < times.keep:
-                first, last = times._bw[0], times._bw[-1]
-                times.steps.append({"start": first[0], "bucket": last[1], "bw_end": last[2], "opt_start": start,
-                                    "opt_end": times._m(), "grid": last[3], "batches": len(times._bw)})
-            times._bw = []
-            return out
-
         def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP refuses annotations other than its own
-            times._bucket = times._m()  # the last bucket's mark wins: all gradients ready
+            self._bucket = self._m()  # the last bucket's mark wins: all gradients ready
             return default_hooks.allreduce_hook(state, bucket)
 
-        class TimedDDP(torch.nn.parallel.DistributedDataParallel):
-            def __init__(self, *a: Any, **k: Any) -> None:
-                super().__init__(*a, **k)
-                self.register_comm_hook(None, hook)
-
-        train_mod.backward_step, train_mod.optimizer_step, train_mod.warm_up = backward_step, optimizer_step, warm_up
-        torch.nn.parallel.DistributedDataParallel = TimedDDP  # eagle.train.trainer imports it inside train()
+        model.register_comm_hook(None, hook)
 
     def rows(self) -> list[dict[str, Any]]:
         """Per optimizer step, in ms (after training: reading a CUDA event waits for it)."""

@@ -3,10 +3,10 @@
     torchrun --nproc-per-node 2 -m bench.step_times --out DIR -- train --model T --data D ...
     python -m bench.step_times --out DIR -- train --model T --data D ...          # 1 process
 
-Runs eagle's own CLI (the arguments after `--`, exactly as `eagle` takes them) in this process after
-wrapping eagle.train.trainer's `backward_step` and `optimizer_step`, and DDP's gradient all-reduce: a comm
-hook notes when each gradient bucket is ready, then all-reduces it as DDP does by default
-(`allreduce_hook`: the sum over ranks divided by their count). Times come from CUDA events on the
+Runs eagle's own CLI (the arguments after `--`, exactly as `eagle` takes them) in this process with
+`StepTimes` observing its Trainer (eagle/train/hooks.py: around each backward and optimizer step),
+and a comm hook on its DDP wrapper that notes when each gradient bucket is ready, then all-reduces it
+as DDP does by default (`allreduce_hook`: the sum over ranks divided by their count). Times come from CUDA events on the
 training stream (nothing is synchronised during training; the events are read after it) or, on the
 CPU, from the clock. Each rank writes DIR/step-times-rank{R}.json (`summarise` reads them), per
 optimizer step:
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import StepTimes
+from eagle.train.hooks import observing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,15 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv[:cut])
     from eagle import cli
-    from eagle.train import trainer as train_mod
 
     times = StepTimes()
-    times.install(train_mod)
     rank = int(os.environ.get("RANK", "0"))
     sys.argv = ["eagle", *argv[cut + 1:]]
     code: Any = 0
     try:
-        cli.main()
+        with observing(times):
+            cli.main()
     except SystemExit as e:
         code = e.code
     a.out.mkdir(parents=True, exist_ok=True)

@@ -57,36 +57,30 @@ def child_eagle(mode: str, target: str, data: str, out: str, epochs: int, batch_
     import torch
     from torch._dynamo.utils import counters
 
-    import eagle.train.trainer as train_mod
+    from bench.harness import StepTimes, summarise
+    from eagle.train.config import TrainConfig
+    from eagle.train.trainer import train
 
     graphs: list[int] = []
-    original = train_mod.optimizer_step
 
-    def counted(*a: Any, **k: Any) -> None:
-        original(*a, **k)
-        graphs.append(int(counters["stats"]["unique_graphs"]))
+    class Hooks(StepTimes):  # the step times, dynamo's graph count after each optimizer step, dynb's marks
+        def after_optimizer(self) -> None:
+            super().after_optimizer()
+            graphs.append(int(counters["stats"]["unique_graphs"]))
 
-    train_mod.optimizer_step = counted
-    if mode == "dynb":
-        plain_forward = train_mod.forward
+        def model_input(self, batch: dict[str, Any]) -> None:  # training, warm-up and validation batches
+            if mode == "dynb":
+                for key in ("doc_index", "doc_mask"):
+                    for dim in (0, 1):
+                        torch._dynamo.maybe_mark_dynamic(batch[key], dim)
 
-        def forward(model: Any, batch: dict[str, Any], *a: Any, **k: Any) -> Any:
-            for key in ("doc_index", "doc_mask"):
-                for dim in (0, 1):
-                    torch._dynamo.maybe_mark_dynamic(batch[key], dim)
-            return plain_forward(model, batch, *a, **k)
-
-        train_mod.forward = forward  # backward_step and evaluate call the module's forward
-    from bench.harness import StepTimes, summarise
-
-    times = StepTimes()
-    times.install(train_mod)
+    times = Hooks()
     t0 = time.perf_counter()
-    log = train_mod.train(train_mod.TrainArgs(
+    log = train(TrainConfig(
         model=target, data=data, out=out, epochs=epochs, batch_tokens=batch_tokens, lr=lr, val_fraction=VAL_FRACTION,
         ttt_steps=TTT, shape_buckets=False if mode == "nobuckets" else None,
         warm_shapes=False if mode in ("nobuckets", "nowarm", "dynb") else None,
-        device="cuda" if torch.cuda.is_available() else "cpu"), echo=True)
+        device="cuda" if torch.cuda.is_available() else "cpu"), echo=True, hooks=times)
     steps = [r.steps for r in log.epochs]
     return {"mode": mode, "epoch_tok_s": [r.train_tok_s for r in log.epochs], "steps": steps,
             "epoch_s": [r.seconds for r in log.epochs], "train_loss": [r.train_loss for r in log.epochs],

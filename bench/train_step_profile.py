@@ -47,8 +47,9 @@ def child(mode: str, target: str, data: str, out: str, epochs: int, batch_tokens
     """One mode in this process; prints one JSON line with the step times."""
     import torch
 
-    import eagle.train.trainer as train_mod
-    from eagle.train.trainer import TrainArgs
+    from eagle.train.config import TrainConfig
+    from eagle.train.hooks import StepHooks
+    from eagle.train.trainer import train
 
     if mode not in MODES:
         raise SystemExit(f"unknown mode {mode!r}; use {', '.join(MODES)}")
@@ -60,32 +61,29 @@ def child(mode: str, target: str, data: str, out: str, epochs: int, batch_tokens
         torch.backends.cuda.enable_cudnn_sdp(False)
     cuda = torch.cuda.is_available()
     times: list[tuple[int, float, int, list[int]]] = []  # (step, seconds, tokens, doc layout [B, Lmax])
-    backward, step = train_mod.backward_step, train_mod.optimizer_step
     started: list[tuple[float, int, list[int]]] = []
 
     def sync() -> None:
         if cuda:
             torch.cuda.synchronize()
 
-    def timed_backward(model: Any, batch: dict[str, Any], *a: Any, **k: Any) -> Any:
-        sync()
-        layout = list(batch["doc_index"].shape) if "doc_index" in batch else []
-        tokens = int(batch["doc_mask"].sum()) if "doc_mask" in batch else int(batch["input_ids"].shape[1])
-        started.append((time.perf_counter(), tokens, layout))
-        return backward(model, batch, *a, **k)
+    class Timed(StepHooks):  # one batch per optimizer step (no --grad-accum here)
+        def before_backward(self, batch: dict[str, Any]) -> None:
+            sync()
+            layout = list(batch["doc_index"].shape) if "doc_index" in batch else []
+            tokens = int(batch["doc_mask"].sum()) if "doc_mask" in batch else int(batch["input_ids"].shape[1])
+            started.append((time.perf_counter(), tokens, layout))
 
-    def timed_step(*a: Any, **k: Any) -> None:  # one batch per optimizer step (no --grad-accum here)
-        step(*a, **k)
-        sync()
-        t0, tokens, layout = started.pop()
-        times.append((len(times), time.perf_counter() - t0, tokens, layout))
+        def after_optimizer(self) -> None:
+            sync()
+            t0, tokens, layout = started.pop()
+            times.append((len(times), time.perf_counter() - t0, tokens, layout))
 
-    train_mod.backward_step, train_mod.optimizer_step = timed_backward, timed_step
-    log = train_mod.train(TrainArgs(model=target, data=data, out=out, epochs=epochs, batch_tokens=batch_tokens,
-                                    lr=3e-4, val_fraction=0.05, online=True, device="cuda" if cuda else "cpu",
-                                    shape_buckets=False if mode in ("nobuckets", "bucket256") else None,
-                                    layout_multiple=256 if mode == "bucket256" else None),
-                          echo=False)
+    log = train(TrainConfig(model=target, data=data, out=out, epochs=epochs, batch_tokens=batch_tokens,
+                            lr=3e-4, val_fraction=0.05, online=True, device="cuda" if cuda else "cpu",
+                            shape_buckets=False if mode in ("nobuckets", "bucket256") else None,
+                            layout_multiple=256 if mode == "bucket256" else None),
+                echo=False, hooks=Timed())
     steps = [r.steps for r in log.epochs]
     print("RESULT " + json.dumps({"mode": mode, "steps_per_epoch": steps, "times": times,
                                   "epoch_tok_s": [r.train_tok_s for r in log.epochs],

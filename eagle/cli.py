@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("eagle.commands.prepare", "Conversations -> token ids + assistant-only loss mask."),
     "extract": ("eagle.commands.extract", "Target hidden states in speculators' offline format."),
     "vocab": ("eagle.commands.vocab", "Draft vocabulary: d2t / t2d from token frequencies."),
-    "train": ("eagle.train.trainer", "Train (or fine-tune) the EAGLE-3 drafter."),
+    "train": ("eagle.commands.train", "Train (or fine-tune) the EAGLE-3 drafter."),
     "evaluate": ("eagle.commands.evaluate", "Greedy speculative decoding: acceptance length, exactness."),
     "bench": ("eagle.commands.bench", "tok/s of plain vs speculative decoding, Leviathan bound."),
     "probe": ("eagle.commands.probe", "How alike two targets are; does a drafter carry over?"),

@@ -200,11 +200,12 @@ def toy_drafter(toy_target: Path, toy_data: Path, tmp_path_factory: pytest.TempP
 def toy_drafter_normed(toy_target: Path, toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`toy_drafter` trained with speculators 0.9's default norm flags (norm_before_fc with its
     input_norm, norm_output, norm_before_residual). Read-only for tests."""
-    from eagle.train.trainer import TrainArgs, train
+    from eagle.train.config import TrainConfig
+    from eagle.train.trainer import train
 
     return built_once(tmp_path_factory, "toy-drafter-normed/draft", lambda out: train(
-        TrainArgs(model=str(toy_target), data=str(toy_data), out=str(out), norm_before_fc=True, norm_output=True,
-                  norm_before_residual=True), echo=False))
+        TrainConfig(model=str(toy_target), data=str(toy_data), out=str(out), norm_before_fc=True, norm_output=True,
+                    norm_before_residual=True), echo=False))
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import training_guard
 SITE = Path(training_guard.__file__).resolve().parent / "site"
 STEPS = """
 import torch
-from eagle.train.trainer import optimizer_step
+from eagle.train.steps import optimizer_step
 w = torch.nn.Parameter(torch.zeros(2))
 opt = torch.optim.SGD([w], lr=0.1)
 for _ in range({n}):
@@ -41,7 +41,7 @@ def test_a_child_process_training_past_the_limit_is_noticed(tmp_path: Path) -> N
 def test_in_process_training_and_a_vllm_engine_are_noticed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from eagle.train import trainer as train
+    from eagle.train import steps as train
 
     w = torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.SGD([w], lr=0.1)

@@ -29,7 +29,7 @@ stream and nothing they allocate outlives a replay: the step's outputs are copie
 (`__call__` returns a fresh tensor), so a later replay of another graph may reuse that memory.
 
 CUDA only, one process (no DDP), one batch per optimizer step (no --grad-accum), shape buckets on:
-`eagle train` checks this (train.resolve_args) and otherwise runs the step eagerly.
+`eagle train` checks this (eagle.train.config.resolve_config) and otherwise runs the step eagerly.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Per-step training curves as TensorBoard event files (OUT/tensorboard), written by
 torch.utils.tensorboard's SummaryWriter (the `tensorboard` package; imported only when a run logs).
 
-The loop hands each optimizer step's scalars over as one device tensor (eagle.train.trainer.step_scalars:
+The loop hands each optimizer step's scalars over as one device tensor (eagle.train.steps.step_scalars:
 loss, per-draft-step losses, accuracy counts); they are stacked on the device and read back once per
 `every` steps, so logging adds no host sync per step. Tags:
 
@@ -55,7 +55,7 @@ class StepLog:
             return
         import torch
 
-        from eagle.train.trainer import step_accuracies
+        from eagle.train.steps import step_accuracies
 
         rows = torch.stack([p[1] for p in self._pending]).tolist()  # the one read-back
         k = self.k

@@ -37,11 +37,12 @@ def cwd(path: Path):
 
 @pytest.fixture(scope="module")
 def relative_drafter(toy_target: Path, toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from eagle.train.trainer import TrainArgs, train
+    from eagle.train.config import TrainConfig
+    from eagle.train.trainer import train
 
     out = tmp_path_factory.mktemp("relative") / "draft"
     with cwd(toy_target.parent):
-        train(TrainArgs(model=toy_target.name, data=str(toy_data), out=str(out), norm_before_fc=True,
+        train(TrainConfig(model=toy_target.name, data=str(toy_data), out=str(out), norm_before_fc=True,
                         norm_output=True, norm_before_residual=True), echo=False)
     return out
 

@@ -145,21 +145,18 @@ def test_train_on_gpu_compiles_once_per_shape(toy_target: Path, toy_data: Path, 
     import torch
     from torch._dynamo.utils import counters
 
-    import eagle.train.trainer as train_mod
+    from eagle.train.config import TrainConfig
+    from eagle.train.hooks import StepHooks
+    from eagle.train.trainer import train
 
     seen: list[int] = []
-    original = train_mod.optimizer_step
 
-    def counted(*a, **k):  # noqa: ANN002, ANN003
-        original(*a, **k)
-        seen.append(counters["stats"]["unique_graphs"])
+    class Counted(StepHooks):
+        def after_optimizer(self) -> None:
+            seen.append(counters["stats"]["unique_graphs"])
 
-    train_mod.optimizer_step = counted
-    try:
-        log = train_mod.train(train_mod.TrainArgs(model=str(toy_target), data=str(toy_data), out=str(tmp_path / "d"),
-                                                  epochs=3, device="cuda", cuda_graphs=False), echo=False)
-    finally:
-        train_mod.optimizer_step = original
+    log = train(TrainConfig(model=str(toy_target), data=str(toy_data), out=str(tmp_path / "d"), epochs=3,
+                            device="cuda", cuda_graphs=False), echo=False, hooks=Counted())
     assert log.args.shape_buckets is True and log.args.layout_multiple == 256 and log.args.warm_shapes is True
     per_epoch = [r.steps for r in log.epochs]
     print({"graphs_after_each_step": seen, "steps": per_epoch, "losses": [r.train_loss for r in log.epochs],
@@ -175,10 +172,11 @@ def test_train_on_gpu_runs_the_step_as_cuda_graphs(toy_target: Path, toy_data: P
     """`eagle train --cuda-graphs` on one GPU: every training pack shape captured as a CUDA graph in the
     warm-up (none failed), and the epochs' losses those of the same run without graphs; the saved
     epoch state resumes without graphs (its optimizer made not capturable again)."""
-    from eagle.train.trainer import TrainArgs, train
+    from eagle.train.config import TrainConfig
+    from eagle.train.trainer import train
 
-    logs = {graphs: train(TrainArgs(model=str(toy_target), data=str(toy_data), out=str(tmp_path / f"graphs-{graphs}"),
-                                    epochs=2, device="cuda", cuda_graphs=graphs), echo=False)
+    logs = {graphs: train(TrainConfig(model=str(toy_target), data=str(toy_data), out=str(tmp_path / f"graphs-{graphs}"),
+                                      epochs=2, device="cuda", cuda_graphs=graphs), echo=False)
             for graphs in (True, False)}
     with_graphs, without = logs[True], logs[False]
     print({"with": [(r.train_loss, r.val_loss, r.step_ms) for r in with_graphs.epochs], "warmup": with_graphs.warmup,
@@ -188,8 +186,8 @@ def test_train_on_gpu_runs_the_step_as_cuda_graphs(toy_target: Path, toy_data: P
     assert with_graphs.epochs[-1].train_loss < with_graphs.epochs[0].train_loss
     assert [r.train_loss for r in with_graphs.epochs] == pytest.approx([r.train_loss for r in without.epochs], rel=2e-2)
     assert [r.val_loss for r in with_graphs.epochs] == pytest.approx([r.val_loss for r in without.epochs], rel=2e-2)
-    resumed = train(TrainArgs(model=str(toy_target), data=str(toy_data), out=str(tmp_path / "graphs-True"), epochs=3,
-                              device="cuda", cuda_graphs=False, resume=True), echo=False)
+    resumed = train(TrainConfig(model=str(toy_target), data=str(toy_data), out=str(tmp_path / "graphs-True"), epochs=3,
+                                device="cuda", cuda_graphs=False, resume=True), echo=False)
     assert [r.epoch for r in resumed.epochs] == [1, 2, 3] and resumed.epochs[-1].train_loss < resumed.epochs[0].train_loss
 
 

@@ -106,8 +106,8 @@ def make_small(root: Path) -> tuple[Path, Path]:
 
 
 def train_args(target: Path, data: Path, out: Path, **kw: object):
-    """TrainArgs of a tiny run on the CPU holding out 20% for validation; `kw` sets the rest."""
-    from eagle.train.trainer import TrainArgs
+    """TrainConfig of a tiny run on the CPU holding out 20% for validation; `kw` sets the rest."""
+    from eagle.train.config import TrainConfig
 
-    return TrainArgs(**{"model": str(target), "data": str(data), "out": str(out), "val_fraction": 0.2,
+    return TrainConfig(**{"model": str(target), "data": str(data), "out": str(out), "val_fraction": 0.2,
                         "device": "cpu", **kw})

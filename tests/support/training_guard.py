@@ -5,7 +5,7 @@ that test's process and in every Python process it starts (tests/support/site/si
 this module there, through PYTHONPATH: `eagle` commands, `runbook next` steps, their children),
 these imports and calls append a line to that file:
 
-- more than `MAX_STEPS` optimizer steps of the drafter (eagle/train/trainer.py `optimizer_step`) in one process
+- more than `MAX_STEPS` optimizer steps of the drafter (eagle/train/steps.py `optimizer_step`, which the Trainer calls through that module) in one process
   during one test;
 - training a toy target for more than `MAX_STEPS` steps (eagle/toy.py `train`);
 - starting vLLM (importing its engine or its OpenAI server).
@@ -65,19 +65,19 @@ def _toy_train(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _patch(module: ModuleType) -> None:
-    if module.__name__ == "eagle.train.trainer" and hasattr(module, "optimizer_step"):
+    if module.__name__ == "eagle.train.steps" and hasattr(module, "optimizer_step"):
         module.optimizer_step = _count_steps(module.optimizer_step)
     elif module.__name__ == "eagle.toy" and hasattr(module, "train"):
         module.train = _toy_train(module.train)
 
 
 class _Watch(importlib.abc.MetaPathFinder):
-    """Patches eagle.train.trainer / eagle.toy once they are loaded; notes vLLM's engine being imported."""
+    """Patches eagle.train.steps / eagle.toy once they are loaded; notes vLLM's engine being imported."""
 
     def find_spec(self, name: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
         if name in VLLM_ENGINES:
             record(f"started vLLM (imported {name})")
-        if name not in ("eagle.train.trainer", "eagle.toy"):
+        if name not in ("eagle.train.steps", "eagle.toy"):
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
@@ -98,6 +98,6 @@ def install() -> None:
     if any(isinstance(f, _Watch) for f in sys.meta_path):
         return
     sys.meta_path.insert(0, _Watch())
-    for name in ("eagle.train.trainer", "eagle.toy"):
+    for name in ("eagle.train.steps", "eagle.toy"):
         if name in sys.modules:
             _patch(sys.modules[name])

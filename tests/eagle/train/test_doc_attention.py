@@ -29,7 +29,7 @@ def test_layout_marks_each_document() -> None:
 def test_same_loss_and_gradients_as_the_packed_mask(tmp_path: Path) -> None:
     from eagle.drafter import model as drafter
     from eagle.train import dataset
-    from eagle.train import trainer as train
+    from eagle.train import steps as train
 
     target = td.make_target(tmp_path / "target")
     torch.manual_seed(0)
@@ -79,7 +79,7 @@ def test_bucketed_step_equals_the_unbucketed_one(tmp_path: Path) -> None:
     optimizer step the same loss again."""
     from eagle.drafter import model as drafter
     from eagle.train import dataset
-    from eagle.train import trainer as train
+    from eagle.train import steps as train
 
     target = td.make_target(tmp_path / "target")
     t2d = torch.zeros(td.VOCAB, dtype=torch.bool)

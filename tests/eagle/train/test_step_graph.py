@@ -43,7 +43,7 @@ def test_drafter_forward_has_no_data_dependent_operator(tmp_path: Path) -> None:
 
     from eagle.drafter import model as drafter
     from eagle.train import dataset
-    from eagle.train.trainer import forward, use_doc_attention
+    from eagle.train.steps import forward, use_doc_attention
 
     target = td.make_target(tmp_path / "target")
     data = td.make_data(target, tmp_path / "data", n=4, length=24)
@@ -154,10 +154,10 @@ def test_a_graphed_runs_optimizer_state_resumes_without_graphs() -> None:
     ("cuda", {"cuda_graphs": False}, False),
 ])
 def test_where_cuda_graphs_are_on(device: str, update: dict, graphs: bool) -> None:
-    from eagle.train.trainer import TrainArgs, resolve_args
+    from eagle.train.config import TrainConfig, resolve_config
 
-    args = TrainArgs(model="m", data="d", out="o", **update)
-    assert resolve_args(args, 128, torch.device(device)).cuda_graphs is graphs
+    args = TrainConfig(model="m", data="d", out="o", **update)
+    assert resolve_config(args, 128, torch.device(device)).cuda_graphs is graphs
 
 
 @pytest.mark.parametrize(("device", "update", "says"), [
@@ -168,15 +168,15 @@ def test_where_cuda_graphs_are_on(device: str, update: dict, graphs: bool) -> No
 ])
 def test_cuda_graphs_where_they_cannot_run_are_refused(device: str, update: dict, says: str) -> None:
     from eagle.common import EagleError
-    from eagle.train.trainer import TrainArgs, resolve_args
+    from eagle.train.config import TrainConfig, resolve_config
 
     with pytest.raises(EagleError, match="--cuda-graphs") as err:
-        resolve_args(TrainArgs(model="m", data="d", out="o", cuda_graphs=True, **update), 128, torch.device(device))
+        resolve_config(TrainConfig(model="m", data="d", out="o", cuda_graphs=True, **update), 128, torch.device(device))
     assert says in str(err.value) and err.value.code == 2
 
 
 def test_cuda_graphs_on_the_cpu_are_refused_by_the_cli(tmp_path: Path) -> None:
-    from eagle.train.trainer import command
+    from eagle.commands.train import command
 
     target = td.make_target(tmp_path / "target")
     data = td.make_data(target, tmp_path / "data", n=4, length=24)

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 
 def test_est_accept_len_and_step_accuracies() -> None:
-    from eagle.train.trainer import est_accept_len, step_accuracies
+    from eagle.train.steps import est_accept_len, step_accuracies
 
     assert est_accept_len([]) == 1.0
     assert est_accept_len([1.0, 1.0, 1.0]) == 4.0
@@ -69,7 +69,7 @@ def test_resume_gives_the_same_losses(small: tuple[Path, Path], tmp_path: Path) 
 
 @pytest.mark.slow
 def test_cli_metrics_and_init_from(small: tuple[Path, Path], tmp_path: Path) -> None:
-    from eagle.train.trainer import command
+    from eagle.commands.train import command
 
     target, data = small
     metrics = tmp_path / "metrics.json"
@@ -117,7 +117,8 @@ def test_toy_target_training_gives_a_useful_drafter(toy_target: Path, toy_data: 
     """The default `eagle train` on the toy target: estimated acceptance well above 1."""
     import time
 
-    from eagle.train.trainer import summary_metrics, train
+    from eagle.train.config import summary_metrics
+    from eagle.train.trainer import train
 
     t0 = time.perf_counter()
     log = train(_args(toy_target, toy_data, tmp_path / "draft", epochs=8, batch_tokens=256, val_fraction=0.1), echo=True)

@@ -53,12 +53,13 @@ def test_online_batches_equal_offline_batches(small: tuple[Path, Path, Path]) ->
 @pytest.mark.slow
 def test_online_training_equals_offline_on_the_toy_target(toy_target: Path, toy_data: Path, tmp_path: Path) -> None:
     """Same data, same seed: the online run's losses and accuracies are the offline run's."""
-    from eagle.train.trainer import TrainArgs, summary_metrics, train
+    from eagle.train.config import TrainConfig, summary_metrics
+    from eagle.train.trainer import train
 
     base = dict(model=str(toy_target), data=str(toy_data), epochs=3, batch_tokens=256, val_fraction=0.1,
                 lr=3e-3, device="cpu")
-    offline = train(TrainArgs(out=str(tmp_path / "offline"), **base), echo=False)
-    online = train(TrainArgs(out=str(tmp_path / "online"), online=True, **base), echo=False)
+    offline = train(TrainConfig(out=str(tmp_path / "offline"), **base), echo=False)
+    online = train(TrainConfig(out=str(tmp_path / "online"), online=True, **base), echo=False)
     assert online.args.layer_ids == json.loads((toy_data / "eagle_data.json").read_text())["layer_ids"]
     for a, b in zip(offline.epochs, online.epochs, strict=True):
         assert b.train_loss == pytest.approx(a.train_loss, rel=1e-3)
@@ -72,7 +73,7 @@ def test_online_training_equals_offline_on_the_toy_target(toy_target: Path, toy_
 
 @pytest.mark.slow
 def test_online_cli_trains_without_extraction_and_resumes(small: tuple[Path, Path, Path], tmp_path: Path) -> None:
-    from eagle.train.trainer import command
+    from eagle.commands.train import command
 
     target, _, bare = small
     out, metrics = tmp_path / "draft", tmp_path / "metrics.json"
@@ -98,7 +99,7 @@ def test_online_cli_trains_without_extraction_and_resumes(small: tuple[Path, Pat
 
 
 def test_online_bad_input_is_named_and_writes_nothing(small: tuple[Path, Path, Path], tmp_path: Path) -> None:
-    from eagle.train.trainer import command
+    from eagle.commands.train import command
 
     target, data, bare = small
     runner = CliRunner()

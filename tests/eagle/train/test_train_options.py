@@ -22,7 +22,7 @@ def _args(target: Path, data: Path, out: Path, **kw):
 
 
 def test_default_learning_rate_follows_the_published_recipes() -> None:
-    from eagle.train.trainer import default_lr
+    from eagle.train.config import default_lr
 
     assert default_lr(4096) == pytest.approx(1e-4)  # SpecForge, Llama-3.1-8B
     assert default_lr(8192) == pytest.approx(5e-5)  # EAGLE, 70B
@@ -32,7 +32,7 @@ def test_default_learning_rate_follows_the_published_recipes() -> None:
 
 
 def test_a_sample_longer_than_the_batch_is_refused_not_cut(small: tuple[Path, Path], tmp_path: Path) -> None:
-    from eagle.train.trainer import command
+    from eagle.commands.train import command
 
     target, data = small
     out = tmp_path / "draft"
@@ -67,7 +67,7 @@ def test_bad_settings_are_named(small: tuple[Path, Path], tmp_path: Path, kw: di
 def test_loss_decay_weighs_each_draft_step(small: tuple[Path, Path], tmp_path: Path) -> None:
     from eagle.drafter import model as drafter
     from eagle.train import dataset
-    from eagle.train import trainer as train
+    from eagle.train import steps as train
 
     target, data = small
     hs = dataset.HiddenStates(data, 64)
@@ -120,7 +120,7 @@ def test_accumulation_stepwise_validation_checkpoints_and_tensorboard(small: tup
 
 
 def test_global_batch_text_counts_packs_accumulation_and_processes() -> None:
-    from eagle.train.trainer import global_batch_text
+    from eagle.train.config import global_batch_text
 
     assert global_batch_text(8192, 1, 1) == "8,192 tokens"
     assert global_batch_text(8192, 1, 2) == "8,192 x 2 processes = 16,384 tokens"

@@ -51,26 +51,26 @@ def test_first_of_each_shape_keeps_the_first_pack_per_shape_in_order() -> None:
 def _train_recording(target: Path, data: Path, out: Path, monkeypatch: pytest.MonkeyPatch,
                      **kw: Any) -> tuple[Any, list[tuple[int, tuple[int, int], bool]]]:
     """Train, recording (optimizer steps so far, grid shape, gradients on) at every per-document attention call."""
-    import eagle.train.trainer as train_mod
     from eagle.train import doc_attention
+    from eagle.train.hooks import StepHooks
+    from eagle.train.trainer import train
 
     met: list[tuple[int, tuple[int, int], bool]] = []
     steps = [0]
-    original_sdpa, original_step = doc_attention.doc_sdpa, train_mod.optimizer_step
+    original_sdpa = doc_attention.doc_sdpa
 
     def sdpa(*a: Any, doc_index: Any = None, **k: Any) -> Any:
         if doc_index is not None:
             met.append((steps[0], tuple(doc_index.shape), torch.is_grad_enabled()))
         return original_sdpa(*a, doc_index=doc_index, **k)
 
-    def step(*a: Any, **k: Any) -> None:
-        original_step(*a, **k)
-        steps[0] += 1
+    class Counted(StepHooks):
+        def after_optimizer(self) -> None:
+            steps[0] += 1
 
     monkeypatch.setattr(doc_attention, "doc_sdpa", sdpa)  # register() hands transformers the module's doc_sdpa
-    monkeypatch.setattr(train_mod, "optimizer_step", step)
     try:
-        log = train_mod.train(td.train_args(target, data, out, **{**SETTINGS, **kw}), echo=False)
+        log = train(td.train_args(target, data, out, **{**SETTINGS, **kw}), echo=False, hooks=Counted())
     finally:
         monkeypatch.undo()
         doc_attention.register()  # transformers' registry holds the original again
@@ -83,10 +83,11 @@ def test_warm_up_meets_every_shape_before_step_1_and_changes_nothing(varied: tup
 
     from eagle.distributed import Topology
     from eagle.train import dataset
-    from eagle.train.trainer import TrainArgs, epoch_batches, val_batches
+    from eagle.train.config import TrainConfig
+    from eagle.train.trainer import epoch_batches, val_batches
 
     target, data = varied
-    args = TrainArgs.model_validate(td.train_args(target, data, tmp_path, **SETTINGS).model_dump())
+    args = TrainConfig.model_validate(td.train_args(target, data, tmp_path, **SETTINGS).model_dump())
     train_idx, val_idx = dataset.split_indices(len(LENGTHS), args.val_fraction, args.seed)
     one = Topology()
     by_epoch = [set(dataset.first_of_each_shape(epoch_batches(train_idx, LENGTHS, args, one, e), LENGTHS, 64, 8))
@@ -118,7 +119,7 @@ def test_warm_up_meets_every_shape_before_step_1_and_changes_nothing(varied: tup
 
 
 def test_warm_shapes_without_shape_buckets_is_refused(varied: tuple[Path, Path], tmp_path: Path) -> None:
-    from eagle.train.trainer import command
+    from eagle.commands.train import command
 
     target, data = varied
     res = CliRunner().invoke(command, ["--model", str(target), "--data", str(data), "--out", str(tmp_path / "d"),
