@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import subprocess
@@ -209,11 +210,22 @@ def runbook(repo: Path, *args: str, timeout: float = 120, env: dict[str, str] | 
     )
 
 
+@functools.cache
+def _child_codec() -> tuple[str, tuple[str, str]]:
+    """The encoding of a child interpreter's stdout, and its stdout's and stderr's error handlers, in
+    this environment (asked once: they follow the locale, PYTHONIOENCODING, UTF-8 mode)."""
+    probe = "import sys; print(sys.stdout.encoding, sys.stdout.errors, sys.stderr.errors)"
+    encoding, out, err = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                        check=True, env=cli_env()).stdout.split()
+    return encoding, (out, err)
+
+
 @contextlib.contextmanager
 def _as_child(cwd: Path, env: dict[str, str], input: str | None):
     """This process made to look like `subprocess.run`'s child for a while: cwd, the whole environment,
     stdin (`input`, else /dev/null), and fds 1 and 2 (and sys.stdout/sys.stderr) on temp files; yields
-    a function that reads back (stdout, stderr) as `text=True` would (locale codec, universal newlines).
+    a function that reads back (stdout, stderr) as `text=True` would (the locale's codec, strict, and
+    universal newlines).
     Everything is restored afterwards, as are the signal handlers a verb might leave set."""
     import io
     import locale
@@ -224,7 +236,8 @@ def _as_child(cwd: Path, env: dict[str, str], input: str | None):
     saved_streams = (sys.stdin, sys.stdout, sys.stderr)
     saved_argv = sys.argv
     saved_signals = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    encoding = locale.getpreferredencoding(False)
+    encoding, errors = _child_codec()
+    ours = locale.getpreferredencoding(False)  # how subprocess.run(text=True) encodes input, decodes output
     files = [tempfile.TemporaryFile() for _ in range(2)]
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -237,13 +250,13 @@ def _as_child(cwd: Path, env: dict[str, str], input: str | None):
         os.chdir(cwd)
         os.dup2(files[0].fileno(), 1)
         os.dup2(files[1].fileno(), 2)
-        # what a Python child gets on pipes: the locale's codec, line-buffered stderr
-        streams = [io.TextIOWrapper(open(fd, "wb", closefd=False), encoding=encoding,
-                                    errors="surrogateescape" if encoding.lower() in ("ascii", "ansi_x3.4-1968") else "strict",
+        # what a Python child gets on pipes: its codec and error handlers, a line-buffered stderr
+        streams = [io.TextIOWrapper(open(fd, "wb", closefd=False), encoding=encoding, errors=errors[fd - 1],  # noqa: SIM115
                                     line_buffering=fd == 2, write_through=fd == 2) for fd in (1, 2)]
         sys.stdout, sys.stderr = streams
-        sys.stdin = (io.TextIOWrapper(io.BytesIO(input.encode(encoding)), encoding=encoding) if input is not None
-                     else open(os.devnull))  # noqa: SIM115
+        # `input` as subprocess.run(text=True) sends it (the locale's codec), read as the child reads stdin
+        sys.stdin = (io.TextIOWrapper(io.BytesIO(input.encode(ours)), encoding=encoding, errors=errors[0])
+                     if input is not None else open(os.devnull))  # noqa: SIM115
 
         def read() -> tuple[str, str]:
             for stream in streams:
@@ -251,7 +264,7 @@ def _as_child(cwd: Path, env: dict[str, str], input: str | None):
             out = []
             for handle in files:
                 handle.seek(0)
-                out.append(io.TextIOWrapper(io.BytesIO(handle.read()), encoding=encoding, newline=None).read())
+                out.append(io.TextIOWrapper(io.BytesIO(handle.read()), encoding=ours, newline=None).read())
             return out[0], out[1]
 
         yield read
@@ -292,8 +305,9 @@ def runbook_inproc(repo: Path, *args: str, timeout: float = 120, env: dict[str, 
                    input: str | None = None) -> subprocess.CompletedProcess:
     """`runbook(repo, *args)` without the subprocess: the CLI's `main` (as the console script calls it,
     argv and all) in this process, with the child's cwd, environment, stdin and output streams; the same
-    CompletedProcess back. Never from a thread (cwd, environment and fds are the process's). Past `timeout` seconds it fails like `subprocess.run` (TimeoutExpired; SIGALRM,
-    where no one else uses it: under pytest-timeout's signal method its own limit applies instead)."""
+    CompletedProcess back. Never from a thread (cwd, environment and fds are the process's). Past
+    `timeout` seconds it fails like `subprocess.run` (TimeoutExpired; SIGALRM, where no one else uses
+    it: under pytest-timeout's signal method its own limit applies instead)."""
     import signal
 
     from runbook.cli import main
