@@ -57,7 +57,7 @@ Pass: `tok_s > 50`
 
 def rb(repo: Path, *args: str) -> dict:
     """One call, as an agent makes it: the envelope, checked against its schema and the exit status."""
-    done = H.runbook(repo, *args, "--json", timeout=120)
+    done = H.runbook_inproc(repo, *args, "--json", timeout=120)
     envelope = json.loads(done.stdout)
     schema = json.loads((SCHEMAS / f"{envelope['command']}.schema.json").read_text())
     jsonschema.validate(envelope, schema)

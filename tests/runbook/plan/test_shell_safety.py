@@ -90,7 +90,7 @@ def test_hostile_vars_through_runbook_next(tmp_path: Path, counts) -> None:
     repo = H.make_repo(tmp_path / "repo", plan)
     (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "out*.bin\n")
     H.git(repo, "commit", "-qam", "ignore outputs")
-    dry = H.runbook(repo, "next", "--dry-run")
+    dry = H.runbook_inproc(repo, "next", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     result = H.runbook(repo, "next", "--yes")
     H.assert_no_traceback(result)
@@ -129,7 +129,7 @@ def test_notes_outside_the_repo_is_refused(tmp_path: Path, counts, notes: str) -
 
 def test_absolute_notes_is_a_validate_error(tmp_path: Path) -> None:
     repo = H.make_repo(tmp_path / "repo", _plan_with_notes("/etc/runbook-notes.md"))
-    result = H.runbook(repo, "validate")
+    result = H.runbook_inproc(repo, "validate")
     assert result.returncode == 2
     assert "plans/plan.md:3:1:" in result.stderr and "relative" in result.stderr
 
@@ -140,7 +140,7 @@ def test_notes_symlink_out_of_the_repo_is_refused(tmp_path: Path) -> None:
     (outside / "real.md").write_text("# Not yours\n")
     repo = H.make_repo(tmp_path / "repo", _plan_with_notes("notes.md"))
     (repo / "plans" / "notes.md").symlink_to(outside / "real.md")
-    result = H.runbook(repo, "record", "Through a link", "--no-commit")
+    result = H.runbook_inproc(repo, "record", "Through a link", "--no-commit")
     assert result.returncode == 2, result.stdout + result.stderr
     assert (outside / "real.md").read_text() == "# Not yours\n"
 
@@ -292,7 +292,7 @@ def test_validate_reports_every_unsafe_var_with_its_place(tmp_path: Path) -> Non
     assert len(lines) == 9, result.stderr
     assert all(re.match(r"plans/plan\.md:\d+:\d+: step-\d+: \{v\} cannot be used here", line) for line in lines)
     assert "line break" in lines[-1]
-    nxt = H.runbook(repo, "next", "--yes")
+    nxt = H.runbook_inproc(repo, "next", "--yes")
     assert nxt.returncode == 2 and not list(repo.rglob("PWNED"))
 
 
@@ -309,7 +309,7 @@ def test_vars_in_every_context_through_runbook_next(tmp_path: Path, counts) -> N
     repo = H.make_repo(tmp_path / "repo", plan)
     (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "out*.bin\n")
     H.git(repo, "commit", "-qam", "ignore outputs")
-    check = H.runbook(repo, "validate")
+    check = H.runbook_inproc(repo, "validate")
     assert check.returncode == 0, check.stderr
     result = H.runbook(repo, "next", "--yes")
     H.assert_no_traceback(result)
@@ -344,16 +344,16 @@ def test_printed_commands_are_shell_quoted(tmp_path: Path, counts) -> None:
     checked = 0
     for name in HOSTILE_PLAN_NAMES:
         rel = f"plans/{name}"
-        brief = json.loads(H.runbook(repo, "brief", "--json", "--plan", rel).stdout)["result"]["next"]
+        brief = json.loads(H.runbook_inproc(repo, "brief", "--json", "--plan", rel).stdout)["result"]["next"]
         assert brief["argv"][brief["argv"].index("--plan") + 1] == rel, brief
         assert _as_argv(brief["command"], repo) == brief["argv"][1:]
-        status = H.runbook(repo, "status", "--plan", rel)
+        status = H.runbook_inproc(repo, "status", "--plan", rel)
         line = next(x for x in status.stdout.splitlines() if x.startswith("next (run): "))
         assert _as_argv(line.removeprefix("next (run): "), repo) == brief["argv"][1:]
-        text = H.runbook(repo, "brief", "--plan", rel).stdout
+        text = H.runbook_inproc(repo, "brief", "--plan", rel).stdout
         pasted = text.split("## Continue", 1)[1].split("```sh\n", 1)[1].split("\n```", 1)[0]
         assert _as_argv(pasted, repo) == brief["argv"][1:]
-        ran = H.runbook(repo, "next", "--yes", "--plan", rel)
+        ran = H.runbook_inproc(repo, "next", "--yes", "--plan", rel)
         assert ran.returncode == 0, ran.stdout + ran.stderr
         record_line = next(x.strip() for x in ran.stdout.splitlines() if x.strip().startswith("runbook record "))
         args = _as_argv(record_line, repo)

@@ -52,10 +52,10 @@ def table(repo: Path, phase_heading: str) -> list[list[str]]:
 
 def test_set_overrides_a_var_for_one_run_records_every_var_and_adds_a_column(tmp_path: Path) -> None:
     repo = H.make_repo(tmp_path / "repo", PLAN)
-    first = H.runbook(repo, "next", "--phase", "0", "--yes")
+    first = H.runbook_inproc(repo, "next", "--phase", "0", "--yes")
     assert first.returncode == 0, first.stderr
     # the override shows in the preview and runs
-    second = H.runbook(repo, "next", "--phase", "0", "--restart", "--set", "epochs=5", "--yes")
+    second = H.runbook_inproc(repo, "next", "--phase", "0", "--restart", "--set", "epochs=5", "--yes")
     assert second.returncode == 0, second.stderr
     a, b = runs(repo)
     # every var the phase used, overridden or not; which ones were overridden
@@ -70,10 +70,10 @@ def test_set_overrides_a_var_for_one_run_records_every_var_and_adds_a_column(tmp
     assert [r[5] for r in rows[1:]] == ["10", "2"]
     assert [r[6] for r in rows[1:]] == ["-", "-"]  # Phase 0 does not use {lr}
     # the verdict reached with --set is the phase's: not stale, the plan goes on to Phase 1
-    status = json.loads(H.runbook(repo, "status", "--json").stdout)["result"]
+    status = json.loads(H.runbook_inproc(repo, "status", "--json").stdout)["result"]
     assert status["phases"][0]["state"] == "passed" and status["next"]["phase"] == "phase-1"
     # --json carries the vars too
-    hist = json.loads(H.runbook(repo, "history", "--json").stdout)["result"]["runs"]
+    hist = json.loads(H.runbook_inproc(repo, "history", "--json").stdout)["result"]["runs"]
     assert hist[-1]["vars"] == {"out": "work/out", "epochs": "5"} and hist[-1]["overrides"] == ["epochs"]
 
 
@@ -81,15 +81,15 @@ def test_set_refuses_unknown_names_and_unsafe_values_before_running(tmp_path: Pa
     plan = PLAN.replace("Pass: baseline_acc > 0.5", "Pass: baseline_acc > 0.5\n").replace(
         "- [ ] Fit: `mkdir", "- [ ] Note: `echo hello  # epochs {epochs}`\n- [ ] Fit: `mkdir")
     repo = H.make_repo(tmp_path / "repo", plan)
-    typo = H.runbook(repo, "next", "--set", "epoch=3", "--yes")
+    typo = H.runbook_inproc(repo, "next", "--set", "epoch=3", "--yes")
     assert typo.returncode == 2 and "did you mean epochs?" in typo.stderr, typo.stderr
-    bad = H.runbook(repo, "next", "--set", "noequals", "--yes")
+    bad = H.runbook_inproc(repo, "next", "--set", "noequals", "--yes")
     assert bad.returncode == 2 and "NAME=VALUE" in bad.stderr
     unsafe = H.runbook(repo, "next", "--set", "epochs=1\nrm -rf /", "--yes")  # a line break in a comment
     assert unsafe.returncode == 2 and "step-1" in unsafe.stderr and "line break" in unsafe.stderr, unsafe.stderr
     assert runs(repo) == []  # nothing ran
     H.assert_no_traceback(unsafe)
-    as_json = json.loads(H.runbook(repo, "next", "--set", "epoch=3", "--yes", "--json").stdout)
+    as_json = json.loads(H.runbook_inproc(repo, "next", "--set", "epoch=3", "--yes", "--json").stdout)
     assert as_json["ok"] is False and as_json["error"]["code"] == "usage"
 
 
@@ -110,9 +110,9 @@ Steps:
 Pass: lr > 0
 """
     repo = H.make_repo(tmp_path / "repo", plan)
-    assert H.runbook(repo, "next", "--set", "lr=0.5", "--yes").returncode == 4  # step 2 fails: no `go`
+    assert H.runbook_inproc(repo, "next", "--set", "lr=0.5", "--yes").returncode == 4  # step 2 fails: no `go`
     (repo / "go").write_text("")
-    resumed = H.runbook(repo, "next", "--yes")
+    resumed = H.runbook_inproc(repo, "next", "--yes")
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming with the values run" in resumed.stdout and "--set lr=0.5" in resumed.stdout
     last = runs(repo)[-1]
@@ -120,9 +120,9 @@ Pass: lr > 0
     assert (repo / "one.txt").read_text() == "0.5\n"  # step 1 did not run again
     # an error again, then a resume with another value: from step 1
     (repo / "go").unlink()
-    assert H.runbook(repo, "next", "--phase", "0", "--restart", "--set", "lr=0.5", "--yes").returncode == 4
+    assert H.runbook_inproc(repo, "next", "--phase", "0", "--restart", "--set", "lr=0.5", "--yes").returncode == 4
     (repo / "go").write_text("")
-    other = H.runbook(repo, "next", "--set", "lr=0.7", "--yes")
+    other = H.runbook_inproc(repo, "next", "--set", "lr=0.7", "--yes")
     assert other.returncode == 0 and "runs from its first step" in other.stdout, other.stdout
     assert (repo / "one.txt").read_text().splitlines()[-1] == "0.7" and runs(repo)[-1]["metrics"]["lr"] == 0.7
 
@@ -130,13 +130,13 @@ Pass: lr > 0
 def test_cross_phase_criteria_pass_fail_and_inconclusive(tmp_path: Path) -> None:
     repo = H.make_repo(tmp_path / "repo", PLAN)
     # Phase 1 before Phase 0 ever ran: the reference has no value
-    early = H.runbook(repo, "next", "--phase", "1", "--yes")
+    early = H.runbook_inproc(repo, "next", "--phase", "1", "--yes")
     assert early.returncode == 3, early.stdout + early.stderr
     record = runs(repo)[-1]
     assert record["verdict"] == "inconclusive" and "Phase 0 has no judged run yet" in record["reason"]
-    assert H.runbook(repo, "next", "--phase", "0", "--yes").returncode == 0
+    assert H.runbook_inproc(repo, "next", "--phase", "0", "--yes").returncode == 0
     # 0.9 - 0.8 >= 0.1: passes (no float noise)
-    ok = H.runbook(repo, "next", "--phase", "1", "--restart", "--yes")
+    ok = H.runbook_inproc(repo, "next", "--phase", "1", "--restart", "--yes")
     assert ok.returncode == 0, ok.stdout
     passed = runs(repo)[-1]
     assert passed["verdict"] == "pass"
@@ -144,7 +144,7 @@ def test_cross_phase_criteria_pass_fail_and_inconclusive(tmp_path: Path) -> None
     assert passed["ref_metrics"] == {"phase-0.baseline_acc": 0.8}
     assert passed["ref_runs"] == {"phase-0": runs(repo)[-2]["run_id"]}
     # a smaller lr: the MLP does not beat the baseline by 0.1
-    bad = H.runbook(repo, "next", "--phase", "1", "--restart", "--set", "lr=0.05", "--yes", "--json")
+    bad = H.runbook_inproc(repo, "next", "--phase", "1", "--restart", "--set", "lr=0.05", "--yes", "--json")
     assert bad.returncode == 1
     view = json.loads(bad.stdout)["result"]["runs"][0]
     assert view["verdict"] == "fail"
@@ -162,7 +162,7 @@ def test_references_to_missing_phases_and_to_itself_are_validation_errors_with_c
     line = "Pass: `mlp_acc - phase-9.baseline_acc >= 0.1 or phase-1.mlp_acc > 2 or Phase-0.baseline_acc > 0`"
     plan = PLAN.replace("Pass: `mlp_acc - phase-0.baseline_acc >= 0.1`", line)
     repo = H.make_repo(tmp_path / "repo", plan)
-    out = H.runbook(repo, "validate", "--json")
+    out = H.runbook_inproc(repo, "validate", "--json")
     assert out.returncode == 2
     problems = json.loads(out.stdout)["result"]["plans"][0]["problems"]
     lineno = plan.splitlines().index(line) + 1
@@ -172,13 +172,13 @@ def test_references_to_missing_phases_and_to_itself_are_validation_errors_with_c
          "Pass: `phase-9.baseline_acc`: this plan has no phase `phase-9` (phases: phase-0, phase-1)"),
         (lineno, line.index("phase-1.") + 1, "Pass: `phase-1.mlp_acc` names a metric of this phase itself; write `mlp_acc`"),
     ]  # `Phase-0.baseline_acc`: ids match case-insensitively, as everywhere
-    assert H.runbook(repo, "next", "--yes").returncode == 2 and runs(repo) == []
+    assert H.runbook_inproc(repo, "next", "--yes").returncode == 2 and runs(repo) == []
 
 
 def test_columns_line_is_validated_with_columns(tmp_path: Path) -> None:
     plan = PLAN.replace("Columns: val_loss, lr", "Columns: val_loss,, bad name")
     repo = H.make_repo(tmp_path / "repo", plan)
-    out = H.runbook(repo, "validate")
+    out = H.runbook_inproc(repo, "validate")
     lineno = plan.splitlines().index("Columns: val_loss,, bad name") + 1
     assert out.returncode == 2
     assert f"plans/plan.md:{lineno}:19: `Columns:` has an empty name between commas" in out.stderr
@@ -190,15 +190,15 @@ def test_columns_line_is_validated_with_columns(tmp_path: Path) -> None:
 
 def _two_mlp_runs(tmp_path: Path) -> Path:
     repo = H.make_repo(tmp_path / "repo", PLAN)
-    assert H.runbook(repo, "next", "--phase", "0", "--yes").returncode == 0
-    assert H.runbook(repo, "next", "--phase", "1", "--yes").returncode == 0  # lr 0.1: mlp_acc 0.9, pass
-    assert H.runbook(repo, "next", "--phase", "1", "--restart", "--set", "lr=0.05", "--yes").returncode == 1
+    assert H.runbook_inproc(repo, "next", "--phase", "0", "--yes").returncode == 0
+    assert H.runbook_inproc(repo, "next", "--phase", "1", "--yes").returncode == 0  # lr 0.1: mlp_acc 0.9, pass
+    assert H.runbook_inproc(repo, "next", "--phase", "1", "--restart", "--set", "lr=0.05", "--yes").returncode == 1
     return repo
 
 
 def test_history_shows_each_metric_as_a_column_sorts_and_warns_about_unknown_names(tmp_path: Path) -> None:
     repo = _two_mlp_runs(tmp_path)
-    out = H.runbook(repo, "history", "1", "--metric", "mlp_acc", "--metric", "lr", "--metric", "mlp_ac",
+    out = H.runbook_inproc(repo, "history", "1", "--metric", "mlp_acc", "--metric", "lr", "--metric", "mlp_ac",
                     "--sort", "mlp_acc")
     assert out.returncode == 0, out.stderr
     assert "warning: no run shown has 'mlp_ac'; did you mean mlp_acc?" in out.stderr
@@ -214,18 +214,18 @@ def test_history_shows_each_metric_as_a_column_sorts_and_warns_about_unknown_nam
     assert [r[header.index("mlp_ac") + 1] for r in rows] == ["-", "-"]
     spark = [line for line in lines if line.strip().startswith("mlp_acc ")]
     assert spark and "0.9 … 0.85" in spark[0] and "2 runs" in spark[0]  # oldest first, whatever the sort
-    desc = json.loads(H.runbook(repo, "history", "1", "--metric", "mlp_acc", "--sort", "-mlp_acc", "--json").stdout)
+    desc = json.loads(H.runbook_inproc(repo, "history", "1", "--metric", "mlp_acc", "--sort", "-mlp_acc", "--json").stdout)
     result = desc["result"]
     assert [r["metrics"]["mlp_acc"] for r in result["runs"]] == [0.9, pytest.approx(0.85)]
     assert result["columns"] == ["mlp_acc"] and result["sort"] == "mlp_acc" and result["descending"] is True
     assert result["warnings"] == []
-    bad = json.loads(H.runbook(repo, "history", "--sort", "acc", "--json").stdout)["result"]
+    bad = json.loads(H.runbook_inproc(repo, "history", "--sort", "acc", "--json").stdout)["result"]
     assert bad["warnings"] and "did you mean" in bad["warnings"][0]
 
 
 def test_diff_of_two_runs_lists_exactly_the_changed_var_and_the_metric_deltas(tmp_path: Path) -> None:
     repo = _two_mlp_runs(tmp_path)
-    out = H.runbook(repo, "diff", "last~1", "last", "--json")
+    out = H.runbook_inproc(repo, "diff", "last~1", "last", "--json")
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)["result"]
     assert d["same_phase"] is True and d["a"]["verdict"] == "pass" and d["b"]["verdict"] == "fail"
@@ -241,7 +241,7 @@ def test_diff_of_two_runs_lists_exactly_the_changed_var_and_the_metric_deltas(tm
     assert d["ref_metrics"][0]["name"] == "phase-0.baseline_acc" and not d["ref_metrics"][0]["changed"]
     assert d["env"] == []  # the same machine
     assert d["code"]["files"] == []  # only the plan and the ledger changed between the two commits
-    text = H.runbook(repo, "diff").stdout  # no arguments: the last run against the one before it in its phase
+    text = H.runbook_inproc(repo, "diff").stdout  # no arguments: the last run against the one before it in its phase
     assert "vars:\n  lr  0.1 -> 0.05\n" in text
     assert "metrics:\n  mlp_acc  0.9 -> 0.85  (-0.05, -5.56%)\n" in text
     assert "verdict: pass -> fail" in text and "environment: the same" in text
@@ -258,7 +258,7 @@ def test_diff_is_an_mcp_tool_over_the_same_code(tmp_path: Path, monkeypatch: pyt
     tool = BY_NAME["diff"]
     outcome = call_verb("diff", tool.args(run_a="last~1", run_b="last").cli_kwargs())
     assert outcome.envelope["ok"] and outcome.envelope["command"] == "diff"
-    cli = json.loads(H.runbook(repo, "diff", "last~1", "last", "--json").stdout)
+    cli = json.loads(H.runbook_inproc(repo, "diff", "last~1", "last", "--json").stdout)
     assert outcome.envelope["result"] == cli["result"]
 
 

@@ -61,6 +61,13 @@ def make_repo(tmp_path: Path, plan: str = PLAN) -> Path:
 
 
 def runbook(repo: Path, *args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """The CLI in this process (helpers.runbook_inproc: same argv, cwd, environment and streams)."""
+    return H.runbook_inproc(repo, *args, env=env, timeout=timeout)
+
+
+def runbook_subprocess(repo: Path, *args: str, env: dict | None = None,
+                       timeout: float = 60) -> subprocess.CompletedProcess:
+    """The console script in a subprocess: for the tests about signals and a missing terminal."""
     full_env = {**os.environ, "RUNBOOK_ENV_PROBE": "0", **(env or {})}
     return subprocess.run(
         [*RUNBOOK, *args], cwd=repo, capture_output=True, text=True, env=full_env, timeout=timeout,
@@ -211,7 +218,7 @@ def test_timeout_kills_step(tmp_path):
     plan = PLAN.replace("Pass: `loss < 2`", "Pass: `loss < 2`\nTimeout: 1s").replace(
         "- [ ] Measure: `echo '{\"loss\": 1.5}' > $RUNBOOK_METRICS`", "- [ ] Slow: `sleep 30`")
     repo = make_repo(tmp_path, plan)
-    done = runbook(repo, "next", "--yes", timeout=30)
+    done = runbook_subprocess(repo, "next", "--yes", timeout=30)
     assert done.returncode == 4, done.stdout + done.stderr
     rec = runs(repo)[-1]
     assert rec["verdict"] == "timeout" and rec["duration_s"] < 10
@@ -236,10 +243,10 @@ def test_inconclusive_when_metric_missing_then_rerun(tmp_path):
 
 def test_no_terminal_without_yes_refuses(tmp_path):
     repo = make_repo(tmp_path)
-    done = runbook(repo, "next")
+    done = runbook_subprocess(repo, "next")
     assert done.returncode == 2 and "--yes" in done.stderr
     assert not (repo / "state" / "runs").exists()
-    dry = runbook(repo, "next", "--dry-run")
+    dry = runbook_subprocess(repo, "next", "--dry-run")
     assert dry.returncode == 0 and "printf '%s\\n' 'it'\"'\"'s a;" in dry.stdout
     assert git(repo, "status", "--porcelain") == ""
 

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def rb(repo: Path, *args: str):
-    return H.runbook(repo, *args, timeout=120)
+    return H.runbook_inproc(repo, *args, timeout=120)
 
 
 def js(repo: Path, *args: str) -> dict:

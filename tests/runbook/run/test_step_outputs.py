@@ -71,7 +71,7 @@ def test_missing_metric_lists_what_was_written_with_did_you_mean(tmp_path: Path)
     repo = H.make_repo(tmp_path / "repo", plan(
         ["echo '{\"accept_length\": 2.1, \"loss\": 1}' > \"$RUNBOOK_METRICS\""], "accept_len >= 1.5"
     ))
-    result = H.runbook(repo, "next", "--yes")
+    result = H.runbook_inproc(repo, "next", "--yes")
     assert result.returncode == 3, result.stdout + result.stderr
     reason = only_run(repo)["reason"]
     assert "no step wrote accept_len" in reason
@@ -80,7 +80,7 @@ def test_missing_metric_lists_what_was_written_with_did_you_mean(tmp_path: Path)
 
 def test_json_printed_to_stdout_gets_a_hint(tmp_path: Path) -> None:
     repo = H.make_repo(tmp_path / "repo", plan(["echo '{\"accept_len\": 2.1}'"], "accept_len >= 1.5"))
-    result = H.runbook(repo, "next", "--yes")
+    result = H.runbook_inproc(repo, "next", "--yes")
     assert result.returncode == 3, result.stdout + result.stderr
     reason = only_run(repo)["reason"]
     assert 'step-1 printed {"accept_len": 2.1} to its output but wrote nothing to $RUNBOOK_METRICS' in reason
@@ -116,7 +116,7 @@ def test_rejected_metrics_record_an_error_and_the_step_runs_again(tmp_path: Path
     text = (repo / "plans" / "plan.md").read_text()
     assert "- [x] s1" in text and "- [ ] s2" in text  # the step whose metrics were rejected is not done
     (repo / "fixed").write_text("")
-    again = H.runbook(repo, "next", "--yes")
+    again = H.runbook_inproc(repo, "next", "--yes")
     assert again.returncode == 0, again.stdout + again.stderr
     assert (repo / "runs.txt").read_text() == "one\ntwo\ntwo\n"  # s2 ran again, s1 did not
     counts.add("metrics_values_checked")
@@ -124,7 +124,7 @@ def test_rejected_metrics_record_an_error_and_the_step_runs_again(tmp_path: Path
 
 def test_log_without_newlines_is_bounded_in_the_record(tmp_path: Path) -> None:
     repo = H.make_repo(tmp_path / "repo", plan(["head -c 5000000 /dev/zero | tr '\\0' x; printf '\\r50%%\\r100%%'"]))
-    result = H.runbook(repo, "next", "--yes")
+    result = H.runbook_inproc(repo, "next", "--yes")
     assert result.returncode == 0, result.stdout[-500:] + result.stderr
     path = sorted((repo / "state" / "runs").glob("*.json"))[-1]
     assert path.stat().st_size < 16_000
@@ -146,7 +146,7 @@ def test_steps_python_in_a_user_venv_is_the_users(tmp_path: Path, mode: str) -> 
     config = {"runbook.toml": 'runbook_bin = "prepend"\n'} if mode == "prepend" else {}
     H.commit_files(repo, {**config, ".gitignore": (repo / ".gitignore").read_text() + "*.txt\n"}, "config")
     env = {"PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", "VIRTUAL_ENV": str(venv)}
-    result = H.runbook(repo, "next", "--yes", env=env)
+    result = H.runbook_inproc(repo, "next", "--yes", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     prefix = Path((repo / "prefix.txt").read_text().strip()).resolve()
     found = (repo / "eagle.txt").read_text().split()

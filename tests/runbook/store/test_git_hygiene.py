@@ -81,9 +81,9 @@ def test_commit_gpgsign_is_honoured(tmp_path: Path) -> None:
     repo = repo_with(tmp_path)
     _ssh_signing(repo, key)
     (repo / "plans" / "plan.md").write_text(PLAN.replace("Probe", "Probe it"))  # edits: committed first
-    result = H.runbook(repo, "next", "--yes")
+    result = H.runbook_inproc(repo, "next", "--yes")
     assert result.returncode == 0, result.stdout + result.stderr
-    record = H.runbook(repo, "record", "Signed", "--lesson", "sign everything")
+    record = H.runbook_inproc(repo, "record", "Signed", "--lesson", "sign everything")
     assert record.returncode == 0, record.stderr
     made = H.git(repo, "rev-list", "HEAD", "^HEAD~3").split()
     assert len(made) == 3  # plan edits, the run, the record
@@ -134,7 +134,7 @@ def test_plan_in_an_ignored_directory_is_refused_before_running(tmp_path: Path) 
     assert result.returncode == 2, result.stdout + result.stderr
     assert "scratch/plan.md (ignored by .gitignore" in result.stderr and "--no-commit" in result.stderr
     assert not (repo / "RAN").exists()
-    ok = H.runbook(repo, "next", "--yes", "--plan", "scratch/plan.md", "--no-commit")
+    ok = H.runbook_inproc(repo, "next", "--yes", "--plan", "scratch/plan.md", "--no-commit")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert (repo / "RAN").exists()
 
@@ -142,7 +142,7 @@ def test_plan_in_an_ignored_directory_is_refused_before_running(tmp_path: Path) 
 def test_url_passwords_never_reach_the_record(tmp_path: Path, counts) -> None:
     repo = repo_with(tmp_path)
     env = {"HF_ENDPOINT": "https://bob:hf-pass@mirror.example.com"}
-    result = H.runbook(repo, "next", "--yes", env=env)
+    result = H.runbook_inproc(repo, "next", "--yes", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     path = sorted((repo / "state" / "runs").glob("*.json"))[-1]
     text = path.read_text()
@@ -153,7 +153,7 @@ def test_url_passwords_never_reach_the_record(tmp_path: Path, counts) -> None:
     assert "s3cr3t-pw" not in H.git(repo, "show", "HEAD", "--", "state")  # what runbook committed (the
     # plan holding the var is the author's own file, committed by the author)
     # the redacted record still speaks for the phase: nothing is rerun as "changed"
-    again = H.runbook(repo, "next", "--yes", "--dry-run")
+    again = H.runbook_inproc(repo, "next", "--yes", "--dry-run")
     assert again.returncode == 0 and "CHANGED" not in again.stdout and "changed" not in again.stdout.lower(), again.stdout
     counts.add("secrets_redacted", 2)
 
@@ -164,12 +164,12 @@ def test_uncommitted_code_is_warned_and_recorded(tmp_path: Path) -> None:
     (repo / "src" / "model.py").write_text("LR = 1\n")
     H.git(repo, "add", "src")
     H.git(repo, "commit", "-qm", "code")
-    clean = H.runbook(repo, "next", "--yes")
+    clean = H.runbook_inproc(repo, "next", "--yes")
     assert clean.returncode == 0 and "uncommitted changes" not in clean.stderr
     assert last_record(repo)["dirty"] is False and last_record(repo)["dirty_files"] == []
     (repo / "src" / "model.py").write_text("LR = 2\n")
     (repo / "untracked.py").write_text("x\n")
-    dirty = H.runbook(repo, "next", "--yes", "--phase", "0", "--restart")
+    dirty = H.runbook_inproc(repo, "next", "--yes", "--phase", "0", "--restart")
     assert dirty.returncode == 0, dirty.stdout + dirty.stderr
     assert "uncommitted changes to 1 tracked file(s) (src/model.py)" in dirty.stderr
     record = last_record(repo)
@@ -186,7 +186,7 @@ def test_url_passwords_in_set_overrides_are_not_recorded_and_resume_asks_again(t
     (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "ok\n")
     H.git(repo, "commit", "-qam", "ignore")
     secret = "https://carol:set-pw@example.com/x.git"
-    first = H.runbook(repo, "next", "--yes", "--set", f"url={secret}")
+    first = H.runbook_inproc(repo, "next", "--yes", "--set", f"url={secret}")
     assert first.returncode == 4, first.stdout + first.stderr  # step 2 fails: the run is resumable
     record = last_record(repo)
     assert record["vars"]["url"] == "https://carol:***@example.com/x.git" and "url" in record["overrides"]
@@ -195,6 +195,6 @@ def test_url_passwords_in_set_overrides_are_not_recorded_and_resume_asks_again(t
     again = H.runbook(repo, "next", "--yes")
     H.assert_no_traceback(again)
     assert again.returncode == 2 and "--set url=..." in again.stderr, again.stdout + again.stderr
-    resumed = H.runbook(repo, "next", "--yes", "--set", f"url={secret}")
+    resumed = H.runbook_inproc(repo, "next", "--yes", "--set", f"url={secret}")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "set-pw" not in H.git(repo, "log", "-p", "--", "state")

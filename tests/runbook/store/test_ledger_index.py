@@ -210,9 +210,9 @@ def test_git_checkout_of_an_older_commit_is_noticed(tmp_path: Path) -> None:
     assert len(agree(state).rows()) == 3
     # the CLI reads through the same index: history and status see the checkout too
     H.git(repo, "checkout", "-q", older)
-    history = json.loads(H.runbook(repo, "history", "--json").stdout)["result"]
+    history = json.loads(H.runbook_inproc(repo, "history", "--json").stdout)["result"]
     assert [r["run_id"] for r in history["runs"]] == [record(1).run_id, record(2).run_id]
-    status = json.loads(H.runbook(repo, "status", "--json").stdout)["result"]
+    status = json.loads(H.runbook_inproc(repo, "status", "--json").stdout)["result"]
     assert [p["verdict"] for p in status["phases"]] == ["pass", "fail"]
 
 
@@ -221,7 +221,7 @@ def test_the_index_is_gitignored_even_without_an_entry(tmp_path: Path) -> None:
     save_run(repo / "state", record(1))
     H.git(repo, "add", "state")
     H.git(repo, "commit", "-qm", "a run")
-    assert H.runbook(repo, "status").returncode == 0
+    assert H.runbook_inproc(repo, "status").returncode == 0
     assert index_path(repo / "state").is_file()
     assert H.git(repo, "status", "--porcelain", "--untracked-files=all") == ""
 
@@ -379,7 +379,7 @@ def test_a_run_recorded_while_commands_read_leaves_the_index_consistent(tmp_path
     assert not errors and set(seen) <= {30, 31}, (errors, seen)
     index = agree(repo / "state")
     assert len(index.rows()) == 31 and not LedgerIndex.open(repo / "state").saved
-    history = json.loads(H.runbook(repo, "history", "--json").stdout)["result"]
+    history = json.loads(H.runbook_inproc(repo, "history", "--json").stdout)["result"]
     assert len(history["runs"]) == 31 and history["runs"][-1]["phase"] == "phase-0"
 
 
@@ -406,17 +406,17 @@ def test_history_lists_a_page_and_counts_the_rest(tmp_path: Path) -> None:
     repo = H.make_repo(tmp_path / "repo", PLAN)
     for n in range(60):
         save_run(repo / "state", record(n, f"phase-{n % 2}"))
-    text = H.runbook(repo, "history").stdout.splitlines()
+    text = H.runbook_inproc(repo, "history").stdout.splitlines()
     assert text[0] == "(10 earlier runs not listed: --limit N shows the last N, --limit 0 all of them)"
     assert len(text) == 1 + 1 + 50 and text[-1].startswith(record(59).run_id)
-    env = json.loads(H.runbook(repo, "history", "1", "--limit", "3", "--json").stdout)
+    env = json.loads(H.runbook_inproc(repo, "history", "1", "--limit", "3", "--json").stdout)
     assert [r["run_id"] for r in env["result"]["runs"]] == [record(n).run_id for n in (55, 57, 59)]
     assert env["result"]["omitted"] == 27
-    every = json.loads(H.runbook(repo, "history", "--limit", "0", "--json").stdout)["result"]
+    every = json.loads(H.runbook_inproc(repo, "history", "--limit", "0", "--json").stdout)["result"]
     assert len(every["runs"]) == 60 and every["omitted"] == 0
-    since = json.loads(H.runbook(repo, "history", "--since", record(58).run_id, "--json").stdout)["result"]
+    since = json.loads(H.runbook_inproc(repo, "history", "--since", record(58).run_id, "--json").stdout)["result"]
     assert [r["run_id"] for r in since["runs"]] == [record(58).run_id, record(59).run_id]
-    bad = H.runbook(repo, "history", "--since", "last tuesday")
+    bad = H.runbook_inproc(repo, "history", "--since", "last tuesday")
     assert bad.returncode == 2 and "--since" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -426,8 +426,8 @@ def test_the_results_table_after_many_runs_is_the_last_twenty(tmp_path: Path) ->
         save_run(repo / "state", record(n, "phase-1"))
     H.git(repo, "add", "state")
     H.git(repo, "commit", "-qm", "history")
-    assert H.runbook(repo, "next", "--yes").returncode == 0  # Phase 0: its first run
-    done = H.runbook(repo, "next", "--yes", "--phase", "1")
+    assert H.runbook_inproc(repo, "next", "--yes").returncode == 0  # Phase 0: its first run
+    done = H.runbook_inproc(repo, "next", "--yes", "--phase", "1")
     assert done.returncode == 0, done.stderr
     text = (repo / "plans" / "plan.md").read_text()
     table = text[text.index("<!-- runbook:results", text.index("## Phase 1")):]

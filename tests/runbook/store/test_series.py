@@ -132,33 +132,33 @@ def test_series_are_committed_with_the_run_history_shows_a_sparkline_and_record_
     (repo / "fit.py").write_text(FIT)
     H.git(repo, "add", "fit.py")
     H.git(repo, "commit", "-qm", "fit")
-    assert H.runbook(repo, "next", "--yes").returncode == 0
+    assert H.runbook_inproc(repo, "next", "--yes").returncode == 0
     run_id = next((repo / "state" / "runs").glob("*.json")).stem
     committed = H.git(repo, "show", "--name-only", "--format=", "HEAD").split()
     assert f"state/runs/{run_id}.series.jsonl" in committed
     record = json.loads((repo / "state" / "runs" / f"{run_id}.json").read_text())
     (info,) = record["series"]
     assert (info["name"], info["step_id"], info["points"], info["kept"]) == ("loss", "step-1", 300, 300)
-    hist = H.runbook(repo, "history", "--metric", "loss")
+    hist = H.runbook_inproc(repo, "history", "--metric", "loss")
     assert "█" in hist.stdout and "▁" in hist.stdout and "warning" not in hist.stderr
     # plot: the series of the run
-    out = json.loads(H.runbook(repo, "plot", "--metric", "loss", "--json").stdout)["result"]
+    out = json.loads(H.runbook_inproc(repo, "plot", "--metric", "loss", "--json").stdout)["result"]
     assert out["kind"] == "series" and out["runs"] == [run_id] and out["points"] == 300
     assert out["png"] == f"state/runs/{run_id}/plots/runs-loss.png"  # gitignored, beside the run's logs
     _png_check(repo / out["png"])
     assert (repo / out["svg"]).read_text().lstrip().startswith("<?xml")
     # a second run with another n: the metric across runs, and two curves
-    assert H.runbook(repo, "next", "--phase", "0", "--restart", "--set", "n=100", "--yes").returncode == 0
-    across = json.loads(H.runbook(repo, "plot", "0", "--metric", "final_loss", "--json").stdout)["result"]
+    assert H.runbook_inproc(repo, "next", "--phase", "0", "--restart", "--set", "n=100", "--yes").returncode == 0
+    across = json.loads(H.runbook_inproc(repo, "plot", "0", "--metric", "final_loss", "--json").stdout)["result"]
     assert across["kind"] == "runs" and len(across["runs"]) == 2
     _png_check(repo / across["png"], curve=False)
-    curves = json.loads(H.runbook(repo, "plot", "--metric", "loss", "--out", "curves.png", "--json").stdout)["result"]
+    curves = json.loads(H.runbook_inproc(repo, "plot", "--metric", "loss", "--out", "curves.png", "--json").stdout)["result"]
     assert curves["kind"] == "series" and len(curves["runs"]) == 2 and curves["points"] == 400
     bad = H.runbook(repo, "plot", "--metric", "los")
     assert bad.returncode == 2 and "did you mean loss?" in bad.stderr
     H.assert_no_traceback(bad)
     # record --plot: the chart in the notes, committed with them
-    rec = json.loads(H.runbook(repo, "record", "Curve", "--run", run_id, "--plot", "loss", "--json").stdout)
+    rec = json.loads(H.runbook_inproc(repo, "record", "Curve", "--run", run_id, "--plot", "loss", "--json").stdout)
     assert rec["ok"], rec
     png = f"plans/plots/{run_id}-loss.png"
     assert rec["result"]["plots"] == [png]
@@ -167,7 +167,7 @@ def test_series_are_committed_with_the_run_history_shows_a_sparkline_and_record_
     assert sorted(H.git(repo, "show", "--name-only", "--format=", "HEAD").split()) == ["plans/notes.md", png]
     _png_check(repo / png)
     # forget drops the run's series with its record, in the same commit
-    assert H.runbook(repo, "forget", run_id).returncode == 0
+    assert H.runbook_inproc(repo, "forget", run_id).returncode == 0
     assert not (repo / "state" / "runs" / f"{run_id}.series.jsonl").exists()
     assert f"state/runs/{run_id}.series.jsonl" in H.git(repo, "show", "--name-only", "--format=", "HEAD").split()
 
@@ -191,7 +191,7 @@ Steps:
 Pass: train_loss < 100
 """
     repo = H.make_repo(tmp_path / "repo", plan)
-    done = H.runbook(repo, "next", "--yes", timeout=900, env={"OMP_NUM_THREADS": "1"})
+    done = H.runbook_inproc(repo, "next", "--yes", timeout=900, env={"OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run_id = next((repo / "state" / "runs").glob("*.json")).stem
     record = json.loads((repo / "state" / "runs" / f"{run_id}.json").read_text())
@@ -206,7 +206,7 @@ Pass: train_loss < 100
     kept = series.load(repo / "state", run_id)
     loss = series.find(kept, "train_loss")
     assert loss.x == list(range(1, steps + 1)) and all(v is not None and math.isfinite(v) for v in loss.y)
-    out = json.loads(H.runbook(repo, "plot", "--metric", "train_loss", "--out", "curve.png", "--json").stdout)
+    out = json.loads(H.runbook_inproc(repo, "plot", "--metric", "train_loss", "--out", "curve.png", "--json").stdout)
     assert out["ok"] and out["result"]["points"] == steps
     _png_check(repo / "curve.png")
     assert H.git(repo, "status", "--porcelain", "--untracked-files=no") == ""  # the series file was committed
