@@ -250,7 +250,7 @@ def _kernel_profile(step: Any, dev: torch.device, top: int) -> None:
 
 
 def conditional(rates: list[float]) -> list[float]:
-    from eagle.train.trainer import step_accuracies
+    from eagle.train.steps import step_accuracies
 
     return step_accuracies(rates, [1.0] * len(rates))
 
@@ -260,7 +260,7 @@ def training(model: Any, rows: list[list[int]], shape: dict[str, int], dev: torc
     from eagle.data import capture as hc
     from eagle.drafter import model as drafter
     from eagle.train import dataset
-    from eagle.train.trainer import lr_lambda, step_autocast
+    from eagle.train.steps import lr_lambda, step_autocast
 
     ttt, dv_want = 3, (64 if smoke else 8000)
     seq = len(rows[0])
@@ -369,7 +369,7 @@ def training(model: Any, rows: list[list[int]], shape: dict[str, int], dev: torc
     # speculators' packed [T, (k+1)T] sdpa mask (the step before per-document attention) and as `eagle train`
     # runs it now (eagle/train/doc_attention.py: attention per document; the next batch collated and pinned on a
     # side thread, dataset.prefetched)
-    from eagle.train.trainer import train_step, use_doc_attention
+    from eagle.train.steps import train_step, use_doc_attention
 
     def eagle_loop(per_doc: bool, prof: bool = False) -> tuple[float, list[list[float]]]:
         model_e = build()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from bench.shapes import variable_lengths
 from eagle.train import dataset
-from eagle.train.trainer import BUCKET_MULTIPLE
+from eagle.train.config import BUCKET_MULTIPLE
 
 
 def grid(batch: list[int], lengths: list[int], batch_tokens: int, b_multiple: int) -> tuple[int, int]:

@@ -125,7 +125,7 @@ def bench_drafter(vdir: Path, vocab: int, dv: int, layer_ids: list[int], ttt: in
     import torch
 
     from eagle.drafter import model as drafter
-    from eagle.train.trainer import use_doc_attention
+    from eagle.train.steps import use_doc_attention
 
     d2t = torch.zeros(dv, dtype=torch.long)  # draft id i = target id i
     t2d = torch.zeros(vocab, dtype=torch.bool)

@@ -103,13 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from eagle.drafter import model as drafter
     from eagle.train import dataset
-    from eagle.train.trainer import (
-        compile_settings,
-        graphed_train_step,
-        lr_lambda,
-        step_autocast,
-        train_step,
-    )
+    from eagle.train.steps import compile_settings, graphed_train_step, lr_lambda, step_autocast, train_step
 
     cuda = dev.type == "cuda"
     shape = SMOKE if a.smoke else TARGET_1B

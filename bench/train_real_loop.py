@@ -128,7 +128,7 @@ def child_speculators(target: str, data: str, out: str, batch_tokens: int, lr: f
     from speculators.train.cli import main
     from speculators.train.config import TrainConfig
 
-    from eagle.train.trainer import compile_settings
+    from eagle.train.steps import compile_settings
 
     compile_settings()  # the same inductor workaround as eagle train (else its compile can assert alike)
 

@@ -77,13 +77,7 @@ def measure(impl: str, vdir: Path, raw: list[dict[str, torch.Tensor]], dv: int, 
 
     from eagle.drafter import model as drafter
     from eagle.train import dataset
-    from eagle.train.trainer import (
-        compile_settings,
-        graphed_train_step,
-        lr_lambda,
-        step_autocast,
-        train_step,
-    )
+    from eagle.train.steps import compile_settings, graphed_train_step, lr_lambda, step_autocast, train_step
 
     if settings == "eagle":
         compile_settings()  # eagle train's (dynamo's recompile limit 64, two Inductor tiling options off)

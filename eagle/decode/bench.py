@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from eagle.decode.leviathan import acceptance_from_accept_len, expected_tokens, leviathan_speedup  # noqa: F401
+from eagle.decode.leviathan import acceptance_from_accept_len, leviathan_speedup
 
 
 class BenchReport(BaseModel):

@@ -34,7 +34,6 @@ from eagle.fsutil import atomic_dir, atomic_write_text, fsync_file
 from eagle.target import Target, open_target
 from eagle.train import dataset, steps
 from eagle.train.config import (
-    BUCKET_MULTIPLE,
     TRAIN_NORM_FLAGS,
     EpochRecord,
     TrainConfig,
@@ -57,14 +56,10 @@ from eagle.train.steps import (
     step_accuracies,
     step_autocast,
     step_scalars,
-    train_step,
     use_doc_attention,
 )
 
-# What the benches and tests import from here besides the Trainer (the step's parts, for one import line).
-__all__ = ["BUCKET_MULTIPLE", "LOG_FILE", "STATE_FILE", "Trainer", "backward_step", "compile_settings", "dataset",
-           "epoch_batches", "est_accept_len", "forward", "graphed_train_step", "lr_lambda", "step_accuracies",
-           "step_autocast", "train", "train_step", "use_doc_attention", "val_batches"]
+__all__ = ["LOG_FILE", "STATE_FILE", "Trainer", "epoch_batches", "train", "val_batches"]
 
 STATE_FILE = "state.pt"
 LOG_FILE = "train_log.json"

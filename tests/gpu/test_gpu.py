@@ -204,7 +204,7 @@ def test_train_step_as_cuda_graphs_equals_the_eager_step(toy_target: Path) -> No
     from bench.shapes import samples
     from eagle.drafter import model as drafter
     from eagle.train import dataset
-    from eagle.train.trainer import (
+    from eagle.train.steps import (
         compile_settings,
         graphed_train_step,
         lr_lambda,

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from eagle.cli import cli
-from eagle.decode.bench import acceptance_from_accept_len, expected_tokens, leviathan_speedup
 from eagle.decode.evaluate import acceptance_stats, first_mismatch
+from eagle.decode.leviathan import acceptance_from_accept_len, expected_tokens, leviathan_speedup
 
 _one_thread = helpers.one_thread  # autouse, module scope: one torch thread for these tiny models
 
