@@ -215,11 +215,17 @@ def _read_marker(path: Path) -> int | None:
     return int(text) if re.fullmatch(r"-?\d{1,4}", text) else None
 
 
+def _comment(text: str) -> str:
+    """`text` as the rest of a `#` comment line: a newline in it (a path may hold one) continues the
+    comment on a line of its own instead of starting a shell line."""
+    return text.replace("\r", "\\r").replace("\n", "\n#   ")
+
+
 def job_script(spec: StepSpec, run_id: str, phase_id: str, exit_path: Path, argv: list[str]) -> str:
     return (
         "#!/bin/bash\n"
         f"# Written by runbook for run {run_id}, {phase_id} {spec.step_id}; submitted as:\n"
-        f"#   {shlex.join(argv)}\n"
+        f"#   {_comment(shlex.join(argv))}\n"
         "# Its environment (RUNBOOK_* included) is the one sbatch was called with (--export=ALL).\n"
         "# The step's command (vars resolved) runs as the local executor runs it, with bash -c:\n"
         f"bash -c {shlex.quote(spec.command)}\n"

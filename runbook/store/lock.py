@@ -1,7 +1,8 @@
 """The two locks of a state directory.
 
-- The run lock `state/lock`: one `runbook next` at a time. A JSON file (schema `LockInfo`) created
-  with O_EXCL, naming the holder (pid and its start time, host, boot id, start time, run id) and
+- The run lock `state/lock`: one `runbook next` at a time. A JSON file (schema `LockInfo`) written
+  whole to a temporary file and linked into place (so a crash or a full disk never leaves an empty
+  or partial lock), naming the holder (pid and its start time, host, boot id, start time, run id) and
   the process group of the step now running with its leader's start time. A lock whose holder is
   dead on this host (or ran before the last reboot) is stale and is taken over with a warning.
   Before that, what provably belongs to the dead run is stopped (`runbook.store.procs`: its step group
@@ -101,7 +102,7 @@ class LockHeld(LockError):
         hint = (
             f"the holder runs on another host ({info.host}); if you are sure it has stopped, delete {path}"
             if alive_unknown
-            else f"wait for it to finish, or stop it (kill {info.pid}); if it is gone, delete {path}"
+            else f"wait for it to finish (`runbook logs -f` follows it), or stop it with `runbook cancel` (its lock: {path})"
         )
         super().__init__(f"another `runbook next` is running: {where}, since {info.started}{run}.\n  {hint}")
 
@@ -188,16 +189,37 @@ Warn = Callable[[str], None]
 
 
 def _create(path: Path, info: LockInfo) -> bool:
-    """Create the lock file exclusively; False if it exists."""
+    """Create the lock file exclusively and whole; False if it exists.
+
+    The content is written and fsynced in a temporary file beside it, which is then hard-linked to
+    `path` (the link fails when `path` exists, as O_EXCL would): a crash or a full disk leaves no
+    lock or a complete one, never an empty or partial one that blocks the workspace."""
+    _remove_dead_temps(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(info.model_dump_json(indent=2) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    return True
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(info.model_dump_json(indent=2) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _remove_dead_temps(path: Path) -> None:
+    """Remove the temporary lock files of processes that died between writing and linking them
+    (`.lock.PID.N.tmp`, kill -9 in that instant), so they never linger untracked in the repository."""
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2:].split(".", 1)[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
 
 def _clear_stale(path: Path, stale: LockInfo, git_dir: Path | None, warn: Warn) -> None:

@@ -11,6 +11,7 @@ No `git` import here (status and brief must start fast); git work goes through r
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -102,7 +103,7 @@ class Workspace:
                     hint="create one with `runbook init`, or name a file with --plan PATH",
                 )
             if len(plans) > 1:
-                listing = "\n".join(f"  --plan {display_path(p)}" for p in plans)
+                listing = "\n".join(f"  --plan {shlex.quote(display_path(p))}" for p in plans)  # pasted as data
                 raise RunbookError(f"several plans found; pick one with --plan:\n{listing}", "several_plans",
                                    hint="pass --plan PATH")
             ws.plan_path = Path(plans[0]).resolve()

@@ -106,7 +106,7 @@ def test_two_runs_at_once_one_refused(repo):
     second = run(repo)
     assert second.returncode == 5, second.stdout + second.stderr
     assert f"pid {first.pid}" in second.stderr and lock["run_id"] in second.stderr
-    assert "since" in second.stderr and "delete" in second.stderr
+    assert "since" in second.stderr and "`runbook cancel`" in second.stderr and "`runbook logs -f`" in second.stderr
     (repo / "ok").write_text("")
     out, err = first.communicate(timeout=30)
     assert first.returncode == 0, out + err

@@ -20,7 +20,8 @@ import pytest
 
 from runbook.plan.parse import parse_plan
 from runbook.plan.resources import ResourcesError, parse_resources, sbatch_args
-from runbook.run.slurm import JobInfo, parse_job, verdict_of
+from runbook.run.executor import StepSpec
+from runbook.run.slurm import JobInfo, job_script, parse_job, verdict_of
 from runbook.store.project import ConfigError, load_config
 
 FAST = {"RUNBOOK_HEARTBEAT_S": "0.2", "RUNBOOK_SLURM_POLL_S": "0.2"}
@@ -112,6 +113,21 @@ def test_runbook_toml_slurm_defaults_are_checked(tmp_path: Path) -> None:
     (tmp_path / "runbook.toml").write_text('[slurm]\nresources = "nodes=two"\n')
     with pytest.raises(ConfigError, match=r"runbook.toml: slurm.resources: `nodes=two`: expected a number"):
         load_config(tmp_path)
+
+
+def test_a_repository_path_with_a_newline_injects_no_line_into_the_job_script(tmp_path: Path) -> None:
+    """The sbatch script names the command it was submitted with in a comment; a path holding a
+    newline and shell code (the repository's, the log's) stays inside that comment and runs nothing."""
+    evil = str(tmp_path / "repo\ntouch PWNED\r\n#")
+    script = tmp_path / "step-1.sbatch"
+    exit_path = tmp_path / "exit"
+    script.write_text(job_script(StepSpec(step_id="step-1", command="echo ran"), "20260101-000000-abcd", "phase-0",
+                                 exit_path, ["sbatch", f"--chdir={evil}", f"--output={evil}/log", str(script)]))
+    done = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout == "ran\n", (done.stdout, done.stderr)
+    assert not (tmp_path / "PWNED").exists() and exit_path.read_text() == "0\n"
+    body = [line for line in script.read_text().splitlines() if not line.startswith("#")]
+    assert body == ["bash -c 'echo ran'", "code=$?", f"echo \"$code\" > {exit_path}", 'exit "$code"'], body
 
 
 def test_slurm_states_map_to_verdicts() -> None:

@@ -20,9 +20,11 @@ reads, alias bombs and undecodable config files. Real repositories, the real `ru
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -306,3 +308,69 @@ def test_read_only_filesystem_is_a_message_not_a_traceback(tmp_path: Path) -> No
             assert result.returncode == 2, (args, result.stdout, result.stderr)
             assert "Read-only file system" in result.stderr, (args, result.stderr)
     assert H.tree_snapshot(repo) == before
+
+
+_FULL_DISK = r"""
+import errno, json, os, shutil, subprocess, sys
+from pathlib import Path
+disk, repo_src, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+runbook = sys.argv[4:]
+from runbook.store.lock import read_lock, run_lock
+state = disk / "bare-state"
+state.mkdir()
+repo = disk / "repo"
+shutil.copytree(repo_src, repo, symlinks=True)
+filler = disk / "filler"
+fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+for size in (4096, 1):  # fill the disk to the last byte
+    try:
+        while True:
+            os.write(fd, b"\0" * size)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
+os.close(fd)
+doc = {}
+try:
+    with run_lock(state, run_id="r1"):
+        doc["locked"] = True
+except OSError as exc:
+    doc["errno"] = exc.errno
+doc["bare_left"] = sorted(p.name for p in state.iterdir())
+full = subprocess.run([*runbook, "next", "--yes"], cwd=repo, capture_output=True, text=True, timeout=120)
+doc["full"] = [full.returncode, full.stdout, full.stderr]
+doc["lock_after_full"] = (repo / "state" / "lock").exists()
+filler.unlink()
+with run_lock(state, run_id="r2"):
+    doc["relocked"] = read_lock(state / "lock").run_id
+again = subprocess.run([*runbook, "next", "--yes"], cwd=repo, capture_output=True, text=True, timeout=120)
+doc["again"] = [again.returncode, again.stdout, again.stderr]
+doc["lock_after_again"] = (repo / "state" / "lock").exists()
+out.write_text(json.dumps(doc))
+"""
+
+
+def test_disk_full_while_next_takes_the_lock_leaves_no_lock(tmp_path: Path) -> None:
+    """A full disk when the run lock is created leaves no lock at all (never an empty one that
+    refuses every later `runbook next`); once there is room, the lock and `next` work again. On a
+    small tmpfs in a mount namespace of its own (root)."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs `unshare -m` (root) for a small tmpfs")
+    src = H.make_repo(tmp_path / "repo", LAZY.replace("Pass: m >= 5", "Pass: m >= 1"))
+    disk, out = tmp_path / "disk", tmp_path / "out.json"
+    disk.mkdir()
+    (tmp_path / "driver.py").write_text(_FULL_DISK)
+    script = 'mount -t tmpfs -o size=4m tmpfs "$1" && shift && exec "$@"'
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", str(disk), sys.executable,
+                           str(tmp_path / "driver.py"), str(disk), str(src), str(out), *H.RUNBOOK],
+                          capture_output=True, text=True, env=H.cli_env(), timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(out.read_text())
+    assert doc.get("errno") == errno.ENOSPC and "locked" not in doc, doc
+    assert doc["bare_left"] == [], "no lock, empty or partial, and no temporary file is left"
+    code, stdout, stderr = doc["full"]
+    H.assert_no_traceback((stdout, stderr), "next on a full disk")
+    assert code != 0 and "No space left on device" in stderr, (code, stdout, stderr)
+    assert doc["lock_after_full"] is False
+    assert doc["relocked"] == "r2"
+    code, stdout, stderr = doc["again"]
+    assert code == 0 and doc["lock_after_again"] is False, (code, stdout, stderr)

@@ -226,6 +226,26 @@ def test_status_with_several_plans_needs_plan_option(tmp_path: Path, monkeypatch
     assert "--plan plans/a.md" in refused["error"]["message"]
 
 
+def test_several_plans_hint_quotes_each_path_so_pasting_it_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan's file name holding shell code: the printed `--plan PATH` lines are one word each, so
+    pasting one into a shell passes the name and runs nothing."""
+    hostile = "plans/$(touch PWNED) x;touch PWNED2.md"
+    _repo(tmp_path, {"plans/a.md": GOOD_PLAN, hostile: GOOD_PLAN.replace("Tiny", "Other")})
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["status"])
+    assert result.exit_code == 2
+    lines = [line.strip() for line in result.stderr.splitlines() if line.strip().startswith("--plan ")]
+    assert len(lines) == 2, result.stderr
+    line = next(line for line in lines if "a.md" not in line)
+    pasted = subprocess.run(["bash", "-c", f"printf '%s\\n' {line}"], cwd=tmp_path, capture_output=True, text=True)
+    assert pasted.stdout.splitlines() == ["--plan", hostile], pasted.stdout
+    assert not (tmp_path / "PWNED").exists() and not (tmp_path / "PWNED2.md").exists()
+    chosen = CliRunner().invoke(cli, ["status", "--plan", pasted.stdout.splitlines()[1], "--json"])
+    assert chosen.exit_code == 0 and json.loads(chosen.stdout)["result"]["title"] == "Other"
+
+
 def test_status_refuses_broken_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _repo(tmp_path, {"plans/a.md": GOOD_PLAN.replace("Needs: Phase 0", "Needs: Phase 0, write")})
     monkeypatch.chdir(tmp_path)

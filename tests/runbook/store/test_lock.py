@@ -45,7 +45,9 @@ def test_second_holder_refused_naming_holder(tmp_path):
             with run_lock(tmp_path):
                 pass
         msg = str(exc.value)
-        assert f"pid {holder.pid}" in msg and "r9" in msg and "2026-01-01" in msg and "delete" in msg
+        assert f"pid {holder.pid}" in msg and "r9" in msg and "2026-01-01" in msg
+        # the way out is runbook's own verbs, never a bare kill or deleting a live lock
+        assert "`runbook cancel`" in msg and "`runbook logs -f`" in msg and "kill" not in msg and "delete" not in msg
         assert (tmp_path / "lock").exists()  # the holder keeps it
     finally:
         holder.kill()
@@ -115,3 +117,17 @@ def test_write_lock_excludes_and_times_out(tmp_path):
     t.join()
     with write_lock(tmp_path, timeout_s=1):
         pass
+
+
+def test_temporary_lock_of_a_dead_process_is_removed_and_a_live_ones_kept(tmp_path):
+    """A `runbook next` killed between writing its temporary lock and linking it leaves
+    `.lock.PID.N.tmp`: the next lock taken removes it (never another live process's)."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone, live = tmp_path / f".lock.{dead.pid}.1.tmp", tmp_path / f".lock.{os.getpid()}.2.tmp"
+    gone.write_text("{}")
+    live.write_text("{}")
+    with run_lock(tmp_path, run_id="r1"):
+        assert read_lock(tmp_path / "lock").run_id == "r1"
+    assert not gone.exists() and live.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name]
