@@ -50,7 +50,7 @@ from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from runbook.cli import COMMANDS, error_info, refusal
 from runbook.commands._output import Output
@@ -80,8 +80,33 @@ STOP_WAIT_S = 30.0  # after this, an interrupted child gets a second SIGTERM
 # ---- tool arguments -------------------------------------------------------------------------------
 
 
+def _nul_in(value: Any, where: str) -> str | None:
+    """The first argument (dotted path) whose text holds a NUL byte, which no command line can carry."""
+    if isinstance(value, str):
+        return where if "\0" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _nul_in(key, f"{where}.{key!r}") or _nul_in(item, f"{where}.{key}")
+            if found:
+                return found
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _nul_in(item, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
 class Args(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="after")
+    def _no_nul(self) -> Args:
+        for name in type(self).model_fields:
+            where = _nul_in(getattr(self, name), name)
+            if where:
+                raise ValueError(f"{where} holds a NUL byte, which no command line or file name can carry")
+        return self
 
     def cli_kwargs(self) -> dict[str, Any]:
         """The verb's click parameters these arguments stand for (the rest keep their defaults)."""
@@ -158,6 +183,15 @@ class NextArgs(PlanArgs):
     set: dict[str, str] = Field({}, description="Plan vars to give other values for this run (`runbook next "
                                                 "--set NAME=VALUE`); the run record keeps every var it used.")
     no_commit: bool = Field(False, description="Write the results but do not commit them.")
+
+    @field_validator("set")
+    @classmethod
+    def _var_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not name or "=" in name or name != name.strip():
+                raise ValueError(f"{name!r} is not a var name: give each var as its own key, e.g. "
+                                 '{"lr": "3e-4"} (a name holds no `=` and no surrounding spaces)')
+        return value
 
     def cli_kwargs(self) -> dict[str, Any]:
         return {**super().cli_kwargs(), "phase_ref": self.phase, "restart": self.restart,
@@ -556,6 +590,17 @@ class RunbookServer:
         return types.ListToolsResult(tools=[tool.listing() for tool in TOOLS])
 
     async def call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> types.CallToolResult:
+        """The tool's answer; whatever it raises (a bug, an OS error) is a tool error with the code the
+        command line would give, never an exception through the SDK (a JSON-RPC error with code 0)."""
+        try:
+            return await self._call_tool(ctx, params)
+        except Exception as exc:  # cancellation (a BaseException) still goes through
+            error = refusal(exc, params.name)
+            if error.code == "internal":
+                logger.error("tool %s raised", params.name, exc_info=exc)
+            return Outcome.refused(params.name, error).tool_result()
+
+    async def _call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> types.CallToolResult:
         tool = BY_NAME.get(params.name)
         if tool is None:
             error = RunbookError(f"no tool {params.name!r}; tools: {', '.join(BY_NAME)}", "usage")

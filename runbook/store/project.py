@@ -168,6 +168,12 @@ def state_dir(root: str | os.PathLike[str]) -> Path:
     config = load_config(root)
     path = Path(root) / config.state
     if not path.resolve().is_relative_to(Path(root).resolve()):
+        if config.source is None:  # the default `state`, a link out of the repository
+            raise ConfigError(
+                f"{config.state}: the state directory is a link to {path.resolve()}, outside the repository "
+                f"{root}; the ledger is committed with the plan, so it must live inside it: replace the link "
+                "with a real directory"
+            )
         raise ConfigError(
             f"{config.source}: state = {config.state!r} points outside the repository {root}; "
             "the ledger is committed with the plan, so it must live inside it (e.g. state = \"state\")"

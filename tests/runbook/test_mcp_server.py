@@ -558,3 +558,29 @@ def test_every_tool_argument_is_a_parameter_of_its_verb() -> None:
     command = importlib.import_module(COMMANDS["next"][0]).command
     flags = {opt for param in command.params for opt in param.opts}
     assert {a for a in argv if a.startswith("--")} <= flags
+
+
+def test_nul_bytes_and_re_split_var_names_are_tool_errors_never_a_crash(tmp_path: Path) -> None:
+    """A NUL byte in any argument (a `set` value, a plan path, a record title) and a `set` key holding `=`
+    are `usage` tool errors naming the argument; the server answers the next call as before, runs
+    nothing and writes nothing (a NUL reached Popen: a ValueError through the SDK, JSON-RPC code 0)."""
+    repo = H.make_repo(tmp_path / "repo", PLAN, notes=NOTES)
+
+    async def main():
+        async with Client(params(repo)) as client:
+            calls = [await client.call_tool("next", {"run": True, "set": {"budget": "1\x00; touch PWNED"}}),
+                     await client.call_tool("next", {"run": True, "set": {"budget=9": "1"}}),
+                     await client.call_tool("status", {"plan": "plans/plan.md\x00x"}),
+                     await client.call_tool("record", {"title": "A\x00B", "no_commit": True})]
+            return calls, await client.call_tool("status", {})
+
+    calls, after = run(main)
+    for result, where in zip(calls, ("set.budget", "budget=9", "plan", "title"), strict=True):
+        assert result.is_error, result
+        error = result.structured_content["error"]
+        assert error["code"] == "usage" and where in error["message"], error
+    assert "NUL byte" in calls[0].structured_content["error"]["message"]
+    assert "not a var name" in calls[1].structured_content["error"]["message"]
+    assert not after.is_error and after.structured_content == cli_json(repo, "status")
+    assert not (repo / "state" / "runs").exists() and not (repo / "PWNED").exists()
+    assert H.git(repo, "status", "--porcelain") == ""

@@ -162,6 +162,26 @@ def test_state_dir_outside_the_repo_is_refused(tmp_path: Path, counts, state: st
     counts.add("escapes_refused")
 
 
+def test_a_state_dir_that_links_out_of_the_repo_is_named_with_its_fix(tmp_path: Path, counts) -> None:
+    """No runbook.toml, `state` a symlink to a directory outside: every verb refuses, naming `state`
+    (never "None:", the absent config file), where it points and the fix; nothing is written there."""
+    plan = "---\nrunbook: 1\n---\n\n## Phase 0: a\n\nSteps:\n- [ ] x: `true`\n"
+    repo = H.make_repo(tmp_path / "repo", plan)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (repo / "state").symlink_to(outside)
+    for args in (["next", "--yes"], ["status"], ["record", "x", "--no-commit"]):
+        result = H.runbook_inproc(repo, *args)
+        H.assert_no_traceback(result, " ".join(args))
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert result.stderr.startswith(f"state: the state directory is a link to {outside}"), result.stderr
+        assert "None" not in result.stderr and "replace the link with a real directory" in result.stderr
+    doc = json.loads(H.runbook_inproc(repo, "status", "--json").stdout)
+    assert doc["error"]["code"] == "config" and doc["error"]["file"] == "state", doc
+    assert list(outside.iterdir()) == []
+    counts.add("escapes_refused")
+
+
 @pytest.mark.slow
 def test_hostile_ledger_ids_and_log_paths_steer_no_write(tmp_path: Path, counts) -> None:
     """A hand-made run record whose run id and log path climb out of the repo."""
