@@ -1,7 +1,7 @@
 """The quoting context of offsets in a bash script: where would text inserted there end up?
 
 A small lexer for what decides how a `{var}` value must be quoted (runbook/plan/resolve.py): plain
-words, '...', "...", $'...', $"...", comments, here-documents (quoted delimiter or not, `<<-`),
+words, '...', "...", $'...', $"...", comments, here-documents (quoted delimiter or not, `<<-`; a `<<<` here-string is an ordinary word),
 command substitution `$(...)` (a plain context again, even inside double quotes), and the
 contexts where no quoting is safe: backticks, `${...}` parameter expansion and arithmetic
 (`$((...))`, `((...))`). Text right after an unquoted backslash is marked `escaped`.
@@ -164,7 +164,9 @@ class _Lexer:
         if text.startswith("((", i) and at_word_start:
             self.push(_Frame("arith"))
             return i + 2
-        if text.startswith("<<", i) and not text.startswith("<<<", i):
+        if text.startswith("<<<", i):  # a here-string: its word is an ordinary word, no body follows
+            return i + 3
+        if text.startswith("<<", i):
             return self._heredoc_op(i + 2, top)
         if c == "(":
             top.depth += 1

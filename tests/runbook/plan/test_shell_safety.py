@@ -233,6 +233,8 @@ CONTEXTS = {
     "heredoc-quoted": ("cat > out.bin <<'EOF'\npre{v}post $HOME\nEOF", lambda v: f"pre{v}post $HOME\n"),
     "heredoc-dash": ("cat > out.bin <<-END\n\tpre{v}post\n\tEND", lambda v: f"pre{v}post\n"),
     "comment": ("printf done > out.bin # {v} ; touch PWNED", lambda v: "done"),
+    "here-string": ("cat > out.bin <<< {v}", lambda v: v + "\n"),
+    "here-string-double": ('cat > out.bin <<<"pre{v}post"', lambda v: f"pre{v}post\n"),
 }
 # a value with a line break is refused (UnsafeVar) in these contexts: it could end them early
 LINE_SENSITIVE = {"heredoc", "heredoc-quoted", "heredoc-dash", "comment"}
