@@ -8,6 +8,8 @@ Records (one JSON object a line; blank lines are skipped):
 - OpenAI: `{"messages": [{"role": "user", "content": "..."}, ...]}`
 - ShareGPT: `{"conversations": [{"from": "human", "value": "..."}, ...]}`
 - plain: `{"prompt": "..."}` (one user turn)
+`content` may be a list of text parts (`[{"type": "text", "text": "..."}]`); a UTF-8 byte-order mark
+at the start of the file is ignored.
 Trailing assistant turns are dropped: the model is asked to write the next assistant turn itself.
 """
 
@@ -20,6 +22,16 @@ _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assista
                    "system": "system", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant"}
 
 
+def content_text(value: object) -> str | None:
+    """A message's `content` as text: a string, or a list of text parts as chat APIs export them
+    (`[{"type": "text", "text": "..."}]`, joined); None for anything else (images, numbers)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in value):
+        return "".join(str(p.get("text", "")) for p in value)
+    return None
+
+
 class PromptFileError(ValueError):
     """A bad prompts file; the message carries `file:line: what is wrong and how to fix it`."""
 
@@ -30,10 +42,11 @@ def _messages(record: object, where: str) -> list[dict[str, str]]:
     if "messages" in record:
         turns = record["messages"]
         if not isinstance(turns, list) or not all(
-                isinstance(t, dict) and isinstance(t.get("role"), str) and isinstance(t.get("content"), str)
+                isinstance(t, dict) and isinstance(t.get("role"), str) and content_text(t.get("content")) is not None
                 for t in turns):
-            raise PromptFileError(f"{where}: 'messages' must be a list of {{\"role\": str, \"content\": str}}")
-        msgs = [{"role": t["role"], "content": t["content"]} for t in turns]
+            raise PromptFileError(f"{where}: 'messages' must be a list of {{\"role\": str, \"content\": str or "
+                                  "[{\"type\": \"text\", \"text\": str}, ...]}")
+        msgs = [{"role": t["role"], "content": str(content_text(t["content"]))} for t in turns]
     elif "conversations" in record:
         turns = record["conversations"]
         if not isinstance(turns, list) or not all(
@@ -59,7 +72,7 @@ def read_prompt_messages(prompts_file: str | Path, limit: int | None = None) -> 
     if not path.is_file():
         raise PromptFileError(f"{path}: prompts file not found")
     out: list[list[dict[str, str]]] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for lineno, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
         if limit is not None and len(out) >= limit:
             break
         if not line.strip():

@@ -27,6 +27,7 @@ from eagle.data.regenerate import RegenSettings, check_settings
 from eagle.data.regenerate import regenerate as regenerate_samples
 from eagle.data.turns import ReasoningTags, Sample, Template, TurnError, recorded_sample
 from eagle.fsutil import atomic_dir, atomic_write_text
+from eagle.prompts import content_text
 from eagle.serving.client import Sampling
 from eagle.serving.flags import VllmFlags
 
@@ -61,10 +62,9 @@ class Record:
 
 
 def _content(value: Any, where: str) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in value):
-        return "".join(str(p.get("text", "")) for p in value)
+    text = content_text(value)
+    if text is not None:
+        return text
     raise RecordError(f"{where}: content must be a string (or a list of text parts), got {type(value).__name__}")
 
 
@@ -113,7 +113,7 @@ def read_records(path: Path) -> tuple[list[Record], list[tuple[int, str]]]:
     with open(path, "rb") as fh:
         for n, raw in enumerate(fh, start=1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")  # a byte-order mark starts no record
             except UnicodeDecodeError as e:
                 bad.append((n, f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})"))
                 continue
@@ -309,7 +309,8 @@ def prepare(model: Path, data: Path, out: Path, limit: int | None = None, regene
     if all_bad and echo:
         warn(_bad_report(data, all_bad) + f"\nskipped {len(all_bad)} bad record(s)")
     if not rows["input_ids"]:
-        raise EagleError(f"no usable records in {data}; nothing written")
+        reasons = f":\n{_bad_report(data, all_bad)}" if all_bad else ""
+        raise EagleError(f"no usable records in {data}; nothing written{reasons}")
     fmt_counts: dict[str, int] = {}
     for r in good:
         fmt_counts[r.fmt] = fmt_counts.get(r.fmt, 0) + 1

@@ -81,6 +81,38 @@ def test_read_records_reports_line_numbers(tmp_path):
     assert "invalid JSON" in bad[0][1] and "unknown role 'robot'" in bad[1][1]
 
 
+def test_a_byte_order_mark_starts_no_record_and_text_parts_are_content(tmp_path):
+    """A JSONL file saved with a UTF-8 BOM (as Windows tools write it) keeps its first record, and
+    OpenAI messages whose content is a list of text parts (what chat APIs export) are read, in
+    prepare's records and in the prompts every decoder sends."""
+    from eagle.prompts import read_prompt_messages
+
+    parts = [{"type": "text", "text": W[0] + " "}, {"type": "text", "text": W[1]}]
+    f = tmp_path / "d.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + "\n".join([
+        json.dumps({"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": W[2]}]}),
+        json.dumps({"messages": msgs(("user", W[3]), ("assistant", W[4]))}),
+    ]).encode() + b"\n")
+    good, bad = data.read_records(f)
+    assert bad == [] and [r.line for r in good] == [1, 2]
+    assert good[0].messages[0]["content"] == f"{W[0]} {W[1]}"
+    prompts = read_prompt_messages(f)
+    assert prompts == [[{"role": "user", "content": f"{W[0]} {W[1]}"}], [{"role": "user", "content": W[3]}]]
+
+
+def test_no_usable_records_names_each_records_reason(tmp_path, tok_dir):
+    src = tmp_path / "bad.jsonl"
+    src.write_text("{not json\n" + json.dumps({"messages": msgs(("robot", W[0]))}) + "\n")
+    out = tmp_path / "out"
+    r = CliRunner().invoke(prepare_verb.command, ["--model", str(tok_dir), "--data", str(src), "--out", str(out)])
+    assert r.exit_code == 1 and not out.exists()
+    assert "no usable records" in r.stderr and f"{src}:1: invalid JSON" in r.stderr
+    with pytest.raises(EagleError) as refused:  # quiet (no warnings printed): the error itself says why
+        data.prepare(tok_dir, src, out, echo=False)
+    assert f"{src}:1: invalid JSON" in str(refused.value) and not out.exists()
+    assert f"{src}:2: messages[0]: unknown role 'robot'" in str(refused.value)
+
+
 def test_answer_points():
     conv = msgs(("system", "s"), ("user", "a"), ("assistant", "b"), ("user", "c"), ("user", "d"))
     assert data.answer_points(conv) == [msgs(("system", "s"), ("user", "a")), msgs(("user", "c"), ("user", "d"))]
