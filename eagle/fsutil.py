@@ -11,6 +11,11 @@ A failure or an interrupt removes the temporary and leaves the target as it was.
 - `atomic_dir(path)`: the same for a whole directory (a dataset, a toy target, an epoch state); an
   existing directory is swapped out and removed only after the new one is in place.
 
+- `read_json_file(path)`: the one way eagle reads a JSON file the user hands it (config.json,
+  `--draft-config`): checked to be a regular file of bounded size before it is read (a FIFO, a
+  device or a directory is refused at once, naming the path, never a hang), UTF-8, and nested at
+  most `JSON_MAX_DEPTH` deep (a RecursionError never escapes).
+
 Temporary names are `.tmp-NAME-PID-THREAD` (hidden, unique per writer, so concurrent writers never
 share one). Imports nothing heavy: eagle/metrics.py uses it in every command.
 """
@@ -21,6 +26,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,3 +94,72 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
             os.rename(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+JSON_MAX_BYTES = 64 << 20  # a config.json is KBs, a safetensors index a few MB
+JSON_MAX_DEPTH = 100  # transformers configs nest 3-4 levels
+
+
+class JsonFileError(ValueError):
+    """A JSON file that cannot be read as one; the message names the file and the reason."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+def read_json_file(path: str | os.PathLike[str], *, max_bytes: int = JSON_MAX_BYTES) -> Any:
+    """The decoded content of the JSON file `path`.
+
+    Raises JsonFileError (naming the path) for a missing or unreadable file, anything but a regular
+    file, a file over `max_bytes`, text that is not UTF-8 and JSON nested deeper than
+    `JSON_MAX_DEPTH`; json.JSONDecodeError (with its line and column) for a syntax error."""
+    path = Path(path)
+    try:  # O_NONBLOCK: opening a FIFO returns at once, and fstat then names it
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise JsonFileError(f"{path}: not found") from None
+    except OSError as exc:
+        raise JsonFileError(f"{path}: cannot read it ({exc.strerror})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise JsonFileError(f"{path}: {_kind(info.st_mode)}, not a JSON file; give the path of a regular file")
+    with os.fdopen(fd, "rb") as handle:
+        if info.st_size > max_bytes:
+            raise JsonFileError(f"{path}: {info.st_size:,} bytes, more than the {max_bytes:,} a JSON file here may "
+                                "hold; is it the right file?")
+        try:
+            os.set_blocking(fd, True)
+            raw = handle.read(max_bytes + 1)
+        except OSError as exc:
+            raise JsonFileError(f"{path}: cannot read it ({exc.strerror})") from None
+    if len(raw) > max_bytes:
+        raise JsonFileError(f"{path}: more than the {max_bytes:,} bytes a JSON file here may hold")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise JsonFileError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+                            "save it as UTF-8") from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise JsonFileError(f"{path}: JSON nested too deeply (more than {JSON_MAX_DEPTH} levels)") from None
+    if _depth_over(data, JSON_MAX_DEPTH):
+        raise JsonFileError(f"{path}: JSON nested too deeply (more than {JSON_MAX_DEPTH} levels)")
+    return data

@@ -33,6 +33,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from eagle.common import EagleError, open_safetensors, pick_device, pick_dtype, split_layer_ids
+from eagle.fsutil import JsonFileError, read_json_file
 
 CONFIG_FILE = "config.json"
 TEXT_KEYS = ("text_config", "language_config", "llm_config")
@@ -108,9 +109,9 @@ def read_draft_shape(file: str | os.PathLike[str]) -> DraftShape:
     transformer_layer_config, or its top-level llama fields, are read)."""
     path = Path(file)
     try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise _usage(f"--draft-config {path}: cannot read it ({exc.strerror})") from None
+        data = read_json_file(path)
+    except JsonFileError as exc:
+        raise _usage(f"--draft-config {exc}") from None
     except json.JSONDecodeError as exc:
         raise _usage(f"--draft-config {path}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})") from None
     if not isinstance(data, dict):
@@ -465,7 +466,9 @@ def open_target(path: str | os.PathLike[str], trust_remote_code: bool = False, w
         raise _usage(f"{what} {d}: no config.json (expected a transformers model directory, "
                      "as save_pretrained writes it)")
     try:
-        raw = json.loads(file.read_text())
+        raw = read_json_file(file)
+    except JsonFileError as exc:
+        raise _usage(str(exc)) from None
     except json.JSONDecodeError as exc:
         raise _usage(f"{file}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg}); fix or re-save the config") from None
     if not isinstance(raw, dict):

@@ -25,6 +25,7 @@ from eagle.drafter.checkpoint import (
     optional_shapes,
     shape_problems,
 )
+from eagle.fsutil import JsonFileError, read_json_file
 
 
 class Problem(BaseModel):
@@ -47,13 +48,13 @@ class CheckReport(BaseModel):
 
 
 def _read_json(path: Path, problems: list[Problem]) -> dict[str, Any] | None:
-    if not path.is_file():
-        problems.append(Problem(where=str(path), message="not found"))
-        return None
-    try:
-        data = json.loads(path.read_text())
+    try:  # a missing file is "not found"; a FIFO, a device or a directory is named as what it is
+        data = read_json_file(path)
     except json.JSONDecodeError as exc:
         problems.append(Problem(where=f"{path}:{exc.lineno}:{exc.colno}", message=f"invalid JSON: {exc.msg}"))
+        return None
+    except JsonFileError as exc:
+        problems.append(Problem(where=str(path), message=str(exc).removeprefix(f"{path}: ")))
         return None
     if not isinstance(data, dict):
         problems.append(Problem(where=str(path), message="expected a JSON object"))

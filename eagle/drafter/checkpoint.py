@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from eagle.common import EagleError
-from eagle.fsutil import atomic_path, atomic_write_json
+from eagle.fsutil import JsonFileError, atomic_path, atomic_write_json, read_json_file
 
 if TYPE_CHECKING:
     import torch
@@ -265,11 +265,11 @@ def read_config_json(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not file.exists():
         raise CheckpointError(f"{file}: not found (is {path} a drafter checkpoint: config.json + model.safetensors?)")
     try:
-        data = json.loads(file.read_text())
+        data = read_json_file(file)
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{file}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{file}: unreadable ({exc})") from None
+    except JsonFileError as exc:
+        raise CheckpointError(str(exc)) from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{file}: expected a JSON object")
     return data
