@@ -32,6 +32,9 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM
 # The toy models are tiny: one thread per process beats two threads fighting over shared cores
 # (training measured 3-4x faster this way on a busy 2-core machine). Override by exporting it.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# vLLM's cache kept between the plan's server starts (eagle serve-bench starts two): each start then skips
+# vLLM's model inspection in a subprocess. Override by exporting it.
+export VLLM_CACHE_ROOT="${VLLM_CACHE_ROOT:-$DEMO_DIR/work/vllm-cache}"
 
 if [ -f "$DEMO_DIR/$PLAN" ]; then
     say "$DEMO_DIR exists: resuming its plan (rm -rf $DEMO_DIR to start over)"

@@ -52,6 +52,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # The toy models are tiny: one thread per process beats threads fighting over shared cores
     # (the demo does the same); and test processes run two at a time under `make test`.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Every vLLM server a test starts shares vLLM's cache (eagle/serving/server.py KEPT_CACHES): its
+    # model-inspection results, which otherwise cost each start a vllm import in a subprocess (~13 s of CPU).
+    from eagle.toy import cache_root
+
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_root() / "vllm"))
 
 
 def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -26,16 +26,24 @@ from typing import Any
 from eagle.common import EagleError, note, warn
 from eagle.serving.flags import ServerSpec, server_command
 
+# Caches a user may keep between server starts by setting them: vLLM's (its model-inspection results, which
+# otherwise cost a vllm import in a subprocess per start, and its torch.compile artefacts) and Inductor's.
+KEPT_CACHES = (("VLLM_CACHE_ROOT", "cache"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"))
+
 
 def server_env(scratch: Path, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for vLLM: offline, no usage stats, caches and temp files under `scratch`."""
+    """Environment for vLLM: offline, no usage stats, temp files under `scratch`, and its caches there too
+    unless the environment names them (KEPT_CACHES: then every start shares them)."""
     env = dict(os.environ if base is None else base)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    for name, sub in (("TMPDIR", "tmp"), ("VLLM_CACHE_ROOT", "cache"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
-        (scratch / sub).mkdir(parents=True, exist_ok=True)
-        env[name] = str(scratch / sub)
+    (scratch / "tmp").mkdir(parents=True, exist_ok=True)
+    env["TMPDIR"] = str(scratch / "tmp")
+    for name, sub in KEPT_CACHES:
+        if not env.get(name):
+            (scratch / sub).mkdir(parents=True, exist_ok=True)
+            env[name] = str(scratch / sub)
     return env
 
 

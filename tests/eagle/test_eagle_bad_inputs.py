@@ -1,6 +1,6 @@
 """eagle on bad inputs: a clear `error: ...` naming the file, exit != 0, never a traceback.
 
-The real `eagle` CLI runs in a subprocess on damaged copies of the session's toy data
+The real `eagle` CLI (its `main`, in this process: helpers.eagle_inproc) runs on damaged copies of the session's toy data
 (`toy_data`, `toy_target` from tests/conftest.py): truncated and NaN hidden-state files, a vocab
 mapping for another vocabulary size, empty and junk datasets, a drafter checked against another
 target, and a corrupted drafter checkpoint; round two: a data file with a non-UTF-8 line,
@@ -23,9 +23,9 @@ pytestmark = pytest.mark.slow
 
 
 def eagle(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = H.cli_env({"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
-    return subprocess.run([*H.EAGLE, *args], capture_output=True, text=True, env=env, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    """The eagle CLI's `main` with these arguments, in this process (helpers.eagle_inproc: a child's argv,
+    environment, stdin and fds 1 and 2; an exception escaping `main` fails the test as a traceback would)."""
+    return H.eagle_inproc(*args, timeout=timeout, env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
 
 
 def assert_clear_failure(result: subprocess.CompletedProcess, *names: str) -> None:

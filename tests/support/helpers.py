@@ -3,10 +3,11 @@
 - `git`, `init_repo`, `make_repo`, `commit_files`: real git repositories in temp dirs (one git helper,
   one factory).
 - `runbook`, `popen_runbook`, `cli_env`, `RUNBOOK`, `EAGLE`: the real console scripts.
-- `runbook_inproc`: the same CLI (runbook.cli's `main`, real argv) run in this process, for tests that
-  only read its output, exit code and files (~0.6 s less per call than the subprocess); `runbook` stays
-  for signals, locks, crashes, process groups, detach, concurrency, stdin/tty, import-lightness and
-  tracebacks, and for the console script itself.
+- `runbook_inproc`, `eagle_inproc`: the same CLIs (their `main`, real argv) run in this process, for tests
+  that only read the output, exit code and files (~0.6 s less per runbook call than the subprocess, 3-4 s
+  of CPU less per eagle call: torch is imported once); `runbook` stays for signals, locks, crashes,
+  process groups, detach, concurrency, stdin/tty, import-lightness and tracebacks, and for the console
+  script itself.
 - `run_record(**fields)`: a RunRecord with every required field filled (the one run-record factory).
 - `wait_for(what)`: poll until a condition holds, or fail saying what never happened.
 - `assert_no_traceback`, `tree_snapshot`, `committed_runs`: what the reliability tests check.
@@ -289,11 +290,12 @@ def _as_child(cwd: Path, env: dict[str, str], input: str | None):
                 signal.signal(sig, handler)
 
 
-def _forget_process_state() -> None:
-    """What a fresh process would not know: runbook's per-process caches (the index key read from
-    $XDG_CACHE_HOME, the template environment), so that each in-process call starts as a new process."""
+def _forget_process_state(package: str) -> None:
+    """What a fresh process would not know: `package`'s per-process caches (runbook's index key read from
+    $XDG_CACHE_HOME, its template environment; every functools cache of the package's own functions), so
+    that each in-process call starts as a new process."""
     for name, module in list(sys.modules.items()):
-        if name == "runbook" or name.startswith("runbook."):
+        if name == package or name.startswith(f"{package}."):
             if getattr(module, "_KEY", None) is not None:
                 module._KEY = None  # type: ignore[attr-defined]
             for value in list(vars(module).values()):
@@ -301,16 +303,13 @@ def _forget_process_state() -> None:
                     value.cache_clear()
 
 
-def runbook_inproc(repo: Path, *args: str, timeout: float = 120, env: dict[str, str] | None = None,
-                   input: str | None = None) -> subprocess.CompletedProcess:
-    """`runbook(repo, *args)` without the subprocess: the CLI's `main` (as the console script calls it,
-    argv and all) in this process, with the child's cwd, environment, stdin and output streams; the same
-    CompletedProcess back. Never from a thread (cwd, environment and fds are the process's). Past
-    `timeout` seconds it fails like `subprocess.run` (TimeoutExpired; SIGALRM, where no one else uses
-    it: under pytest-timeout's signal method its own limit applies instead)."""
+def _cli_inproc(package: str, script: list[str], cwd: Path, args: tuple[str, ...], timeout: float,
+                env: dict[str, str] | None, input: str | None) -> subprocess.CompletedProcess:
+    """`package.cli.main` run as the console script `script` would run it, in this process (see runbook_inproc)."""
+    import importlib
     import signal
 
-    from runbook.cli import main
+    main = importlib.import_module(f"{package}.cli").main
 
     class _Overran(BaseException):  # past the verbs' `except Exception`, as a kill would be
         pass
@@ -319,10 +318,10 @@ def runbook_inproc(repo: Path, *args: str, timeout: float = 120, env: dict[str, 
         raise _Overran
 
     code: int | str | None = 0
-    argv = [*RUNBOOK, *args]
-    _forget_process_state()
-    with _as_child(repo, cli_env(env), input) as read:
-        sys.argv = [RUNBOOK[0] if len(RUNBOOK) == 1 else "runbook", *args]
+    argv = [*script, *args]
+    _forget_process_state(package)
+    with _as_child(cwd, cli_env(env), input) as read:
+        sys.argv = [script[0] if len(script) == 1 else package, *args]
         alarm = signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
         if alarm:
             signal.signal(signal.SIGALRM, overran)
@@ -347,6 +346,26 @@ def runbook_inproc(repo: Path, *args: str, timeout: float = 120, env: dict[str, 
         stderr += f"{code}\n"
         returncode = 1
     return subprocess.CompletedProcess(argv, returncode, stdout, stderr)
+
+
+def runbook_inproc(repo: Path, *args: str, timeout: float = 120, env: dict[str, str] | None = None,
+                   input: str | None = None) -> subprocess.CompletedProcess:
+    """`runbook(repo, *args)` without the subprocess: the CLI's `main` (as the console script calls it,
+    argv and all) in this process, with the child's cwd, environment, stdin and output streams; the same
+    CompletedProcess back. Never from a thread (cwd, environment and fds are the process's). Past
+    `timeout` seconds it fails like `subprocess.run` (TimeoutExpired; SIGALRM, where no one else uses
+    it: under pytest-timeout's signal method its own limit applies instead)."""
+    return _cli_inproc("runbook", RUNBOOK, repo, args, timeout, env, input)
+
+
+def eagle_inproc(*args: str, cwd: Path = REPO, timeout: float = 600, env: dict[str, str] | None = None,
+                 input: str | None = None) -> subprocess.CompletedProcess:
+    """`eagle ARGS` as runbook_inproc runs runbook: eagle.cli's `main` in this process, with a child's cwd,
+    environment, stdin and fds 1 and 2, the CompletedProcess a subprocess gives back. For tests that read
+    only the output, exit code and files (torch, transformers and safetensors are imported once per test
+    process instead of once per call, ~3-4 s of CPU each); a subprocess stays for signals, torchrun, vLLM's
+    own processes and the console script itself."""
+    return _cli_inproc("eagle", EAGLE, cwd, args, timeout, env, input)
 
 
 def popen_runbook(repo: Path, *args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import _decode_helpers as helpers
 import _triton_cases as cases
+import helpers as H
 import pytest
 
 from eagle.common import EagleError
@@ -166,14 +167,14 @@ def test_refusals_name_the_flag_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> 
         llama_ops.KVCache(1, 1, 16, 64, "cpu", torch.float32, attention="flash")
 
 
-def test_cli_refuses_triton_on_the_cpu_without_the_interpreter(tmp_path: Path) -> None:
+def test_cli_refuses_triton_on_the_cpu_without_the_interpreter(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """`eagle evaluate|bench --attention triton --device cpu`: one line naming the flag and the fix,
     exit 2, no traceback; refused first, before the (here missing) model is looked at."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     for verb in ("evaluate", "bench"):
-        res = subprocess.run([sys.executable, "-m", "eagle.cli", verb, "--model", str(tmp_path / "no-model"),
-                              "--draft", str(tmp_path), "--prompts", str(tmp_path / "p.jsonl"), "--device", "cpu",
-                              "--attention", "triton"], capture_output=True, text=True, env=env, timeout=300)
+        res = H.eagle_inproc(verb, "--model", str(tmp_path / "no-model"), "--draft", str(tmp_path), "--prompts",
+                             str(tmp_path / "p.jsonl"), "--device", "cpu", "--attention", "triton", timeout=300)
         assert res.returncode == 2, res.stderr
         assert "Traceback" not in res.stderr
         assert res.stderr.startswith("error: --attention triton: the device is the CPU"), res.stderr
@@ -227,8 +228,7 @@ def test_bench_reports_the_kernels_auto_ran(toy_target: Path, tmp_path: Path) ->
     """On the CPU the default --attention auto runs sdpa, and the JSON report says so."""
     prompts = helpers.write_prompts(tmp_path / "p.jsonl", 1)
     draft = helpers.make_random_drafter(toy_target, tmp_path / "draft")
-    res = subprocess.run([sys.executable, "-m", "eagle.cli", "bench", "--model", str(toy_target), "--draft", str(draft),
-                          "--prompts", str(prompts), "--limit", "1", "--max-new-tokens", "8", "--device", "cpu",
-                          "--json"], capture_output=True, text=True, timeout=600)
+    res = H.eagle_inproc("bench", "--model", str(toy_target), "--draft", str(draft), "--prompts", str(prompts),
+                         "--limit", "1", "--max-new-tokens", "8", "--device", "cpu", "--json")
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads(res.stdout)["attention"] == "sdpa"

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import _train_data as td
+import helpers as H
 import pytest
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
@@ -50,8 +49,7 @@ def test_good_drafter_passes(drafter_pair: tuple[Path, Path]) -> None:
 def test_missing_d2t_is_flagged_by_the_cli(drafter_pair: tuple[Path, Path], tmp_path: Path) -> None:
     target, draft = drafter_pair
     bad = _copy(draft, tmp_path / "no-d2t", tensor_edit=lambda t: t.pop("d2t"))
-    proc = subprocess.run([sys.executable, "-m", "eagle.cli", "check-checkpoint", str(bad), "--model", str(target)],
-                          capture_output=True, text=True)
+    proc = H.eagle_inproc("check-checkpoint", str(bad), "--model", str(target))
     assert proc.returncode == 1
     assert "missing tensor d2t" in proc.stderr and "acceptance collapses" in proc.stderr
     assert "Traceback" not in proc.stderr

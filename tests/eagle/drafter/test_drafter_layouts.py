@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import _layouts as L
 import _train_data as td
+import helpers as H
 import pytest
 import torch
 from _decode_helpers import speculators_draft_logits
@@ -162,8 +162,8 @@ def test_init_from_with_a_changed_vocabulary(layouts, toy_target: Path, toy_data
 
 
 def run_eagle(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "eagle.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
+    """The eagle CLI's `main` in this process (helpers.eagle_inproc), from `cwd` (else here)."""
+    return H.eagle_inproc(*map(str, args), cwd=cwd or Path.cwd())
 
 
 def assert_refused(proc: subprocess.CompletedProcess[str], *named: str) -> str:

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import helpers as H
 import pytest
 from click.testing import CliRunner
 
@@ -61,8 +62,14 @@ vllm:num_requests_running{engine="0",model_name="eagle-target"} 0.0
 
 
 def _run(*args: str, env: dict | None = None, timeout: float = 1500) -> subprocess.CompletedProcess:
+    """The eagle CLI in a subprocess: for the verbs that start vLLM (its process group, its death with eagle)."""
     return subprocess.run([sys.executable, "-m", "eagle.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=REPO)
+
+
+def _run_here(*args: str) -> subprocess.CompletedProcess:
+    """The eagle CLI's `main` in this process (helpers.eagle_inproc): for the verbs that only read files."""
+    return H.eagle_inproc(*args, timeout=1500)
 
 
 def _vllm_processes(marker: str | Path) -> list[str]:
@@ -101,6 +108,22 @@ def test_server_command_carries_the_drafter() -> None:
     assert json.loads(cmd[cmd.index("--speculative-config") + 1]) == {
         "method": "eagle3", "model": "/d", "num_speculative_tokens": 4}
     assert "--speculative-config" not in server_command(spec.model_copy(update={"draft": None}))
+
+
+def test_vllm_caches_are_the_scratch_dirs_unless_the_environment_keeps_them(tmp_path: Path) -> None:
+    from eagle.serving.server import server_env
+
+    env = server_env(tmp_path / "s1", base={"PATH": "/bin", "VLLM_CACHE_ROOT": ""})
+    assert env["TMPDIR"] == str(tmp_path / "s1" / "tmp") and env["PATH"] == "/bin"
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "s1" / "cache")  # empty counts as unset
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "s1" / "inductor")
+    assert all((tmp_path / "s1" / sub).is_dir() for sub in ("tmp", "cache", "inductor"))
+    kept = server_env(tmp_path / "s2", base={"VLLM_CACHE_ROOT": "/keep/vllm", "TORCHINDUCTOR_CACHE_DIR": "/keep/ind",
+                                             "TMPDIR": "/elsewhere"})
+    assert (kept["VLLM_CACHE_ROOT"], kept["TORCHINDUCTOR_CACHE_DIR"]) == ("/keep/vllm", "/keep/ind")
+    assert kept["TMPDIR"] == str(tmp_path / "s2" / "tmp")  # temp files are always the server's own
+    assert sorted(p.name for p in (tmp_path / "s2").iterdir()) == ["tmp"]
+    assert (kept["HF_HUB_OFFLINE"], kept["VLLM_NO_USAGE_STATS"]) == ("1", "1")
 
 
 def test_extraction_args_add_the_last_layer(tmp_path: Path) -> None:
@@ -312,7 +335,7 @@ def test_vllm_acceptance_matches_evaluate(toy_target: Path, trained_drafter: Pat
     runs, the speedup and the mode, and a --vllm-arg reaches both vLLM command lines."""
     common = ["--model", str(toy_target), "--draft", str(trained_drafter), "--prompts", str(HELDOUT),
               "-k", str(K), "--limit", str(LIMIT), "--max-new-tokens", str(MAX_NEW), "--json"]
-    ev = _run("evaluate", *common)
+    ev = _run_here("evaluate", *common)
     assert ev.returncode == 0, ev.stderr[-3000:]
     evaluated = json.loads(ev.stdout)
     env = dict(os.environ, RUNBOOK_METRICS=str(tmp_path / "m.json"))
@@ -367,13 +390,13 @@ def test_check_checkpoint_flags_the_served_drafter_without_d2t(toy_target: Path,
                                                                 tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
-    assert _run("check-checkpoint", str(trained_drafter), "--model", str(toy_target)).returncode == 0
+    assert _run_here("check-checkpoint", str(trained_drafter), "--model", str(toy_target)).returncode == 0
     broken = tmp_path / "no-d2t"
     shutil.copytree(trained_drafter, broken)
     tensors = load_file(str(broken / "model.safetensors"))
     del tensors["d2t"]
     save_file(tensors, str(broken / "model.safetensors"))
-    proc = _run("check-checkpoint", str(broken), "--model", str(toy_target))
+    proc = _run_here("check-checkpoint", str(broken), "--model", str(toy_target))
     assert proc.returncode == 1 and "missing tensor d2t" in proc.stderr
 
 
