@@ -88,7 +88,9 @@ STATES: dict[str, tuple[str, str | None, str, str | None]] = {
 
 
 def run(repo: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return H.runbook(repo, *args, timeout=timeout)
+    """runbook ARGS in `repo`, in this process (helpers.runbook_inproc): the states are read from the files
+    each verb leaves; `start_running` keeps a real process, whose lock the others see."""
+    return H.runbook_inproc(repo, *args, timeout=timeout)
 
 
 def rb_json(repo: Path, *args: str, timeout: float = 60) -> tuple[dict, subprocess.CompletedProcess]:
