@@ -16,8 +16,8 @@ A failure or an interrupt removes the temporary and leaves the target as it was.
   device or a directory is refused at once, naming the path, never a hang), UTF-8, and nested at
   most `JSON_MAX_DEPTH` deep (a RecursionError never escapes).
 
-Temporary names are `.tmp-NAME-PID-THREAD` (hidden, unique per writer, so concurrent writers never
-share one). Imports nothing heavy: eagle/metrics.py uses it in every command.
+Temporary names are `.tmp-NAME-HOST-PID-THREAD` (hidden, unique per writer, so concurrent writers never
+share one); `remove_dead_temps(dir)` removes those a killed writer of this host left (extract calls it). Imports nothing heavy: eagle/metrics.py uses it in every command.
 """
 
 from __future__ import annotations
@@ -33,9 +33,46 @@ from pathlib import Path
 from typing import Any
 
 
+def _host() -> str:
+    return os.uname().nodename
+
+
 def temp_name(path: Path) -> Path:
     """The temporary sibling of `path` this process and thread writes before renaming."""
-    return path.with_name(f".tmp-{path.name}-{os.getpid()}-{threading.get_ident()}")
+    return path.with_name(f".tmp-{path.name}-{_host()}-{os.getpid()}-{threading.get_ident()}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_dead_temps(directory: str | os.PathLike[str]) -> int:
+    """Remove the temporaries (temp_name) in `directory` whose writer was a process of this host that is gone
+    (an `eagle extract` killed mid-write leaves one per file in flight); a live process's, and any of another
+    host's (shards of one run on several nodes share the directory), stay. Returns how many were removed."""
+    removed = 0
+    try:
+        candidates = list(Path(directory).glob(".tmp-*"))
+    except OSError:
+        return 0
+    host = _host()
+    for tmp in candidates:
+        rest, _, thread = tmp.name.rpartition("-")
+        writer, _, pid = rest.rpartition("-")
+        if not (pid.isdigit() and thread.isdigit() and writer.endswith(f"-{host}")) or _alive(int(pid)):
+            continue
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        removed += 1
+    return removed
 
 
 def fsync_file(path: Path) -> None:

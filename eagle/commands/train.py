@@ -69,6 +69,10 @@ from eagle.train.config import BUCKET_MULTIPLE, MAX_TTT_STEPS, TrainConfig, summ
               help="Compute the target's hidden states in the training loop (the target sits beside the "
                    "drafter on the device) instead of reading `eagle extract`'s files: no disk, no extraction "
                    "step, one target forward per step.")
+@click.option("--partial-data", is_flag=True,
+              help="Train on the samples that have hidden states when DATA's extraction did not finish (a killed "
+                   "`eagle extract`, deleted files), saying which rows are left out. Without it such a DATA is "
+                   "refused with the missing rows named.")
 @click.option("--layer-ids", default=None, metavar="A,B,C",
               help="With --online: the target's aux layers, ascending [default: 2,N//2,N-3, as eagle extract].")
 @click.option("--shape-buckets/--no-shape-buckets", default=None,
@@ -109,7 +113,7 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
             batch_tokens: int, grad_accum: int, val_fraction: float, val_every: int, save_every: int,
             tensorboard: bool, resume: bool, init_from: Path | None, norm_before_residual: bool | None,
             norm_before_fc: bool | None, norm_output: bool | None, keep_float32: bool, online: bool,
-            layer_ids: str | None,
+            partial_data: bool, layer_ids: str | None,
             shape_buckets: bool | None, layout_multiple: int | None, warm_shapes: bool | None,
             cuda_graphs: bool | None, draft_config: Path | None,
             draft_intermediate_size: int | None, draft_heads: int | None, draft_kv_heads: int | None,
@@ -144,7 +148,8 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
                          shape_buckets=shape_buckets, layout_multiple=layout_multiple, warm_shapes=warm_shapes,
                          cuda_graphs=cuda_graphs, draft_shape=shape,
                          trust_remote_code=trust_remote_code, norm_before_residual=norm_before_residual,
-                         norm_before_fc=norm_before_fc, norm_output=norm_output, keep_float32=keep_float32)
+                         norm_before_fc=norm_before_fc, norm_output=norm_output, keep_float32=keep_float32,
+                         partial_data=partial_data)
         from eagle.train.trainer import train
 
         log = train(config)

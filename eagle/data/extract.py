@@ -23,8 +23,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from eagle import distributed
-from eagle.common import EagleError, progress, warn
+from eagle.common import EagleError, note, progress, warn
 from eagle.data import hidden_io
+from eagle.fsutil import remove_dead_temps
 from eagle.target import open_target
 
 HEADER_BYTES = 256  # safetensors header, per file (rough)
@@ -229,6 +230,9 @@ def extract(model: Path, data: Path, out: Path | None = None, layer_ids: str | S
     per = [bytes_per_sample(n, len(ids), hidden) for n in lengths]
     needed = sum(per[i] for i in todo)
     check_disk(out, needed, int(keep_free_gb * 1e9))
+    left = remove_dead_temps(hidden_io.hs_dir(out))
+    if left and echo:
+        note(f"removed {left} temporary file(s) an earlier extract left in {hidden_io.hs_dir(out)} when it was killed")
     if out.resolve() != data.resolve():
         out.mkdir(parents=True, exist_ok=True)
         if k_shard == 0:  # one copier: shards run at once and the copy is not atomic

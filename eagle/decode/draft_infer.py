@@ -235,7 +235,14 @@ def load_drafter(draft_dir: str | Path, *, target_embed: torch.Tensor | None = N
         raise DraftCheckpointError(f"{ck.source / 'config.json'}: transformer_layer_config.vocab_size is "
                                    f"{spec.vocab_size} but the target's vocabulary has {target_vocab_size} tokens; "
                                    "this drafter was built for another target")
-    tensors = {k: v for k, v in _read_tensors(ck).items() if k != "t2d"}
+    stored = _read_tensors(ck)
+    from eagle.drafter.check import value_problems
+
+    bad = value_problems(ck.cfg, stored, str(where))
+    if bad:
+        raise DraftCheckpointError("; ".join(str(problem) for problem in bad) + "; this drafter cannot be used "
+                                   f"(eagle check-checkpoint {ck.source} --model TARGET lists every problem)")
+    tensors = {k: v for k, v in stored.items() if k != "t2d"}
     if "embed_tokens.weight" not in tensors:
         if target_embed is None:
             raise DraftCheckpointError(f"{where}: no embed_tokens.weight and no target embedding given")

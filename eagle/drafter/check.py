@@ -197,9 +197,17 @@ def vllm_facts(ck: checkpoint.Checkpoint, target_layers: int | None) -> list[str
 
 def tensor_problems(cfg: DraftConfig, tensors: dict[str, Any], where: str) -> list[Problem]:
     """Shapes, finiteness and the d2t/t2d vocabulary mapping (tensors: name -> torch.Tensor)."""
+    shapes = shape_problems(cfg, {k: tuple(v.shape) for k, v in tensors.items()})
+    return [Problem(where=where, message=m) for m in shapes] + value_problems(cfg, tensors, where)
+
+
+def value_problems(cfg: DraftConfig, tensors: dict[str, Any], where: str) -> list[Problem]:
+    """What the values of a drafter's tensors must be, whatever their shapes: finite weights, an integer
+    d2t mapping every draft id into the target vocabulary (to distinct ids), a t2d marking exactly those.
+    import-drafter refuses to write, and evaluate / bench / probe refuse to load, a drafter with any."""
     import torch
 
-    out = [Problem(where=where, message=m) for m in shape_problems(cfg, {k: tuple(v.shape) for k, v in tensors.items()})]
+    out: list[Problem] = []
     for name, t in tensors.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())

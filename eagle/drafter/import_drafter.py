@@ -1,7 +1,9 @@
 """`eagle import-drafter`: a drafter of any published EAGLE-3 layout, written in ours.
 
 The reading and the writing are eagle/drafter/checkpoint.py's (`read_drafter`, `write_checkpoint`); this
-module is the command around them. The import is lossless: tensors keep their stored dtype and an
+module is the command around them. A drafter whose values are unusable (NaN/Inf weights, a d2t that is
+float or maps outside the target vocabulary; eagle/drafter/check.py `value_problems`) is refused, nothing
+written. The import is lossless: tensors keep their stored dtype and an
 embedding the source carries is kept; what changes is the layout (speculators' config.json,
 `layers.0.*` names, explicit layer ids and norm flags, an absolute verifier path).
 """
@@ -29,6 +31,7 @@ class ImportResult(BaseModel):
 def import_drafter(src: Path, out: Path, model: Path | None = None) -> ImportResult:
     """Read `src` (any layout), check it against the target `model` when given, write ours to `out`."""
     from eagle.drafter import checkpoint
+    from eagle.drafter.check import value_problems
 
     src, out = Path(src), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -50,7 +53,12 @@ def import_drafter(src: Path, out: Path, model: Path | None = None) -> ImportRes
         spec = dict(config["speculators_config"])
         spec["verifier"] = dict(spec.get("verifier") or {}, name_or_path=str(model))
         config["speculators_config"] = spec
-    cfg = checkpoint.write_checkpoint(out, config, ck.tensors(), keep_embedding=True)
+    tensors = ck.tensors()
+    bad = value_problems(ck.cfg, tensors, str(ck.weights_file))
+    if bad:
+        raise checkpoint.CheckpointError(f"{src}: not imported, its weights are unusable: " +
+                                         "; ".join(str(problem) for problem in bad))
+    cfg = checkpoint.write_checkpoint(out, config, tensors, keep_embedding=True)
     written = checkpoint.read_drafter(out)
     return ImportResult(source=str(src), out=str(out), layout=ck.layout, layer_ids=list(cfg.layer_ids or []),
                         draft_vocab_size=cfg.draft_vocab_size, vocab_size=cfg.vocab_size, norm_flags=cfg.flags(),

@@ -55,6 +55,7 @@ class TrainConfig(BaseModel):
     norm_before_fc: bool | None = None
     norm_output: bool | None = None
     keep_float32: bool = False  # save float32 weights instead of bf16
+    partial_data: bool = False  # train on the samples with hidden states when the extraction did not finish
 
 
 class EpochRecord(BaseModel):

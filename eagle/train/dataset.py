@@ -40,6 +40,42 @@ def sample_table(data_dir: Path) -> tuple[list[int], list[int]]:
     return rows, [int(seq_len[r]) for r in rows]
 
 
+def spans(ids: Iterable[int], most: int = 6) -> str:
+    """Ascending ids as ranges: [0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8' (past `most` ranges: '..., and N more')."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    shown = [str(a) if a == b else f"{a}-{b}" for a, b in runs[:most]]
+    return ", ".join(shown) + (f", and {len(runs) - most} more ranges" if len(runs) > most else "")
+
+
+def check_complete(data_dir: Path, rows: list[int], partial: bool) -> None:
+    """Refuse a data dir whose extraction did not finish (fewer hidden-state files than the extraction's
+    samples in DATA/eagle_data.json: a killed `eagle extract`, deleted files), naming the missing rows;
+    with `partial` (train --partial-data), say which samples the run trains on instead."""
+    from eagle.common import note
+    from eagle.data import hidden_io
+
+    try:
+        expected = hidden_io.read_data_meta(data_dir).num_samples
+    except EagleError:
+        return  # no usable eagle_data.json: the layer ids' read names it
+    if len(rows) >= expected:
+        return
+    have = set(rows)
+    missing = spans(i for i in range(expected) if i not in have)
+    if partial:
+        note(f"--partial-data: training on {len(rows)} of the {expected} samples of {data_dir}; rows without "
+             f"hidden states: {missing}")
+        return
+    raise EagleError(f"{data_dir}: hidden states for {len(rows)} of its {expected} samples (rows {missing} have "
+                     f"none): the extraction did not finish. Run `eagle extract --model TARGET --data {data_dir}` "
+                     f"again (it resumes), or pass --partial-data to train on the {len(rows)} there are")
+
+
 def load_raw(data_dir: Path, row: int) -> dict[str, torch.Tensor]:
     """hidden_states [T, L+1, H], input_ids [T], loss_mask [T] of dataset row `row`."""
     from eagle.data import hidden_io
@@ -315,7 +351,8 @@ class HiddenStates(DataSource):
     prefetch = True  # reading files: several threads build batches ahead
     runs_target = False
 
-    def __init__(self, data_dir: str | os.PathLike[str], budget: int, cache_bytes: int = 2 << 30) -> None:
+    def __init__(self, data_dir: str | os.PathLike[str], budget: int, cache_bytes: int = 2 << 30,
+                 partial: bool = False) -> None:
         self.data_dir = Path(data_dir)
         if not self.data_dir.is_dir():
             raise EagleError(f"--data {self.data_dir}: no such directory")
@@ -324,6 +361,7 @@ class HiddenStates(DataSource):
         self.rows, self.lengths = sample_table(self.data_dir)
         if not self.rows:
             raise EagleError(f"{self.data_dir}: no hidden states; run `eagle extract --data {self.data_dir}`")
+        check_complete(self.data_dir, self.rows, partial)
         self.budget = budget
         self.cache_bytes = cache_bytes
         self._cache: dict[int, dict[str, torch.Tensor]] = {}

@@ -250,7 +250,7 @@ class Trainer:
             raise EagleError("--layer-ids goes with --online; offline hidden states carry their layers in "
                              f"{data_dir}/eagle_data.json (choose them in `eagle extract --layer-ids`)")
         else:
-            self.data = dataset.HiddenStates(data_dir, cfg.batch_tokens)
+            self.data = dataset.HiddenStates(data_dir, cfg.batch_tokens, partial=cfg.partial_data)
             layer_ids = dataset.read_layer_ids(data_dir)
             d2t, t2d = dataset.read_vocab(data_dir)
             target.layer_ids(layer_ids, where=f"layer ids of {data_dir}/eagle_data.json")

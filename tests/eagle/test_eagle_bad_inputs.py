@@ -233,3 +233,73 @@ def test_toy_target_out_naming_a_file(tmp_path: Path, counts) -> None:
     assert_clear_failure(result, "a-file", "not a directory")
     assert target.read_text() == "keep me\n"
     counts.add("eagle_bad_inputs")
+
+
+def test_evaluate_refuses_a_drafter_with_nan_weights(toy_target: Path, drafter: Path, tmp_path: Path,
+                                                      counts) -> None:
+    """A NaN in one weight: evaluate names the weights file, the tensor and check-checkpoint instead of
+    reporting an acceptance (on ccd61ee it ran and printed a result, exit 0)."""
+    from safetensors.torch import load_file, save_file
+
+    draft = tmp_path / "draft"
+    shutil.copytree(drafter, draft, ignore=shutil.ignore_patterns("checkpoints"))
+    tensors = load_file(str(draft / "model.safetensors"))
+    name = next(n for n, t in sorted(tensors.items()) if t.is_floating_point() and t.dim() == 2)
+    tensors[name][0, 0] = float("nan")
+    save_file(tensors, str(draft / "model.safetensors"))
+    result = eagle("evaluate", "--model", str(toy_target), "--draft", str(draft), "--prompts",
+                   str(H.REPO / "plans" / "data" / "prompts.jsonl"), "-k", "2", "--limit", "1", "--max-new-tokens",
+                   "4", "--device", "cpu")
+    assert_clear_failure(result, f"{draft / 'model.safetensors'} [{name}]: 1 non-finite values",
+                         "eagle check-checkpoint")
+    assert result.returncode == 2 and result.stdout == ""
+    counts.add("eagle_bad_inputs")
+
+
+def test_train_refuses_an_unfinished_extraction_and_names_the_rows(toy_target: Path, data_copy: Path,
+                                                                   tmp_path: Path, counts) -> None:
+    """Hidden-state files missing for some rows (an `eagle extract` killed half way, files deleted): train
+    names the rows and the two ways on; --partial-data trains on the rest and says on how many. On ccd61ee it
+    trained silently on what was there."""
+    from eagle.data import hidden_io
+
+    total = hidden_io.read_data_meta(data_copy).num_samples
+    for i in (5, 6, 7, 8, 9, 20):
+        _hs(data_copy, i).unlink()
+    refused = _train(toy_target, data_copy, tmp_path / "out")
+    assert_clear_failure(refused, f"{data_copy}: hidden states for {total - 6} of its {total} samples (rows 5-9, 20 "
+                         "have none)", f"eagle extract --model TARGET --data {data_copy}", "--partial-data")
+    assert refused.returncode == 1 and not (tmp_path / "out" / "model.safetensors").exists()
+    partial = _train(toy_target, data_copy, tmp_path / "out", "--partial-data")
+    assert partial.returncode == 0, partial.stderr[-3000:]
+    assert (f"--partial-data: training on {total - 6} of the {total} samples of {data_copy}; rows without hidden "
+            "states: 5-9, 20") in partial.stderr
+    assert (tmp_path / "out" / "model.safetensors").exists()
+    counts.add("eagle_bad_inputs", 2)
+
+
+def test_sample_spans_are_ranges() -> None:
+    from eagle.train.dataset import spans
+
+    assert spans([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+    assert spans([]) == "" and spans([3]) == "3"
+    assert spans(range(0, 20, 2), most=3) == "0, 2, 4, and 7 more ranges"
+
+
+def test_extract_removes_what_a_killed_extract_left(toy_target: Path, data_copy: Path, counts) -> None:
+    """A `.tmp-hs_*` file of an extract killed mid-write (its process gone) is removed by the next extract,
+    which says so; a live writer's stays (on ccd61ee both stayed forever)."""
+    from eagle.fsutil import _host, temp_name
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = data_copy / "hidden_states" / f".tmp-hs_3.safetensors-{_host()}-{gone.pid}-1401"
+    dead.write_bytes(b"half a file")
+    live = temp_name(data_copy / "hidden_states" / "hs_4.safetensors")
+    live.write_bytes(b"being written")
+    result = eagle("extract", "--model", str(toy_target), "--data", str(data_copy), "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "removed 1 temporary file(s) an earlier extract left" in result.stderr
+    assert not dead.exists() and live.exists()
+    assert json.loads(result.stdout)["extracted"] == 0  # every real file was valid: nothing redone
+    counts.add("eagle_bad_inputs")

@@ -119,3 +119,26 @@ def test_check_checkpoint_on_a_fifo_config_is_a_message_not_a_hang(tmp_path: Pat
     result = out["value"]
     assert result.exit_code != 0 and "Traceback" not in result.output, result.output
     assert "config.json" in result.output and "FIFO" in result.output, result.output
+
+
+def test_dead_writers_temporaries_are_removed_and_live_or_foreign_ones_kept(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from eagle.fsutil import _host, remove_dead_temps, temp_name
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid of this host that no process holds now (reaped)
+    live = temp_name(tmp_path / "hs_1.safetensors")
+    assert live.name.startswith(f".tmp-hs_1.safetensors-{_host()}-{os.getpid()}-")
+    dead = tmp_path / f".tmp-hs_2.safetensors-{_host()}-{gone.pid}-140"
+    dead_dir = tmp_path / f".tmp-epoch-3-{_host()}-{gone.pid}-7"
+    foreign = tmp_path / f".tmp-hs_3.safetensors-othernode-{gone.pid}-140"  # another node's shard may be alive
+    odd = tmp_path / ".tmp-notes"
+    for f in (live, dead, foreign, odd):
+        f.write_bytes(b"half")
+    dead_dir.mkdir()
+    (dead_dir / "state.pt").write_bytes(b"x")
+    assert remove_dead_temps(tmp_path) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, foreign.name, odd.name])
+    assert remove_dead_temps(tmp_path / "missing") == 0

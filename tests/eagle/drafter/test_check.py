@@ -97,3 +97,46 @@ def test_layer_id_rules() -> None:
     assert any("[8] outside 0..7" in m for m in far)
     big = config_problems(base | {"eagle_aux_hidden_state_layer_ids": [1], "draft_vocab_size": 17}, target, "c")
     assert [p.where for p in big] == ["c [draft_vocab_size]"]
+
+
+def _nan_in_fc(t: dict) -> None:
+    t["fc.weight"][1, 2] = float("nan")
+
+
+def _float_d2t(t: dict) -> None:
+    t["d2t"] = t["d2t"].float()
+
+
+def _d2t_outside(t: dict) -> None:
+    t["d2t"][-1] = td.VOCAB  # the last draft id past the target vocab
+
+
+def _d2t_negative(t: dict) -> None:
+    t["d2t"][0] = -1
+
+
+@pytest.mark.slow  # builds a drafter with speculators (~15 s)
+@pytest.mark.parametrize(("damage", "named"), [
+    (_nan_in_fc, "[fc.weight]: 1 non-finite values"), (_float_d2t, "[d2t]: dtype torch.float32; expected an integer"),
+    (_d2t_outside, "[d2t]: 1 draft ids map outside the target vocab"),
+    (_d2t_negative, "[d2t]: 1 draft ids map outside the target vocab")])
+def test_unusable_values_are_neither_imported_nor_loaded(drafter_pair: tuple[Path, Path], tmp_path: Path,
+                                                         damage, named: str) -> None:
+    """import-drafter writes nothing (exit 2, the weights file and the problem named) and the decoders' loader
+    refuses the same drafter; on ccd61ee import-drafter wrote all four with exit 0 and evaluate ran the NaN one."""
+    from eagle.decode.draft_infer import DraftCheckpointError, load_drafter
+
+    target, draft = drafter_pair
+    bad = _copy(draft, tmp_path / "bad", tensor_edit=damage)
+    proc = H.eagle_inproc("import-drafter", str(bad), "--out", str(tmp_path / "out"), "--model", str(target))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith(f"error: {bad}: not imported, its weights are unusable: ")
+    assert f"{bad / 'model.safetensors'} {named}" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(DraftCheckpointError) as exc:
+        load_drafter(bad, target_vocab_size=td.VOCAB)
+    assert named in str(exc.value) and f"eagle check-checkpoint {bad} --model TARGET" in str(exc.value)
+    assert exc.value.code == 2
+    assert not check_checkpoint(bad, target).ok  # and check-checkpoint names it (as before)
+    good = H.eagle_inproc("import-drafter", str(draft), "--out", str(tmp_path / "good"), "--model", str(target))
+    assert good.returncode == 0, good.stderr
