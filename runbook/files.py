@@ -8,7 +8,8 @@ temp file.
 Bounded reads of files that could be anything (a FIFO, a device, a runaway log): every file runbook
 reads that a user, a plan or a step controls (plans, notes, config, metrics files, the run lock) goes
 through `read_bounded`: it opens without blocking, reads only a regular file, and never more than the
-caller's limit. A FIFO cannot hang runbook and `/dev/zero` cannot fill its memory.
+caller's limit. A FIFO cannot hang runbook and `/dev/zero` cannot fill its memory. Files read in
+parts (step logs, the ledger index, series files) are opened with `open_regular`: the same check.
 
 Ground floor: imports nothing from runbook.
 """
@@ -19,10 +20,30 @@ import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 
 class NotReadable(ValueError):
     """Not a regular file, or larger than the limit; the message says which (without the path)."""
+
+
+def _open_regular_fd(path: str | os.PathLike[str]) -> int:
+    """A read-only fd of a regular file; `NotReadable` at once for anything else (opened without
+    blocking: a FIFO with no writer would otherwise wait forever, deaf to SIGTERM)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISREG(mode):
+        return fd
+    os.close(fd)
+    what = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a device or special file"
+    raise NotReadable(f"not a regular file ({what})")
+
+
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """`open(path, "rb")` for a regular file only. Raises OSError as `open` does, and `NotReadable`
+    for a FIFO, device, socket or directory (every file a step or a user can swap for one: step logs,
+    the ledger index, series files)."""
+    return os.fdopen(_open_regular_fd(path), "rb")
 
 
 def read_bounded(path: str | os.PathLike[str], max_bytes: int) -> bytes:
@@ -31,16 +52,9 @@ def read_bounded(path: str | os.PathLike[str], max_bytes: int) -> bytes:
     Raises OSError (FileNotFoundError, PermissionError, ...) as `open` does, and `NotReadable` for
     a FIFO, device, socket or directory, or a file over the limit.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    fd = _open_regular_fd(path)
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            what = (
-                "a FIFO" if stat.S_ISFIFO(info.st_mode)
-                else "a directory" if stat.S_ISDIR(info.st_mode)
-                else "a device or special file"
-            )
-            raise NotReadable(f"not a regular file ({what})")
         if info.st_size > max_bytes:
             raise NotReadable(f"{info.st_size:,} bytes, more than the {max_bytes:,} runbook reads")
         chunks: list[bytes] = []

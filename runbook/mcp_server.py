@@ -112,6 +112,10 @@ class Args(BaseModel):
         """The verb's click parameters these arguments stand for (the rest keep their defaults)."""
         return {}
 
+    def paths(self) -> list[tuple[str, str]]:
+        """(argument, path) of every argument naming a file: each must lie in the server's workspace."""
+        return []
+
 
 class PlanArgs(Args):
     plan: str | None = Field(None, description="The plan file (a path relative to the repository root), needed "
@@ -119,6 +123,9 @@ class PlanArgs(Args):
 
     def cli_kwargs(self) -> dict[str, Any]:
         return {"plan_opt": self.plan}
+
+    def paths(self) -> list[tuple[str, str]]:
+        return [("plan", self.plan)] if self.plan else []
 
 
 class BriefArgs(PlanArgs):
@@ -142,6 +149,9 @@ class ValidateArgs(Args):
 
     def cli_kwargs(self) -> dict[str, Any]:
         return {"plans": tuple(self.plans)}
+
+    def paths(self) -> list[tuple[str, str]]:
+        return [(f"plans[{i}]", plan) for i, plan in enumerate(self.plans)]
 
 
 class HistoryArgs(ShowArgs):
@@ -171,6 +181,9 @@ class DiffArgs(Args):
 
     def cli_kwargs(self) -> dict[str, Any]:
         return {"run_a": self.run_a, "run_b": self.run_b, "plan_opt": self.plan, "show_all": False}
+
+    def paths(self) -> list[tuple[str, str]]:
+        return [("plan", self.plan)] if self.plan else []
 
 
 class NextArgs(PlanArgs):
@@ -571,12 +584,32 @@ def _read_run(uri: str, ref: str) -> types.ReadResourceResult:
 # ---- the server -----------------------------------------------------------------------------------
 
 
+def outside_root(args: Args, root: Path) -> RunbookError | None:
+    """A refusal for the first path argument whose plan lies outside `root` (the repository the server
+    serves): a path out of it, `..` or a link leading out, or a plan of another repository nested inside."""
+    from runbook.store.project import find_repo_root
+
+    for name, value in args.paths():
+        path = Path(os.path.abspath(value))
+        own = Path(find_repo_root(path.parent)).resolve()  # the plan's workspace, as Workspace.open finds it
+        if not path.resolve().is_relative_to(root) or own != root:
+            return RunbookError(
+                f"{name}: {value} is outside {root}, the repository this server serves: it runs, reads and "
+                "writes only that repository's plans and notes", "usage", file=value,
+                hint="name a file of this repository (a path relative to its root), or start a server for the "
+                     "other repository (`runbook mcp --root PATH`)")
+    return None
+
+
 class RunbookServer:
     """The MCP handlers; in-process verbs run one at a time in a worker thread."""
 
     def __init__(self) -> None:
+        from runbook.store.project import find_repo_root
+
         self.children = Children()
         self.verb_lock = anyio.Lock()
+        self.root = Path(find_repo_root()).resolve()  # the repository served: every path argument lies in it
 
     async def shutdown(self) -> None:
         """Interrupt our runs (each records itself as interrupted) and let a verb in progress finish."""
@@ -612,6 +645,9 @@ class RunbookServer:
             error = RunbookError(f"{tool.name}: bad arguments: {problems}", "usage",
                                  hint=f"see the input schema of the `{tool.name}` tool")
             return Outcome.refused(tool.name, error).tool_result()
+        outside = outside_root(args, self.root)
+        if outside is not None:
+            return Outcome.refused(tool.name, outside).tool_result()
         if isinstance(args, NextArgs) and args.run:
             seen = 0
 

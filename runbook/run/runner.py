@@ -484,6 +484,29 @@ def _reattachable(live: LiveRun) -> JobRef | None:
     return JobRef(step_id=live.step, job_id=job_id, name=name, submitted=live.step_started or live.started)
 
 
+def commit_unrecorded(ws: Workspace, opts: RunOptions) -> list[str]:
+    """Commit the runs a stopped `runbook next` recorded but never committed (killed, or its commit
+    refused or stopped: a hook that hung), when there is nothing to run that would commit them; the
+    ledger paths committed ([] when none, or when git refuses again: then it says so)."""
+    if not ws.git or not opts.commit:
+        return []
+    with write_lock(ws.state):
+        leftovers = recover_unrecorded(ws)
+        if not leftovers:
+            return []
+        runs = [Path(p).name.removesuffix(".json") for p in leftovers if p.endswith(".json")]
+        subject = f"runbook: record run {', '.join(runs)} (left uncommitted)"
+        try:
+            gitops.commit_paths(ws.root, [ws.plan_rel, *leftovers], subject, stop=_a_new_signal(opts))
+        except gitops.GitStateError as exc:
+            opts.warn(f"run {', '.join(runs)} is recorded in {ws.rel(ledger.runs_dir(ws.state))}/ but still not "
+                      f"committed: {exc}")
+            return []
+    opts.warn(f"committed run {', '.join(runs)}, which an interrupted runbook recorded but left uncommitted "
+              f"({subject})")
+    return leftovers
+
+
 def recover_unrecorded(ws: Workspace) -> list[str]:
     """Runs of this plan that a killed `runbook next` saved to the ledger but never committed.
 
@@ -582,7 +605,8 @@ def record_run(
             paths = [ws.rel(ledger_path)] + ([ws.rel(series_file)] if series_file else [])
             paths += [ws.plan_rel] if result.plan_written else []
             try:
-                sha = gitops.commit_paths(ws.root, paths, commit_message(record, metric_names))
+                sha = gitops.commit_paths(ws.root, paths, commit_message(record, metric_names),
+                                          stop=_a_new_signal(opts))
             except gitops.GitStateError as exc:
                 msg = f"not committed: {exc}. Commit by hand: git add {' '.join(map(shlex.quote, paths))} && git commit"
                 opts.warn(msg)
@@ -591,6 +615,16 @@ def record_run(
             else:
                 record.commit = sha
     return result
+
+
+def _a_new_signal(opts: RunOptions) -> Callable[[], bool] | None:
+    """True once a signal arrives after now (one during the steps already stopped them; the run is
+    still committed): what stops a git command, a hook, that hangs while the run is committed."""
+    interrupts = opts.interrupts
+    if interrupts is None:
+        return None
+    seen = interrupts.count
+    return lambda: interrupts.count > seen
 
 
 def _keep_series(ws: Workspace, record: RunRecord, opts: RunOptions) -> Path | None:
@@ -626,7 +660,7 @@ def _commit_edits_during(ws: Workspace, record: RunRecord, opts: RunOptions) -> 
     sha = None
     if ws.git and opts.commit:
         try:
-            sha = gitops.commit_paths(ws.root, [ws.plan_rel], subject)
+            sha = gitops.commit_paths(ws.root, [ws.plan_rel], subject, stop=_a_new_signal(opts))
         except gitops.GitStateError as exc:
             opts.warn(f"{ws.plan_rel} was edited while run {record.run_id} ran, and the edits could not be "
                       f"committed on their own ({exc}); they go into the run's commit")

@@ -221,7 +221,7 @@ class Session:
                 file=str(exc.filename) if exc.filename else None,
             ) from None
 
-    def options(self, commit: bool, interrupts: Interrupts, overrides: dict[str, str] | None = None) -> RunOptions:
+    def options(self, commit: bool, interrupts: Interrupts | None, overrides: dict[str, str] | None = None) -> RunOptions:
         from runbook.run import runner
 
         opts = runner.RunOptions(
@@ -328,6 +328,8 @@ class Session:
                 sel = runner.select(ws, plan, phase_ref=self.phase_ref if first else None,
                                     restart=self.restart and first)
                 if sel.phase is None:
+                    if first:
+                        runner.commit_unrecorded(ws, self.options(commit, interrupts))
                     state = for_workspace(ws, holding_lock=True)
                     if first:
                         return self.nothing(ws, sel, state)

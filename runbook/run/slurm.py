@@ -44,6 +44,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from runbook.files import NotReadable, open_regular, read_bounded
 from runbook.formatting import iso, utc_now
 from runbook.model import StepResult
 from runbook.redact import redact_credentials
@@ -209,8 +210,8 @@ def verdict_of(info: JobInfo | None, exit_marker: int | None) -> tuple[str | Non
 
 def _read_marker(path: Path) -> int | None:
     try:
-        text = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
+        text = read_bounded(path, 64).decode("utf-8").strip()
+    except (OSError, ValueError):  # UnicodeDecodeError, NotReadable
         return None
     return int(text) if re.fullmatch(r"-?\d{1,4}", text) else None
 
@@ -392,10 +393,10 @@ def _stream(path: Path, offset: int, out: _Echo) -> int:
     if out.stream is None:
         return offset
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             handle.seek(offset)
             data = handle.read(1 << 20)
-    except OSError:
+    except (OSError, NotReadable):
         return offset
     if data:
         out.write(data)

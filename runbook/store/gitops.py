@@ -9,6 +9,12 @@ with plumbing (`write-tree`, `commit-tree`, `update-ref`): commit hooks do not r
 (`commit-tree -S`: signed with the user's key and `gpg.format`, or refused when signing fails). In
 the middle of a merge, rebase, cherry-pick, revert or bisect, or for a file git ignores, it refuses
 with `GitStateError`.
+
+Every git command of a commit runs through `_git_waited`, in a process group of its own (its hooks
+with it: `reference-transaction`, `post-index-change`, `pre-auto-gc`): one that does not finish in
+`RUNBOOK_GIT_TIMEOUT_S` seconds (default 120), or that is still running a few seconds after runbook
+was interrupted, is killed with its whole group (which runbook made) and the commit is refused with
+`GitStateError`; the run stays recorded on disk and the next `runbook next` commits it.
 """
 
 from __future__ import annotations
@@ -16,6 +22,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +45,98 @@ _IN_PROGRESS = (
 
 class GitStateError(Exception):
     """The repository is in a state where runbook will not commit; the message says what to do."""
+
+
+GIT_TIMEOUT_ENV = "RUNBOOK_GIT_TIMEOUT_S"
+GIT_TIMEOUT_S = 120.0  # the longest one git command of a commit may take (hooks included)
+STOP_GRACE_S = 3.0  # after an interrupt, git gets this long to finish before it is killed
+KILL_GRACE_S = 2.0  # after SIGTERM, before SIGKILL
+_POLL_S = 0.1
+
+
+def _git_timeout() -> float:
+    text = os.environ.get(GIT_TIMEOUT_ENV, "")
+    try:
+        value = float(text)
+    except ValueError:
+        return GIT_TIMEOUT_S
+    return value if value > 0 else GIT_TIMEOUT_S
+
+
+class _GitFailed(Exception):
+    """git exited non-zero; `stderr` holds what it said."""
+
+    def __init__(self, stderr: str) -> None:
+        super().__init__(stderr)
+        self.stderr = stderr
+
+
+def _exited(pid: int) -> bool:
+    """Whether our child `pid` has exited, without reaping it (it stays a zombie holding its pid)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _git_waited(root: str | os.PathLike[str], args: list[str], *, env: dict[str, str] | None = None,
+                stop: Callable[[], bool] | None = None, own_group: bool = True) -> str:
+    """`git ARGS` in `root`: its stdout (stripped of the last newline), `_GitFailed` when it exits
+    non-zero, `GitStateError` when it outlives the timeout or `stop()` turns true (an interrupt)
+    and does not finish within STOP_GRACE_S. Output goes to temp files, so a hook's leftover child
+    cannot keep a pipe open. `own_group`: git and its hooks get a process group of their own, which
+    is killed whole (runbook made that group; nothing else is signalled); off for `commit-tree`,
+    whose signing program may ask for a passphrase on the terminal."""
+    timeout = _git_timeout()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(["git", *args], cwd=root, env={**os.environ, **(env or {})},
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                process_group=0 if own_group else None)
+        deadline = time.monotonic() + timeout
+        stopped_at: float | None = None
+
+        def kill() -> None:
+            """SIGTERM (git then removes its lock files, e.g. HEAD.lock), then SIGKILL to whatever is
+            left. git is not reaped until the end, so its pid, and the group named by it, stay ours."""
+            send = (lambda signum: os.killpg(proc.pid, signum)) if own_group else proc.send_signal
+            with contextlib.suppress(ProcessLookupError):
+                send(signal.SIGTERM)
+            until = time.monotonic() + KILL_GRACE_S
+            while time.monotonic() < until and not _exited(proc.pid):
+                time.sleep(_POLL_S / 2)
+            with contextlib.suppress(ProcessLookupError):
+                send(signal.SIGKILL)  # a hook's children that outlived git go too
+            proc.wait()
+
+        try:
+            while True:
+                try:
+                    code = proc.wait(timeout=_POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now = time.monotonic()
+                if stopped_at is None and stop is not None and stop():
+                    stopped_at = now
+                why = (f"did not finish in {timeout:g} s" if now >= deadline
+                       else "was stopped: runbook was interrupted" if stopped_at is not None
+                       and now - stopped_at >= STOP_GRACE_S else None)
+                if why is not None:
+                    kill()
+                    raise GitStateError(
+                        f"`git {args[0]}` {why} and was killed (a git hook that hangs? see "
+                        f"`git config core.hooksPath`, else .git/hooks/; {GIT_TIMEOUT_ENV} sets the limit)")
+        except BaseException:  # Ctrl-C (KeyboardInterrupt) while it runs: git and its hooks go too
+            if proc.returncode is None:
+                kill()
+            raise
+        out.seek(0)
+        err.seek(0)
+        stdout = out.read().decode("utf-8", "replace")
+        stderr = err.read().decode("utf-8", "replace")
+    if code != 0:
+        raise _GitFailed(stderr or f"git {args[0]} exited with {code}")
+    return stdout.removesuffix("\n")
 
 
 def blob_hash(data: bytes) -> str:
@@ -222,11 +325,13 @@ def short(commit: str | None) -> str:
     return commit[:7] if commit else ""
 
 
-def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -> str | None:
+def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str, *,
+                 stop: Callable[[], bool] | None = None) -> str | None:
     """Commit exactly `paths` (repo-relative) as they are in the work tree; returns the new commit.
 
     Returns None when they are unchanged since HEAD. Raises GitStateError during a merge, rebase,
-    cherry-pick, revert or bisect, or when git refuses.
+    cherry-pick, revert or bisect, when git refuses, or when a git command (a hook) hangs past the
+    timeout or past `stop()` turning true (runbook interrupted meanwhile).
     """
     busy = in_progress(root)
     if busy:
@@ -249,24 +354,26 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -
     with contextlib.suppress(FileNotFoundError):
         tmp_index.unlink()
     env = {"GIT_INDEX_FILE": str(tmp_index)}
+    top = repo.working_tree_dir or root
+
+    def waited(*args: str, **kw: object) -> str:
+        return _git_waited(top, list(args), stop=stop, **kw)  # type: ignore[arg-type]
+
     try:
         try:
-            if head:
-                repo.git.read_tree(head, env=env)
-            else:
-                repo.git.read_tree("--empty", env=env)
+            waited("read-tree", head or "--empty", env=env)
             tracked = set(repo.git.ls_files("--", *paths, env=env).splitlines()) if paths else set()
             present = [p for p in paths if (Path(root) / p).exists() or p in tracked]
             if present:
-                repo.git.update_index("--add", "--remove", "--", *present, env=env)
-            tree = repo.git.write_tree(env=env)
+                waited("update-index", "--add", "--remove", "--", *present, env=env)
+            tree = waited("write-tree", env=env)
             if head and tree == repo.git.rev_parse(f"{head}^{{tree}}"):
                 commit = None  # nothing new; still refresh the index below (a killed run may have left it stale)
             else:
                 parents = ["-p", head] if head else []
-                commit = repo.git.commit_tree(tree, *parents, *_sign_args(repo), "-m", message)
-                repo.git.update_ref("-m", message, "HEAD", commit, head or "")
-        except error as exc:
+                commit = waited("commit-tree", tree, *parents, *_sign_args(repo), "-m", message, own_group=False)
+                waited("update-ref", "-m", message, "HEAD", commit, head or "")
+        except (error, _GitFailed) as exc:
             raise GitStateError(f"git refused the commit: {_detail(exc)}") from exc
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -274,8 +381,8 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -
     # keep `git status` clean for our paths; the user's other index entries are untouched
     if present:
         try:
-            repo.git.update_index("--add", "--remove", "--", *present)
-        except error as exc:
+            waited("update-index", "--add", "--remove", "--", *present)
+        except (error, _GitFailed, GitStateError) as exc:
             # Only a git process that started after the check above gets here. The commit is made,
             # but the real index still holds the old blobs: a plain `git commit` would revert them.
             raise GitStateError(
@@ -283,11 +390,11 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str) -
                 f"{', '.join(present)}: {_detail(exc)}; run `git reset -q -- {' '.join(present)}`"
             ) from exc
     if commit:
-        _gc_auto(repo)
+        _gc_auto(top, stop)
     return commit
 
 
-def _gc_auto(repo: git.Repo) -> None:
+def _gc_auto(root: str | os.PathLike[str], stop: Callable[[], bool] | None = None) -> None:
     """`git gc --auto`, as `git commit` runs after each commit (plumbing commits skip it).
 
     Without it every run leaves a new `state/runs` tree object loose, and a long project's `.git`
@@ -295,7 +402,7 @@ def _gc_auto(repo: git.Repo) -> None:
     foreground (no detached gc left behind) and best-effort: the commit is already made.
     """
     with contextlib.suppress(Exception):
-        repo.git.execute(["git", "-c", "gc.autoDetach=false", "gc", "--auto", "--quiet"])
+        _git_waited(root, ["-c", "gc.autoDetach=false", "gc", "--auto", "--quiet"], stop=stop)
 
 
 def _remove_dead_temp_indexes(gdir: Path) -> None:

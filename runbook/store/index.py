@@ -50,6 +50,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
+from runbook.files import NotReadable, open_regular, read_bounded
 from runbook.model import RunRecord
 from runbook.store.ledger import parse_run, read_record_bytes, runs_dir, unreadable_text
 
@@ -114,9 +115,9 @@ def _key() -> bytes:
                     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                     with os.fdopen(fd, "wb") as handle:
                         handle.write(os.urandom(32))
-            key = path.read_bytes()
+            key = read_bounded(path, 64)
             _KEY = key if len(key) == 32 else b""
-        except (OSError, RuntimeError):  # no home, a read-only one
+        except (OSError, RuntimeError, NotReadable):  # no home, a read-only one, a FIFO there
             pass
     return _KEY
 
@@ -231,8 +232,8 @@ class _Stored:
     def read(cls, path: Path) -> _Stored | None:
         """The index at `path`, or None when there is none or it cannot be trusted."""
         try:
-            handle = open(path, "rb")  # noqa: SIM115 - kept open for the sections read later
-        except OSError:
+            handle = open_regular(path)  # kept open for the sections read later
+        except (OSError, NotReadable):  # a FIFO there is rebuilt over, never waited on
             return None
         try:
             prefix = handle.read(len(_MAGIC) + _HEADER.size)

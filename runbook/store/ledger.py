@@ -142,15 +142,15 @@ def tail_lines(
     Only the last `max_bytes` of the file are read, so a log without newlines (a progress bar,
     one long line) cannot put megabytes into a run record; `\r` ends a line too (a tqdm bar shows
     its last state), and a line longer than `line_chars` keeps its end, marked with `…`."""
+    from runbook.files import NotReadable, open_regular
+
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:  # a step that swapped its log for a FIFO cannot hang us
             size = handle.seek(0, os.SEEK_END)
             start = max(0, size - max_bytes)
             handle.seek(start)
             data = handle.read(max_bytes)
-    except (FileNotFoundError, IsADirectoryError):
-        return []
-    except OSError:
+    except (OSError, NotReadable):
         return []
     text = data.decode("utf-8", "replace")
     lines = re.split(r"\r\n|\r|\n", text)

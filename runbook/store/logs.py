@@ -143,8 +143,10 @@ def follow(ws: Workspace, where: Located, write: Callable[[bytes], None], *, lin
 
 
 def _copy(path: Path, offset: int, write: Callable[[bytes], None]) -> int:
+    from runbook.files import NotReadable, open_regular
+
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             handle.seek(offset)
             while True:
                 data = handle.read(1 << 16)
@@ -152,5 +154,5 @@ def _copy(path: Path, offset: int, write: Callable[[bytes], None]) -> int:
                     return offset
                 write(data)
                 offset += len(data)
-    except FileNotFoundError:
+    except (OSError, NotReadable):  # gone, or swapped for a FIFO: nothing to show, never a hang
         return offset

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from runbook.files import atomic_write_text
+from runbook.files import NotReadable, atomic_write_text, open_regular, read_bounded
 from runbook.model import RunRecord, SeriesInfo, StepResult
 from runbook.store.ledger import run_dir, series_path
 
@@ -129,7 +129,9 @@ def read_step(path: str | os.PathLike[str], step_id: str) -> tuple[list[Series],
     try:
         if not p.is_file():
             return [], None if not p.exists() else f"{step_id}: $RUNBOOK_SERIES is not a regular file; ignored"
-        handle = open(p, "rb")
+        handle = open_regular(p)  # swapped for a FIFO after the check: refused, never waited on
+    except NotReadable:
+        return [], f"{step_id}: $RUNBOOK_SERIES is not a regular file; ignored"
     except OSError as exc:
         return [], f"{step_id}: $RUNBOOK_SERIES could not be read ({exc.strerror or exc})"
     thin: dict[str, _Thin] = {}
@@ -226,8 +228,6 @@ def save(state_dir: str | os.PathLike[str], run_id: str, series: list[Series], p
 
 def load(state_dir: str | os.PathLike[str], run_id: str) -> list[Series]:
     """The series the ledger keeps for a run ([] when it has none or the file cannot be used)."""
-    from runbook.files import NotReadable, read_bounded
-
     path = series_path(state_dir, run_id)
     if not path.is_file():
         return []

@@ -288,6 +288,71 @@ def test_corrupt_ledger_file_stops_next_and_is_named_everywhere(tmp_path: Path) 
     assert result.returncode == 0 and record.name in result.stderr and "FIFO" in result.stderr
 
 
+SERIES_PLAN = """\
+---
+runbook: 1
+title: Series
+---
+
+## Phase 0: Train
+
+Steps:
+- [ ] Train: `echo working; printf '{"step": 1, "loss": 2.0}\\n{"step": 2, "loss": 1.0}\\n' > "$RUNBOOK_SERIES"; echo '{"loss": 1.0}' > "$RUNBOOK_METRICS"`
+Pass: loss <= 1.5
+"""
+
+READERS = (["status"], ["history"], ["brief"], ["show", "0"], ["diff"], ["logs"], ["plot", "--metric", "loss"],
+           ["next", "--dry-run"])
+
+
+def test_a_fifo_where_runbook_keeps_its_ledger_index_hangs_no_reader(tmp_path: Path) -> None:
+    """A FIFO at state/index/runs.idx, at the index's key ($XDG_CACHE_HOME/runbook/index.key) and at a
+    run's kept series: every reading verb answers at once (the index is rebuilt from the records, the
+    series left out) instead of waiting forever for a writer (status, history, brief, show, diff, logs,
+    plot and next --dry-run all hung)."""
+    from runbook.store.index import index_path
+    from runbook.store.ledger import series_path
+
+    repo = H.make_repo(tmp_path / "repo", SERIES_PLAN)
+    assert H.runbook_inproc(repo, "next", "--yes").returncode == 0
+    first = json.loads(sorted((repo / "state" / "runs").glob("*.json"))[0].read_text())["run_id"]
+    assert H.runbook_inproc(repo, "next", "--phase", "0", "--restart", "--yes").returncode == 0
+    cache = tmp_path / "cache"
+    (cache / "runbook").mkdir(parents=True)
+    os.mkfifo(cache / "runbook" / "index.key")
+    index = index_path(repo / "state")
+    index.parent.mkdir(parents=True, exist_ok=True)
+    index.unlink(missing_ok=True)
+    os.mkfifo(index)
+    series_path(repo / "state", first).unlink()
+    os.mkfifo(series_path(repo / "state", first))
+    for args in READERS:
+        result = H.runbook(repo, *args, env={"XDG_CACHE_HOME": str(cache)}, timeout=60)
+        H.assert_no_traceback(result, " ".join(args))
+        assert result.returncode == 0, (args, result.stdout[-2000:], result.stderr[-2000:])
+    assert index.is_file()  # rebuilt over the FIFO by the first reader
+
+
+def test_a_step_that_swaps_its_log_for_a_fifo_is_recorded_and_hangs_nothing(tmp_path: Path) -> None:
+    """A step that replaces its own log with a FIFO: `runbook next` records and commits the run at once
+    (it hung after the step, deaf to SIGTERM, and every verb hung after it); logs and status answer."""
+    swap = 'echo before; log=$(dirname "$RUNBOOK_METRICS")/step-1.log; rm -f "$log"; mkfifo "$log"'
+    repo = H.make_repo(tmp_path / "repo", LAZY.replace("`echo '{\"m\": 1}'", f"`{swap}; echo '{{\"m\": 9}}'")
+                       .replace("Pass: m >= 5\nOn fail: stop", "Pass: m >= 5\nOn pass: stop"))
+    result = H.runbook(repo, "next", "--yes", timeout=120)
+    H.assert_no_traceback(result)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    (record,) = [json.loads(p.read_text()) for p in (repo / "state" / "runs").glob("*.json")]
+    assert record["verdict"] == "pass" and record["steps"][0]["log_tail"] == []
+    assert record["run_id"] in H.committed_runs(repo)
+    log = repo / "state" / "runs" / record["run_id"] / "step-1.log"
+    assert log.is_fifo()
+    for args in (["logs"], ["logs", "--step", "1"], ["status"], ["history"]):
+        shown = H.runbook(repo, *args, timeout=60)
+        H.assert_no_traceback(shown, " ".join(args))
+        assert shown.returncode == 0, (args, shown.stderr)
+
+
 def _read_only(repo: Path, *args: str) -> subprocess.CompletedProcess:
     """Run runbook with the repository bind-mounted read-only, in a mount namespace of its own."""
     script = f'mount --bind "{repo}" "{repo}" && mount -o remount,bind,ro "{repo}" && cd "{repo}" && exec "$@"'

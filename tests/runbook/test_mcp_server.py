@@ -584,3 +584,45 @@ def test_nul_bytes_and_re_split_var_names_are_tool_errors_never_a_crash(tmp_path
     assert not after.is_error and after.structured_content == cli_json(repo, "status")
     assert not (repo / "state" / "runs").exists() and not (repo / "PWNED").exists()
     assert H.git(repo, "status", "--porcelain") == ""
+
+
+def test_a_server_runs_reads_and_writes_only_its_own_repository(tmp_path: Path) -> None:
+    """`runbook mcp --root A` refuses (a `usage` tool error naming the argument) every plan path that
+    leads out of A: another repository's plan by absolute path or `..`, a link inside A to it, a plan of
+    a repository nested inside A, in `next` (run: true), `record`, `validate` and `status`. Nothing
+    runs and nothing is written in the other repositories (a server rooted at A ran B's steps and
+    wrote B's notes); A's own plan is served as before."""
+    a = H.make_repo(tmp_path / "a", PLAN, notes=NOTES)
+    b = H.make_repo(tmp_path / "b", PLAN.replace("mkdir -p {out}", "mkdir -p {out} && touch RAN"), notes=NOTES)
+    nested = H.make_repo(a / "vendor" / "c", PLAN.replace("mkdir -p {out}", "mkdir -p {out} && touch RAN"),
+                         notes=NOTES)
+    (a / "plans" / "link.md").symlink_to(b / "plans" / "plan.md")
+    before = {repo: (git(repo, "log", "--format=%H"), (repo / "plans" / "notes.md").read_bytes())
+              for repo in (b, nested)}
+    b_plan = str(b / "plans" / "plan.md")
+    server = StdioServerParameters(command=RUNBOOK[0], args=[*RUNBOOK[1:], "mcp", "--root", str(a)],
+                                   cwd=str(tmp_path), env=SERVER_ENV)
+
+    async def main():
+        async with Client(server) as client:
+            calls = [await client.call_tool(tool, arguments) for tool, arguments in (
+                ("next", {"run": True, "plan": b_plan}),
+                ("next", {"run": True, "plan": "../b/plans/plan.md"}),
+                ("next", {"run": True, "plan": "vendor/c/plans/plan.md"}),
+                ("record", {"plan": b_plan, "title": "Not here"}),
+                ("record", {"plan": "plans/link.md", "title": "Not here"}),
+                ("validate", {"plans": ["plans/plan.md", b_plan]}),
+                ("status", {"plan": "plans/link.md"}))]
+            return calls, await client.call_tool("status", {"plan": "plans/plan.md"})
+
+    calls, own = run(main)
+    for result, where in zip(calls, ("plan", "plan", "plan", "plan", "plan", "plans[1]", "plan"), strict=True):
+        assert result.is_error, result
+        error = result.structured_content["error"]
+        assert error["code"] == "usage" and error["message"].startswith(f"{where}: "), error
+        assert f"outside {a.resolve()}, the repository this server serves" in error["message"], error
+    assert not own.is_error and own.structured_content == cli_json(a, "status", "--plan", "plans/plan.md")
+    for repo in (b, nested):
+        assert not (repo / "RAN").exists() and not (repo / "state").exists()
+        assert (git(repo, "log", "--format=%H"), (repo / "plans" / "notes.md").read_bytes()) == before[repo]
+    assert not (a / "state" / "runs").exists()

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import helpers as H
@@ -67,6 +69,74 @@ def test_a_hook_that_refuses_the_commit_is_not_exit_0(tmp_path: Path, counts) ->
     assert record.returncode == 1 and "aborted by hook" in record.stderr, record.stderr
     assert H.git(repo, "rev-parse", "HEAD") == head
     counts.add("git_refusals_reported", 2)
+
+
+def _hanging_hook(repo: Path, pidfile: Path) -> None:
+    """A reference-transaction hook that hangs (once): its pid (a `sleep`) goes to `pidfile`."""
+    hook = repo / ".git" / "hooks" / "reference-transaction"
+    hook.write_text(f"#!/bin/sh\n[ -e '{pidfile}' ] && exit 0\necho $$ > '{pidfile}'\nexec sleep 600\n")
+    hook.chmod(0o755)
+
+
+def _no_hook(repo: Path) -> None:
+    (repo / ".git" / "hooks" / "reference-transaction").unlink()
+
+
+def test_a_hook_that_hangs_is_stopped_and_the_run_committed_by_the_next_command(tmp_path: Path) -> None:
+    """A git hook that hangs while a run is committed: `runbook next` kills it (its process group,
+    which runbook made) after RUNBOOK_GIT_TIMEOUT_S, or a few seconds after SIGTERM, and exits 2 with
+    the run recorded on disk; after kill -9 the hook is left but the run is on disk too. The next
+    `runbook next` with nothing to run commits the run and says so (it waited forever, deaf to
+    SIGTERM and SIGINT, and after kill -9 the run was never committed)."""
+    # 1. the timeout
+    repo = repo_with(tmp_path)
+    pidfile = tmp_path / "hook.pid"
+    _hanging_hook(repo, pidfile)
+    started = time.monotonic()
+    result = H.runbook(repo, "next", "--yes", env={"RUNBOOK_GIT_TIMEOUT_S": "3"}, timeout=120)
+    assert time.monotonic() - started < 60
+    H.assert_no_traceback(result)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "`git update-ref` did not finish in 3 s and was killed" in result.stderr, result.stderr
+    assert H.gone(int(pidfile.read_text()), timeout=10), "the hook outlived runbook"
+    run_id = last_record(repo)["run_id"]
+    assert last_record(repo)["verdict"] == "pass" and run_id not in H.committed_runs(repo)
+    _no_hook(repo)
+    again = H.runbook(repo, "next", "--yes", timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"committed run {run_id}, which an interrupted runbook recorded but left uncommitted" in again.stderr
+    assert run_id in H.committed_runs(repo) and H.git(repo, "status", "--porcelain", "--", "state", "plans") == ""
+    assert f"| {run_id} |" in H.git(repo, "show", "HEAD:plans/plan.md")
+
+    # 2. SIGTERM (what runbook cancel, the MCP server and the supervisor send) while the hook hangs
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        pidfile.unlink()
+        _hanging_hook(repo, pidfile)
+        proc = subprocess.Popen([*H.RUNBOOK, "next", "--phase", "0", "--restart", "--yes"], cwd=repo,
+                                env=H.cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            H.wait_for_file(pidfile, timeout=60, nonempty=True)
+            hook_pid = int(pidfile.read_text())
+            proc.send_signal(signum)  # our own child
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        if signum == signal.SIGTERM:
+            H.assert_no_traceback(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+            assert proc.returncode == 2 and "was stopped: runbook was interrupted" in err, (proc.returncode, err)
+            assert H.gone(hook_pid, timeout=10), "the hook outlived runbook"
+        else:
+            assert not H.gone(hook_pid, timeout=1)  # its own group: kill -9 of runbook leaves it
+            os.kill(hook_pid, signal.SIGKILL)  # started by our child's git: ours to stop
+            assert H.gone(hook_pid, timeout=10)
+        run_id = last_record(repo)["run_id"]
+        assert run_id not in H.committed_runs(repo)
+        _no_hook(repo)
+        again = H.runbook(repo, "next", "--yes", timeout=120)
+        assert again.returncode == 0, (signum, again.stdout + again.stderr)
+        assert f"committed run {run_id}" in again.stderr and run_id in H.committed_runs(repo), again.stderr
 
 
 def _ssh_signing(repo: Path, key: Path) -> None:
