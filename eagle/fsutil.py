@@ -16,6 +16,10 @@ A failure or an interrupt removes the temporary and leaves the target as it was.
   device or a directory is refused at once, naming the path, never a hang), UTF-8, and nested at
   most `JSON_MAX_DEPTH` deep (a RecursionError never escapes).
 
+- `open_stream(path)`: a data file read once from start to end (`eagle prepare --data`): a regular
+  file, or a pipe that has a writer (`--data <(zcat data.jsonl.gz)`, a FIFO another process writes);
+  a FIFO with no writer, a directory or a device is refused at once (`StreamError`), never a hang.
+
 Temporary names are `.tmp-NAME-HOST-PID-THREAD` (hidden, unique per writer, so concurrent writers never
 share one); `remove_dead_temps(dir)` removes those a killed writer of this host left (extract calls it). Imports nothing heavy: eagle/metrics.py uses it in every command.
 """
@@ -23,6 +27,8 @@ share one); `remove_dead_temps(dir)` removes those a killed writer of this host 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import io
 import json
 import os
 import shutil
@@ -147,6 +153,59 @@ def _kind(mode: int) -> str:
         if test(mode):
             return name
     return "not a regular file"
+
+
+class StreamError(ValueError):
+    """A data path that cannot be read as a stream; the message says why (without the path)."""
+
+
+class _PrefixedPipe(io.RawIOBase):
+    """A pipe's fd, with the bytes already read from it (to see whether it had a writer) served first."""
+
+    def __init__(self, prefix: bytes, fd: int) -> None:
+        self._prefix, self._fd = prefix, fd
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if self._prefix:
+            n = min(len(view), len(self._prefix))
+            view[:n], self._prefix = self._prefix[:n], self._prefix[n:]
+            return n
+        data = os.read(self._fd, len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self._fd)
+        super().close()
+
+
+def open_stream(path: str | os.PathLike[str]) -> io.BufferedReader:
+    """`path` opened for reading once through: a regular file, or a pipe with a writer. The open never
+    blocks: a FIFO with no writer (or whose writer wrote nothing and left) is `StreamError`, as is a
+    directory, a device or a socket; a missing path is FileNotFoundError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
+            prefix = b""
+            if stat.S_ISFIFO(mode):
+                with contextlib.suppress(BlockingIOError):  # a writer is there and has not written yet
+                    prefix = os.read(fd, 1 << 16)
+                    if not prefix:
+                        raise StreamError("a FIFO (named pipe) with no writer, or whose writer wrote nothing: "
+                                          "start the writer first (e.g. `zcat data.jsonl.gz > FIFO &`), or pass "
+                                          "a regular file")
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+            return io.BufferedReader(_PrefixedPipe(prefix, fd))
+        raise StreamError(f"not a regular file or a pipe ({_kind(mode)})")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _depth_over(value: Any, limit: int) -> bool:

@@ -19,7 +19,7 @@ from eagle.serving.flags import vllm_flags
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--model", type=click.Path(path_type=Path), required=True, help="Target model dir (its tokenizer and chat template).")
-@click.option("--data", type=click.Path(path_type=Path), required=True, help="JSONL of conversations (OpenAI messages or ShareGPT conversations).")
+@click.option("--data", type=click.Path(path_type=Path), required=True, help="JSONL of conversations (OpenAI messages or ShareGPT conversations): a file, or a pipe with a writer (`--data <(zcat d.jsonl.gz)`).")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output dir (datasets.save_to_disk).")
 @click.option("--limit", type=int, default=None, help="Use only the first N good records.")
 @click.option("--regenerate", is_flag=True, help="Answer every user turn with the target itself (on-policy data).")

@@ -17,6 +17,7 @@ end-of-turn token included, when it has one).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from eagle.data.hidden_io import PREPARE_FILE, PrepareInfo
 from eagle.data.regenerate import RegenSettings, check_settings
 from eagle.data.regenerate import regenerate as regenerate_samples
 from eagle.data.turns import ReasoningTags, Sample, Template, TurnError, recorded_sample
-from eagle.fsutil import atomic_dir, atomic_write_text
+from eagle.fsutil import StreamError, atomic_dir, atomic_write_text, open_stream
 from eagle.prompts import content_text
 from eagle.serving.client import Sampling
 from eagle.serving.flags import VllmFlags
@@ -110,7 +111,7 @@ def read_records(path: Path) -> tuple[list[Record], list[tuple[int, str]]]:
     """All records of a JSONL file: (good records, [(line, reason)] for bad ones). Blank lines are skipped."""
     good: list[Record] = []
     bad: list[tuple[int, str]] = []
-    with open(path, "rb") as fh:
+    with open_stream(path) as fh:  # a regular file or a pipe with a writer (StreamError otherwise)
         for n, raw in enumerate(fh, start=1):
             try:
                 line = raw.decode("utf-8-sig" if n == 1 else "utf-8")  # a byte-order mark starts no record
@@ -270,7 +271,7 @@ def prepare(model: Path, data: Path, out: Path, limit: int | None = None, regene
             history_reasoning: str = "keep", reasoning_tags_spec: str = "<think>,</think>",
             startup_timeout: float = 600.0, vllm_url: str | None = None) -> PrepareInfo:
     """The work of `eagle prepare` (importable); raises EagleError on bad input."""
-    if not Path(data).is_file():
+    if not os.path.exists(data):
         raise EagleError(f"--data {data}: no such file")
     if not Path(model).is_dir():
         raise EagleError(f"--model {model}: no such directory")
@@ -281,7 +282,10 @@ def prepare(model: Path, data: Path, out: Path, limit: int | None = None, regene
                              dtype=dtype, startup_timeout=startup_timeout, vllm_url=vllm_url)
     if regenerate:
         check_settings(settings)
-    good, bad = read_records(Path(data))
+    try:
+        good, bad = read_records(Path(data))
+    except StreamError as exc:
+        raise EagleError(f"--data {data}: {exc}") from None
     if bad and on_bad_record == "fail":
         raise EagleError(_bad_report(data, bad) + f"\n{len(bad)} bad record(s); nothing written (--on-bad-record fail)")
     if limit is not None:

@@ -175,6 +175,35 @@ def test_prepare_with_a_non_utf8_line(toy_target: Path, tmp_path: Path, counts) 
     counts.add("eagle_bad_inputs", 2)
 
 
+def test_prepare_reads_a_pipe_and_refuses_a_fifo_without_a_writer(toy_target: Path, tmp_path: Path, counts) -> None:
+    """`--data <(zcat ...)` (a pipe with a writer) prepares what the file itself gives; a FIFO nobody
+    writes is refused at once, naming it, with nothing written (a pipe was refused as "no such file")."""
+    src = tmp_path / "prompts.jsonl"
+    src.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"question {i}"},
+                                                    {"role": "assistant", "content": f"answer {i}"}]}) + "\n"
+                           for i in range(3)))
+    common = ("prepare", "--model", str(toy_target))
+    fifo = tmp_path / "nobody-writes"
+    os.mkfifo(fifo)
+    lonely = eagle(*common, "--data", str(fifo), "--out", str(tmp_path / "lonely"))
+    assert_clear_failure(lonely, "nobody-writes", "no writer")
+    assert not (tmp_path / "lonely").exists()
+    regular = eagle(*common, "--data", str(src), "--out", str(tmp_path / "regular"))
+    assert regular.returncode == 0, regular.stderr[-2000:]
+    piped = subprocess.run(["bash", "-c", 'exec "$@" --data <(cat "$SRC") --out "$OUT"', "bash", *H.EAGLE, *common],
+                           env=H.cli_env({"SRC": str(src), "OUT": str(tmp_path / "piped"), "HF_HUB_OFFLINE": "1"}),
+                           capture_output=True, text=True, timeout=600)
+    H.assert_no_traceback(piped, "eagle")
+    assert piped.returncode == 0, piped.stderr[-2000:]
+    made = sorted(p.relative_to(tmp_path / "regular") for p in (tmp_path / "regular").rglob("*") if p.is_file())
+    assert made and made == sorted(p.relative_to(tmp_path / "piped") for p in (tmp_path / "piped").rglob("*")
+                                   if p.is_file())
+    for name in made:
+        if name.suffix != ".json":  # the JSON summaries name their source (the file, or /dev/fd/N)
+            assert (tmp_path / "piped" / name).read_bytes() == (tmp_path / "regular" / name).read_bytes(), name
+    counts.add("eagle_bad_inputs", 2)
+
+
 def _damage(path: Path, how: str) -> None:
     size = path.stat().st_size
     path.write_bytes(path.read_bytes()[: size // 2] if how == "truncated" else os.urandom(size))
