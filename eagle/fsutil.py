@@ -36,7 +36,7 @@ import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 
 def _host() -> str:
@@ -184,7 +184,7 @@ class _PrefixedPipe(io.RawIOBase):
         super().close()
 
 
-def open_stream(path: str | os.PathLike[str]) -> io.BufferedReader:
+def open_stream(path: str | os.PathLike[str]) -> BinaryIO:
     """`path` opened for reading once through: a regular file, or a pipe with a writer. The open never
     blocks: a FIFO with no writer (or whose writer wrote nothing and left) is `StreamError`, as is a
     directory, a device or a socket; a missing path is FileNotFoundError."""
@@ -201,6 +201,8 @@ def open_stream(path: str | os.PathLike[str]) -> io.BufferedReader:
                                           "start the writer first (e.g. `zcat data.jsonl.gz > FIFO &`), or pass "
                                           "a regular file")
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+            if not prefix:  # a regular file, or a pipe whose writer has not written yet
+                return os.fdopen(fd, "rb")
             return io.BufferedReader(_PrefixedPipe(prefix, fd))
         raise StreamError(f"not a regular file or a pipe ({_kind(mode)})")
     except BaseException:

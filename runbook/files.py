@@ -27,14 +27,19 @@ class NotReadable(ValueError):
     """Not a regular file, or larger than the limit; the message says which (without the path)."""
 
 
-def _open_regular_fd(path: str | os.PathLike[str]) -> int:
-    """A read-only fd of a regular file; `NotReadable` at once for anything else (opened without
-    blocking: a FIFO with no writer would otherwise wait forever, deaf to SIGTERM)."""
+def _open_regular_fd(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+    """A read-only fd of a regular file and its stat; `NotReadable` at once for anything else (opened
+    without blocking: a FIFO with no writer would otherwise wait forever, deaf to SIGTERM)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    mode = os.fstat(fd).st_mode
-    if stat.S_ISREG(mode):
-        return fd
+    try:
+        info = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if stat.S_ISREG(info.st_mode):
+        return fd, info
     os.close(fd)
+    mode = info.st_mode
     what = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a device or special file"
     raise NotReadable(f"not a regular file ({what})")
 
@@ -43,7 +48,7 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     """`open(path, "rb")` for a regular file only. Raises OSError as `open` does, and `NotReadable`
     for a FIFO, device, socket or directory (every file a step or a user can swap for one: step logs,
     the ledger index, series files)."""
-    return os.fdopen(_open_regular_fd(path), "rb")
+    return os.fdopen(_open_regular_fd(path)[0], "rb")
 
 
 def read_bounded(path: str | os.PathLike[str], max_bytes: int) -> bytes:
@@ -52,9 +57,8 @@ def read_bounded(path: str | os.PathLike[str], max_bytes: int) -> bytes:
     Raises OSError (FileNotFoundError, PermissionError, ...) as `open` does, and `NotReadable` for
     a FIFO, device, socket or directory, or a file over the limit.
     """
-    fd = _open_regular_fd(path)
+    fd, info = _open_regular_fd(path)
     try:
-        info = os.fstat(fd)
         if info.st_size > max_bytes:
             raise NotReadable(f"{info.st_size:,} bytes, more than the {max_bytes:,} runbook reads")
         chunks: list[bytes] = []
