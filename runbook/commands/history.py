@@ -77,7 +77,8 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
     pending = _pending(ws, plan is not None, phase_id)
     lock = ws.lock_info()
     labels = (plan if plan is not None else _only_plan()) if lock is not None else None  # parsed only when needed
-    holder = (holder_view(lock, labels, ws.rel(ws.state), live=ws.live_of(lock.run_id), root=ws.root)
+    holder = (holder_view(lock, labels, ws.rel(ws.state), live=ws.live_of(lock.run_id), root=ws.root,
+                          state_dir=ws.state)
               if lock is not None else None)
     running = holder if holder is not None and holder.alive is not False else None
     if running is not None and plan is not None and running.plan not in (None, ws.plan_rel):

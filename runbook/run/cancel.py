@@ -1,8 +1,11 @@
 """`runbook cancel`: stop the run in progress cleanly, or record one whose runbook died.
 
 - A live run on this host (the run lock's holder: a foreground `runbook next` or a detached
-  supervisor): its pid, with the start time the lock recorded and `runbook` in its command line,
-  is sent SIGTERM, nothing else. The holder does what it does on Ctrl-C: it stops the running step
+  supervisor): its pid, proven the holder of THIS workspace's lock (`lock.holds`: the state
+  directory's flock is held, the lock file names this state directory, the pid lives with the
+  recorded start time) and with `runbook` in its command line, is sent SIGTERM, nothing else. A lock
+  that fails the proof (copied with the repository, naming pid 1 or a foreign process) is never
+  signalled. The holder does what it does on Ctrl-C: it stops the running step
   (its process group, SIGTERM then SIGKILL after the grace period; or its Slurm job with
   scancel, waiting until squeue no longer lists it), records the run as `interrupted`, writes the
   plan back and commits. `cancel` waits for that (`--wait`) and reports the recorded run.
@@ -46,7 +49,7 @@ def _is_runbook(pid: int) -> bool:
 
 def cancel(ws: Workspace, *, wait_s: float, say: Say, warn: Say) -> CancelResult:
     from runbook.store.index import find_run
-    from runbook.store.lock import read_lock
+    from runbook.store.lock import holds, read_lock
     from runbook.store.procs import pid_alive
 
     info = ws.lock_info()
@@ -55,10 +58,13 @@ def cancel(ws: Workspace, *, wait_s: float, say: Say, warn: Say) -> CancelResult
             f"run {info.run_id or '?'} runs on host {info.host}, not here: runbook signals only processes on "
             "its own host", "locked", file=ws.rel(ws.state / "lock"),
             hint=f"run `runbook cancel` on {info.host}")
-    if info is not None and pid_alive(info.pid, info.pid_start):
+    if info is not None and not holds(info, ws.state) and pid_alive(info.pid, info.pid_start):
+        warn(f"{ws.rel(ws.state / 'lock')} names pid {info.pid}, which does not hold this workspace's run lock "
+             "(a lock copied with the repository, or not runbook's); nothing was signalled")
+    if info is not None and holds(info, ws.state):
         if not _is_runbook(info.pid):
             raise RunbookError(f"{ws.rel(ws.state / 'lock')} names pid {info.pid}, which is not a runbook process; "
-                               "nothing was signalled", "io", hint="if no run is in progress, delete the lock file")
+                               "nothing was signalled", "io", hint="see `runbook status`")
         live = ws.live_of(info.run_id)
         who = "the supervisor" if live is not None and live.detached else "runbook next"
         if info.run_id:
@@ -92,7 +98,7 @@ def _settle_dead(ws: Workspace, say: Say, warn: Say) -> CancelResult:
     from runbook.run import runner
     from runbook.run.slurm import SlurmError, cancel_job
     from runbook.store.live import death_reason, orphans
-    from runbook.store.lock import LockHeld, run_lock
+    from runbook.store.lock import LockBusy, LockHeld, run_lock
 
     if not orphans(ws.state, ws.plan_rel, ws.ledger().run_ids()):
         return CancelResult(cancelled=False, how="nothing to cancel: no run in progress")
@@ -124,5 +130,5 @@ def _settle_dead(ws: Workspace, say: Say, warn: Say) -> CancelResult:
             how = f"recorded run {live.run_id}, whose runbook had died" + (f"; {'; '.join(notes)}" if notes else "")
             return CancelResult(cancelled=True, how=how, run=RunView.of(result.record, recorded_in=result.record.commit),
                                 jobs=jobs)
-    except LockHeld as exc:
+    except (LockHeld, LockBusy) as exc:
         raise RunbookError(str(exc), "locked") from None

@@ -5,7 +5,8 @@ next` does before a run — validates the plan, shows the phase, checks git, tak
 second caller gets exit 5 here) — then `start` runs the supervisor, `python -m runbook.run.supervisor
 SPEC` (runbook/run/supervisor.py: what it does), in a session and process group of its own (stdin
 /dev/null, stdout and stderr into `state/runs/<run>/supervisor.log`), hands it the run lock
-(`lock.adopt`: the lock then names the supervisor's pid and start time) and waits on a pipe until
+(it inherits the caller's open state directory, whose flock is the lock, so the lock is never free
+in between; `lock.adopt`: the lock file then names the supervisor's pid and start time) and waits on a pipe until
 the run's live state exists (runbook/store/live.py: heartbeat, step, logs). Then the caller exits 0;
 nothing of the run depends on it, its terminal or its ssh connection any more.
 """
@@ -50,6 +51,7 @@ class SupervisorSpec(BaseModel):
     caller_pid: int  # holds the run lock until the supervisor adopts it
     caller_start: str | None = None
     fd: int  # the write end of the handshake pipe
+    lock_fd: int | None = None  # the caller's open state directory, whose flock is the run lock (inherited)
     supervisor_log: str  # repo-relative
 
 
@@ -75,7 +77,7 @@ def start(ws: Workspace, lock: RunLock, *, plan_opt: str | None, phase_ref: str 
     spec = SupervisorSpec(
         cwd=os.getcwd(), plan_opt=plan_opt, phase_ref=phase_ref, restart=restart, until_stop=until_stop,
         no_commit=no_commit, sets=list(sets or []), run_id=run_id, caller_pid=os.getpid(), caller_start=procs.proc_start(os.getpid()),
-        fd=write_end, supervisor_log=ws.rel(log_path),
+        fd=write_end, lock_fd=lock.anchor, supervisor_log=ws.rel(log_path),
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
@@ -83,7 +85,8 @@ def start(ws: Workspace, lock: RunLock, *, plan_opt: str | None, phase_ref: str 
             proc = subprocess.Popen(
                 [sys.executable, "-m", "runbook.run.supervisor", spec.model_dump_json()],
                 cwd=os.getcwd(), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, pass_fds=(write_end,),
+                start_new_session=True,
+                pass_fds=(write_end,) if lock.anchor is None else (write_end, lock.anchor),
             )
     finally:
         os.close(write_end)

@@ -88,13 +88,19 @@ def next_argv(plan_arg: str | None, *extra: str) -> list[str]:
 
 
 def holder_view(info: LockInfo, plan: Plan | None, state_rel: str, now: _dt.datetime | None = None,
-                live: LiveRun | None = None, root: Path | None = None) -> LockHolder:
+                live: LiveRun | None = None, root: Path | None = None,
+                state_dir: Path | None = None) -> LockHolder:
     """The lock's holder (a `lock.LockInfo`) as data: alive or not, which phase and step, its log;
     with the run's live state (`live.LiveRun`, read from `root`): heartbeat, job, metrics and the
-    last lines of the running step's log."""
-    from runbook.store.lock import pid_alive
+    last lines of the running step's log. `alive` is `lock.holds` on `state_dir` (the state
+    directory the lock was read from); without it, whether the pid still runs."""
+    from runbook.store.lock import holds, pid_alive
 
-    alive: bool | None = pid_alive(info.pid, info.pid_start) if info.host == socket.gethostname() else None
+    alive: bool | None
+    if state_dir is not None:
+        alive = holds(info, state_dir)
+    else:
+        alive = pid_alive(info.pid, info.pid_start) if info.host == socket.gethostname() else None
     started = parse_utc(info.started)
     now = now or utc_now()
     phase = plan.find_phase(info.phase) if plan is not None and info.phase else None
@@ -335,6 +341,7 @@ def derive(
     pending: list[RunRecord] | None = None,
     reattach: dict[str, str] | None = None,
     root: Path | None = None,
+    state_dir: Path | None = None,
 ) -> PlanState:
     """Each phase's state and the next action. `runs`: this plan's runs, oldest first (all of them,
     or only each phase's latest as `Workspace.latest_runs` gives them: the outcome is the same).
@@ -349,7 +356,7 @@ def derive(
     pending = [r for r in pending or [] if r.plan == plan_rel]
     if pending:
         runs = sorted(runs + pending, key=lambda r: (r.started, r.run_id))
-    holder = holder_view(lock, plan, state_rel, live=live, root=root) if lock is not None else None
+    holder = holder_view(lock, plan, state_rel, live=live, root=root, state_dir=state_dir) if lock is not None else None
     sel = select_phase(plan, runs, current_hash=current_hash or (lambda phase: phase_text_hash(plan.text, phase)))
     phases = _phase_views(plan, runs, holder, plan_rel)
     failed = [p for p in phases if p.state == "failed"]
@@ -441,4 +448,5 @@ def for_workspace(
         pending=pending,
         reattach=reattach,
         root=ws.root,
+        state_dir=ws.state,
     )

@@ -195,7 +195,7 @@ class Session:
                 check_can_commit(ws.root, [ws.plan_rel])
             except GitStateError as exc:
                 raise RunbookError(f"refusing to run: {exc}", "git_state") from None
-        from runbook.store.lock import LockCorrupt, LockError, LockHeld, WriteLockTimeout, run_lock
+        from runbook.store.lock import LockBusy, LockCorrupt, LockError, LockHeld, WriteLockTimeout, run_lock
 
         try:
             with run_lock(ws.state, git_dir=ws.git_dir, warn=self.warn) as lock:
@@ -207,8 +207,8 @@ class Session:
 
             raise RunbookError(str(exc), "locked", file=ws.rel(exc.path),
                                lock=holder_view(exc.info, plan, ws.rel(ws.state), live=ws.live_of(exc.info.run_id),
-                                                root=ws.root)) from None
-        except WriteLockTimeout as exc:
+                                                root=ws.root, state_dir=ws.state)) from None
+        except (WriteLockTimeout, LockBusy) as exc:
             raise RunbookError(str(exc), "locked", file=ws.rel(exc.path)) from None
         except LockCorrupt as exc:
             raise RunbookError(str(exc), "io", file=ws.rel(exc.path)) from None

@@ -94,7 +94,7 @@ def _supervise(spec: SupervisorSpec, pipe: _Pipe) -> int:
 
     ws = Workspace.open(spec.plan_opt)
     try:
-        lock = adopt(ws.state, from_pid=spec.caller_pid, from_start=spec.caller_start)
+        lock = adopt(ws.state, from_pid=spec.caller_pid, from_start=spec.caller_start, anchor=spec.lock_fd)
     except LockError as exc:
         raise RunbookError(str(exc), "locked") from None
     pipe.send("adopted", pid=os.getpid())

@@ -98,7 +98,7 @@ def forget_runs(ws: Workspace, forgotten: list[RunRecord], subject: str, *, comm
         from runbook.run.planstate import holder_view
 
         raise RunbookError(f"refusing while a run is in progress: {exc}", "locked", file=ws.rel(exc.path),
-                           lock=holder_view(exc.info, ws.plan, ws.rel(ws.state))) from None
+                           lock=holder_view(exc.info, ws.plan, ws.rel(ws.state), state_dir=ws.state)) from None
     except LockError as exc:
         raise RunbookError(str(exc), "locked") from None
     return new_text != text, sha

@@ -4,8 +4,9 @@ runbook only ever signals processes it can prove are its own. A proof is one of:
 
 - the process carries `RUNBOOK_RUN_ID=<run id>` in its environment (every step, and whatever a
   step starts without scrubbing its environment, inherits it), and started after the run did;
-- the process is the leader of the step's process group and its start time (clock ticks since
-  boot, field 22 of `/proc/<pid>/stat`) is the one recorded when the step started.
+  a stale lock's leftovers must also carry a `RUNBOOK_METRICS` path inside that state directory's
+  `runs/<run>/` (a copy of the repository runs the same run id elsewhere). A recorded start time
+  of a group's leader is no proof on its own: a hand-made lock can copy a live one's.
 
 A process group may be signalled as a whole once one of its members is proven: a group id stays
 taken while any member lives, and a step's group is a session of its own, which no outside
@@ -162,6 +163,15 @@ def _environ_has_all(pid: int, entries: list[bytes]) -> bool:
     return all(entry in have for entry in entries)
 
 
+def _environ_has_prefix(pid: int, prefix: tuple[bytes, ...]) -> bool:
+    try:
+        with open(_PROC / str(pid) / "environ", "rb") as handle:
+            data = handle.read(_ENVIRON_MAX)
+    except OSError:
+        return False
+    return any(entry.startswith(prefix) for entry in data.split(b"\0"))
+
+
 def _clock_ticks() -> int:
     try:
         return os.sysconf("SC_CLK_TCK")
@@ -216,14 +226,16 @@ def proven_run_processes(
     *,
     since: float | None = None,
     env: Iterable[str] = (),
-    leader: tuple[int, str] | None = None,
+    env_prefix: tuple[str, ...] = (),
 ) -> list[Proc]:
     """The live processes proven to belong to run `run_id` (see the module docstring).
 
     `since`: the run's start (Unix time); a process that started earlier is not the run's.
     `env`: further `NAME=value` entries a process must carry too (`RUNBOOK_METRICS=<path>` pins
     one step of one run in one state directory).
-    `leader`: (pgid, start ticks) of the step group's leader as recorded when the step started.
+    `env_prefix`: when given, an entry of the environment must start with one of them
+    (`RUNBOOK_METRICS=<state>/runs/<run>/` pins the run to one state directory: a copy of the
+    repository runs the same run id elsewhere).
     """
     pids, _groups = _protected()
     wanted = [f"RUNBOOK_RUN_ID={run_id}".encode()] if run_id else []
@@ -232,10 +244,9 @@ def proven_run_processes(
     for proc in processes():
         if proc.pid in pids or proc.zombie:
             continue
-        if leader is not None and proc.pid == leader[0] and proc.pgid == leader[0] and proc.start == leader[1]:
-            found.append(proc)
-            continue
         if not wanted or not _environ_has_all(proc.pid, wanted):
+            continue
+        if env_prefix and not _environ_has_prefix(proc.pid, tuple(p.encode() for p in env_prefix)):
             continue
         if under_slurm(proc):
             continue

@@ -60,7 +60,8 @@ def sentinel(env=None):
     return subprocess.Popen(["sleep", "60"], start_new_session=True, env=env)
 
 def write(**fields):
-    base = {"pid": dead_pid(), "host": HOST, "started": "2020-01-01T00:00:00Z"}
+    """A lock as `run_lock` writes it for this state directory (it names its workspace)."""
+    base = {"pid": dead_pid(), "host": HOST, "started": "2020-01-01T00:00:00Z", "workspace": os.path.realpath(STATE)}
     base.update(fields)
     (STATE / "lock").write_text(json.dumps(base))
 
@@ -107,7 +108,8 @@ def test_lock_naming_group_1_is_refused_and_signals_nothing(tmp_path):
         report(result=result, sentinel_alive=alive(keep), lock_kept=(STATE / "lock").read_bytes() == before)
     """)
     assert got["result"]["outcome"] == "corrupt", got
-    assert "step_pgid" in got["result"]["message"] and "delete it" in got["result"]["message"]
+    message = got["result"]["message"]
+    assert "step_pgid" in message and "nothing was signalled" in message and "remove it" in message
     assert got["sentinel_alive"] and got["lock_kept"]
 
 
@@ -153,6 +155,21 @@ def test_unrelated_live_group_is_left_alone(tmp_path):
 
 
 @needs_namespace
+def test_a_hand_made_lock_copying_a_live_groups_real_start_time_signals_it_not(tmp_path):
+    """A lock written by hand naming a live group with its leader's real start time (read from /proc)
+    proves nothing: none of the group carries the run's environment, so it is left alone."""
+    got = in_namespace(tmp_path, """
+        other = sentinel()
+        write(step_pgid=other.pid, step_start=proc_start(other.pid), run_id="20260101-000000-abcd")
+        result = takeover()
+        report(result=result, other=other.pid, alive=alive(other))
+    """)
+    assert got["result"]["outcome"] == "taken", got
+    assert got["alive"], got
+    assert f"left process group {got['other']} alone" in got["result"]["message"]
+
+
+@needs_namespace
 def test_group_of_a_process_from_another_run_is_left_alone(tmp_path):
     """The group's processes carry another run's id: not proven to be the dead run's."""
     got = in_namespace(tmp_path, """
@@ -174,7 +191,7 @@ p = subprocess.Popen(["true"]); p.wait()
 me = os.getpid()
 (state / "lock").write_text(json.dumps({"pid": p.pid, "host": socket.gethostname(),
     "started": "2020-01-01T00:00:00Z", "step_pgid": os.getpgrp(), "step_start": proc_start(me),
-    "run_id": "20260101-000000-abcd"}))
+    "run_id": "20260101-000000-abcd", "workspace": os.path.realpath(state)}))
 warnings = []
 with run_lock(state, warn=warnings.append):
     pass
@@ -212,17 +229,24 @@ def test_lock_from_before_a_reboot_signals_nothing(tmp_path):
 
 @needs_namespace
 def test_proven_leftovers_are_stopped_and_nothing_else(tmp_path):
-    """Leader with the recorded start time; a member of a group whose leader died, carrying the run id;
-    a setsid daemon carrying the run id: all stopped. A process of another run survives."""
+    """The step's leader (recorded start time) and what it left, all carrying the step's environment
+    (the run id, a metrics path in this state directory's runs/<run>/): the leader, a member of a
+    group whose leader died, a setsid daemon: all stopped. A process of another run, and one with
+    this run id whose metrics lie in another state directory (a copy of the repository), survive."""
     got = in_namespace(tmp_path, """
         run = "20260101-000000-abcd"
-        env = {**os.environ, "RUNBOOK_RUN_ID": run}
-        leader = sentinel()
+        env = {**os.environ, "RUNBOOK_RUN_ID": run,
+               "RUNBOOK_METRICS": f"{os.path.realpath(STATE)}/runs/{run}/train.metrics.json"}
+        leader = sentinel(env=env)
         orphan_group = subprocess.Popen(["bash", "-c", "sleep 60 & echo $!; exit 0"], start_new_session=True,
                                         stdout=subprocess.PIPE, text=True, env=env)
         member = int(orphan_group.stdout.readline()); orphan_group.wait()
         daemon = subprocess.Popen(["setsid", "sleep", "60"], env=env)
         other = sentinel(env={**os.environ, "RUNBOOK_RUN_ID": "20260101-000000-ffff"})
+        copy = STATE.parent / "copy" / "state"
+        copy.mkdir(parents=True)
+        elsewhere = sentinel(env={**os.environ, "RUNBOOK_RUN_ID": run,
+                                  "RUNBOOK_METRICS": f"{os.path.realpath(copy)}/runs/{run}/train.metrics.json"})
         time.sleep(0.2)
         from datetime import datetime, timezone
         now = datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
@@ -237,11 +261,11 @@ def test_proven_leftovers_are_stopped_and_nothing_else(tmp_path):
             st = Path(f"/proc/{pid}/stat")
             return not st.exists() or st.read_text().split(")")[-1].split()[0] in "ZX"
         report(result=result, leader=gone(leader.pid), member=gone(member), daemon=gone(daemon.pid),
-               other_alive=alive(other))
+               other_alive=alive(other), elsewhere_alive=alive(elsewhere))
     """)
     assert got["result"]["outcome"] == "taken", got
     assert got["leader"] and got["member"] and got["daemon"], got
-    assert got["other_alive"], got
+    assert got["other_alive"] and got["elsewhere_alive"], got
     assert "stopped what was left of that run" in got["result"]["message"]
 
 
@@ -318,3 +342,67 @@ def test_a_real_step_group_is_recorded_with_its_leader_start(tmp_path):
     finally:
         leader.send_signal(signal.SIGKILL)
         leader.wait()
+
+
+COPY_PLAN = """\
+---
+runbook: 1
+title: Copy
+---
+# Copy
+
+## Phase 0: Wait for go
+Steps:
+- [ ] Wait: `while [ ! -e go ]; do sleep 0.05; done; echo '{"m": 1}' > "$RUNBOOK_METRICS"`
+Pass: `m >= 1`
+"""
+
+
+@needs_namespace
+def test_a_copy_of_a_repository_with_a_run_in_progress_signals_nothing_of_the_original(tmp_path):
+    """`cp -a` of a repository while its `runbook next` runs: in the copy, status shows no live run,
+    `runbook cancel` and `runbook next` signal nothing (next takes the copied lock over, saying so),
+    and the original run goes on to pass, recorded once, not interrupted."""
+    import helpers as H
+
+    repo = H.make_repo(tmp_path / "a", COPY_PLAN)
+    (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "go\n")
+    H.git(repo, "commit", "-qam", "ignore go")
+    got = in_namespace(tmp_path, """
+        import shutil
+        RB = [str(Path(sys.executable).parent / "runbook")]
+        A = STATE.parent / "a"
+        B = STATE.parent / "b"
+        def rb(where, *args):
+            done = subprocess.run([*RB, *args], cwd=where, capture_output=True, text=True, timeout=60,
+                                  stdin=subprocess.DEVNULL)
+            return {"code": done.returncode, "out": done.stdout, "err": done.stderr}
+        original = subprocess.Popen([*RB, "next", "--yes"], cwd=A, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            info = read_lock(A / "state" / "lock") if (A / "state" / "lock").exists() else None
+            if info is not None and info.step_pgid:
+                break
+            time.sleep(0.05)
+        subprocess.run(["cp", "-a", str(A), str(B)], check=True)
+        status = rb(B, "status", "--json")
+        cancel = rb(B, "cancel", "--json")
+        time.sleep(0.5)
+        after_cancel = original.poll() is None
+        (B / "go").write_text("")
+        copy_next = rb(B, "next", "--yes")
+        after_next = original.poll() is None
+        (A / "go").write_text("")
+        out, err = original.communicate(timeout=60)
+        runs = [json.loads(p.read_text()) for p in (A / "state" / "runs").glob("*.json")]
+        report(status=json.loads(status["out"]), cancel=cancel, after_cancel=after_cancel, copy_next=copy_next,
+               after_next=after_next, original_code=original.returncode, original_err=err,
+               outcomes=[r["verdict"] for r in runs])
+    """, timeout=180)
+    assert got["status"]["result"]["running"] is None, got["status"]
+    assert got["after_cancel"] and got["after_next"], got
+    assert got["cancel"]["code"] == 0 and "SIGTERM" not in got["cancel"]["out"], got["cancel"]
+    assert got["copy_next"]["code"] == 0, got["copy_next"]
+    assert "nothing was signalled" in got["copy_next"]["err"] and "copied repository" in got["copy_next"]["err"]
+    assert got["original_code"] == 0 and got["outcomes"] == ["pass"], got

@@ -206,12 +206,8 @@ def test_the_process_prints_one_document_even_for_usage_errors(built: dict[str, 
 
 def test_lock_held_by_a_live_process_is_data(built: dict[str, Path], tmp_path: Path) -> None:
     repo = S.copy(built["mid-plan"], tmp_path / "repo")
-    sleeper = subprocess.Popen(["sleep", "60"])
+    sleeper = H.hold_run_lock(repo / "state", "20990101-000000-abcd")  # a live holder, as runbook next is
     try:
-        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        lock = {"pid": sleeper.pid, "host": os.uname().nodename, "started": started, "run_id": "20990101-000000-abcd",
-                "plan": "plans/plan.md", "phase": "phase-1", "step": "step-1"}
-        (repo / "state" / "lock").write_text(json.dumps(lock))
         done = H.runbook(repo, "next", "--yes", "--json")
         envelope = check(done.stdout, done.returncode, "next")
         assert done.returncode == 5 and envelope["error"]["code"] == "locked"

@@ -196,6 +196,27 @@ def gone(pid: int, timeout: float = 10) -> bool:
     return bool(poll(lambda: not alive(pid), timeout))
 
 
+_HOLDER = """
+import sys, time
+from runbook.store.lock import run_lock
+state, run_id, plan, phase, step = sys.argv[1:6]
+with run_lock(state, run_id=run_id) as lock:
+    lock.note(plan=plan, phase=phase, step=step)
+    print("holding", flush=True)
+    time.sleep(600)
+"""
+
+
+def hold_run_lock(state: Path, run_id: str, plan: str = "plans/plan.md", phase: str = "phase-1",
+                  step: str = "step-1") -> subprocess.Popen:
+    """A live process that really holds `state`'s run lock (as `runbook next` does, naming the run,
+    plan, phase and step) until it is killed; a lock file written by hand is no run in progress."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(state), run_id, plan, phase, step],
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "holding"
+    return proc
+
+
 def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {**os.environ, "RUNBOOK_ENV_PROBE": "0", "GIT_TERMINAL_PROMPT": "0"}
     env.pop("RUNBOOK_RELIABILITY_COUNTS", None)

@@ -10,14 +10,17 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from runbook.store.lock import (
     LockCorrupt,
     LockHeld,
+    LockInfo,
     WriteLockTimeout,
     group_alive,
+    holds,
     read_lock,
     run_lock,
     write_lock,
@@ -35,23 +38,50 @@ def test_lock_holds_and_releases(tmp_path):
 
 
 def test_second_holder_refused_naming_holder(tmp_path):
-    # a live holder: another process whose pid we write into the lock
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    # a live holder: another process that really holds this state directory's lock
+    code = ("import sys, time; from runbook.store.lock import run_lock\n"
+            "with run_lock(sys.argv[1], run_id='r9'):\n    print('ready', flush=True); time.sleep(30)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
     try:
-        (tmp_path / "lock").write_text(
-            json.dumps({"pid": holder.pid, "host": socket.gethostname(), "started": "2026-01-01T00:00:00Z", "run_id": "r9"})
-        )
+        assert holder.stdout.readline().strip() == "ready"
         with pytest.raises(LockHeld) as exc:
             with run_lock(tmp_path):
                 pass
         msg = str(exc.value)
-        assert f"pid {holder.pid}" in msg and "r9" in msg and "2026-01-01" in msg
+        assert f"pid {holder.pid}" in msg and "r9" in msg and "since" in msg
         # the way out is runbook's own verbs, never a bare kill or deleting a live lock
         assert "`runbook cancel`" in msg and "`runbook logs -f`" in msg and "kill" not in msg and "delete" not in msg
         assert (tmp_path / "lock").exists()  # the holder keeps it
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_lock_copied_with_its_workspace_is_not_held_there(tmp_path):
+    """`cp -a` of a workspace while a run holds its lock: in the copy, the lock's live holder does not
+    hold the copy's lock (it names the original workspace, and the copy's directory carries no flock)."""
+    original, copy = tmp_path / "a", tmp_path / "b"
+    original.mkdir()
+    copy.mkdir()
+    with run_lock(original, run_id="r1") as lock:
+        assert holds(lock.info, original) is True
+        (copy / "lock").write_bytes((original / "lock").read_bytes())
+        info = read_lock(copy / "lock")
+        assert holds(info, copy) is False
+        forged = info.model_copy(update={"workspace": os.path.realpath(copy)})  # a hand-edited copy: still no flock
+        assert holds(forged, copy) is False
+        warnings = []
+        with run_lock(copy, warn=warnings.append):  # taken over, nothing signalled
+            pass
+        assert "nothing was signalled" in warnings[0] and "copied" in warnings[0]
+        assert read_lock(original / "lock").pid == os.getpid()
+
+
+def test_pid_1_lock_is_not_held(tmp_path):
+    info = LockInfo(pid=1, host=socket.gethostname(), started="2026-01-01T00:00:00Z", pid_start=proc_start(1),
+                    workspace=os.path.realpath(tmp_path))
+    assert holds(info, tmp_path) is False
 
 
 def test_other_host_is_never_taken_over(tmp_path):
@@ -64,7 +94,9 @@ def test_other_host_is_never_taken_over(tmp_path):
 def test_stale_lock_taken_over_kills_group_and_index_lock(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    leftover = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    run = "20260101-000000-abcd"  # a real step carries its run id and a metrics path in this state dir
+    leftover = subprocess.Popen(["sleep", "30"], start_new_session=True, env={
+        **os.environ, "RUNBOOK_RUN_ID": run, "RUNBOOK_METRICS": f"{os.path.realpath(tmp_path)}/runs/{run}/s.metrics.json"})
     gitdir = tmp_path / "repo.git"
     gitdir.mkdir()
     (gitdir / "index.lock").write_text("")
@@ -72,7 +104,8 @@ def test_stale_lock_taken_over_kills_group_and_index_lock(tmp_path):
     (tmp_path / "lock").write_text(
         json.dumps(
             {"pid": dead.pid, "host": socket.gethostname(), "started": "2020-01-01T00:00:00Z",
-             "step_pgid": leftover.pid, "step_start": proc_start(leftover.pid)}
+             "step_pgid": leftover.pid, "step_start": proc_start(leftover.pid), "run_id": run,
+             "workspace": os.path.realpath(tmp_path)}
         )
     )
     warnings = []
