@@ -26,7 +26,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -326,13 +326,17 @@ def short(commit: str | None) -> str:
 
 
 def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str, *,
-                 stop: Callable[[], bool] | None = None) -> str | None:
+                 stop: Callable[[], bool] | None = None, contents: Mapping[str, bytes] | None = None) -> str | None:
     """Commit exactly `paths` (repo-relative) as they are in the work tree; returns the new commit.
 
+    `contents`: some of `paths` committed with these bytes instead of the work tree's (a person's
+    plan edits without the write-back of a run committed next); the real index gets the same
+    blob, so what the work tree holds beyond it shows as an unstaged change.
     Returns None when they are unchanged since HEAD. Raises GitStateError during a merge, rebase,
     cherry-pick, revert or bisect, when git refuses, or when a git command (a hook) hangs past the
     timeout or past `stop()` turning true (runbook interrupted meanwhile).
     """
+    given = dict(contents or {})
     busy = in_progress(root)
     if busy:
         raise GitStateError(busy)
@@ -363,9 +367,13 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str, *
         try:
             waited("read-tree", head or "--empty", env=env)
             tracked = set(repo.git.ls_files("--", *paths, env=env).splitlines()) if paths else set()
-            present = [p for p in paths if (Path(root) / p).exists() or p in tracked]
-            if present:
-                waited("update-index", "--add", "--remove", "--", *present, env=env)
+            present = [p for p in paths if (Path(root) / p).exists() or p in tracked or p in given]
+            from_tree = [p for p in present if p not in given]
+            if from_tree:
+                waited("update-index", "--add", "--remove", "--", *from_tree, env=env)
+            blobs = [_cache_info(repo, path, data, waited, env) for path, data in given.items()]
+            for info in blobs:
+                waited("update-index", "--add", "--cacheinfo", info, env=env)
             tree = waited("write-tree", env=env)
             if head and tree == repo.git.rev_parse(f"{head}^{{tree}}"):
                 commit = None  # nothing new; still refresh the index below (a killed run may have left it stale)
@@ -381,7 +389,10 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str, *
     # keep `git status` clean for our paths; the user's other index entries are untouched
     if present:
         try:
-            waited("update-index", "--add", "--remove", "--", *present)
+            if from_tree:
+                waited("update-index", "--add", "--remove", "--", *from_tree)
+            for info in blobs:
+                waited("update-index", "--add", "--cacheinfo", info)
         except (error, _GitFailed, GitStateError) as exc:
             # Only a git process that started after the check above gets here. The commit is made,
             # but the real index still holds the old blobs: a plain `git commit` would revert them.
@@ -392,6 +403,22 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str, *
     if commit:
         _gc_auto(top, stop)
     return commit
+
+
+def _cache_info(repo: git.Repo, path: str, data: bytes, waited: Callable[..., str], env: dict[str, str]) -> str:
+    """`MODE,BLOB,PATH` for `update-index --cacheinfo`: `data` stored as the blob of `path` (through
+    the path's filters, as `git add` would), with the mode the index (`env`'s) gives it, else 100644."""
+    fd, name = tempfile.mkstemp(prefix="runbook-blob.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        blob = waited("hash-object", "-w", f"--path={path}", "--", name, env=env)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+    staged = repo.git.ls_files("-s", "--", path, env=env).split()
+    mode = staged[0] if staged and staged[0] in ("100644", "100755") else "100644"
+    return f"{mode},{blob},{path}"
 
 
 def _gc_auto(root: str | os.PathLike[str], stop: Callable[[], bool] | None = None) -> None:
