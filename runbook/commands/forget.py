@@ -25,7 +25,8 @@ def command(run_ref: str, plan_opt: str | None, no_commit: bool, as_json: bool) 
 
     Its record and logs under state/runs/ are removed, and its phase is written back from the
     runs that remain (status block, checkboxes, results table; or none of them when no run is
-    left, so the phase is `not run` again). Plan and ledger are committed together. Use it for a
+    left, so the phase is `not run` again). Plan and ledger are committed together, after the
+    plan's uncommitted edits in a commit of their own (so `git revert` of the forget keeps them). Use it for a
     run that no longer speaks for the plan: a phase rewritten from scratch, a mistaken run.
     """
 

@@ -24,7 +24,8 @@ def command(phase_ref: str, plan_opt: str | None, no_commit: bool, as_json: bool
     """Drop every run of PHASE from the ledger and the plan: the phase is `not run` again.
 
     Its status block and results table are removed and its steps unticked; the run records and
-    logs go from state/runs/; plan and ledger are committed together. `runbook next` then reaches
+    logs go from state/runs/; plan and ledger are committed together, after the plan's
+    uncommitted edits in a commit of their own (so `git revert` of the reset keeps them). `runbook next` then reaches
     the phase as if it had never run.
     """
     from runbook.errors import unknown_phase

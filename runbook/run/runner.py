@@ -10,8 +10,9 @@ prints; the work is here:
 The workspace (plan, root, state/, git) is runbook/store/workspace.py's `Workspace`; refusals are
 `RunbookError`s.
 
-Order inside a run: run id -> the plan's own uncommitted edits committed ("plan edits before run
-<id>") -> environment fingerprint -> steps (`runbook.run.local`) -> verdict -> under the write lock:
+Order inside a run: run id -> the plan's own uncommitted edits committed alone ("plan edits before run
+<id>"), then runs a killed runbook left uncommitted ("record run <id> (left uncommitted)"), both by
+`runbook.run.pending.commit_pending` -> environment fingerprint -> steps (`runbook.run.local`) -> verdict -> under the write lock:
 ledger JSON; edits a person made to the plan while the run ran committed alone ("plan edits during
 run <id>"); plan write-back; one commit of exactly the plan and the ledger file.
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from runbook.errors import RunbookError
-from runbook.files import atomic_write_text, remove_stale_temps
+from runbook.files import atomic_write_text
 from runbook.formatting import format_value, iso, parse_iso, utc_now
 from runbook.model import Expr, Metrics, Phase, Plan, RunRecord, merge_metrics
 from runbook.plan import writeback
@@ -199,27 +200,22 @@ def commit_message(record: RunRecord, metric_names: list[str]) -> str:
 def _commit_plan_edits_first(
     ws: Workspace, run_id: str, opts: RunOptions, plan_text: str
 ) -> tuple[str, str | None, list[str] | None]:
-    """Commit the plan's uncommitted edits (and runs a killed runbook left uncommitted) before run
-    `run_id`; (the plan text the run starts with, HEAD, the other tracked files with uncommitted
-    changes: None outside git)."""
+    """Commit the plan's uncommitted edits, then runs a killed runbook left uncommitted, each alone,
+    before run `run_id` (`runbook.run.pending`); (the plan text the run starts with, HEAD, the other
+    tracked files with uncommitted changes: None outside git)."""
     if not ws.git:
         return plan_text, None, None
     if opts.commit:
+        from runbook.run.pending import commit_pending
+
         try:
             with write_lock(ws.state):
-                leftovers = recover_unrecorded(ws)
-                dirty = gitops.is_dirty(ws.root, ws.plan_rel)
-                if dirty or leftovers:
-                    gitops.commit_paths(ws.root, [ws.plan_rel, *leftovers], f"runbook: plan edits before run {run_id}")
+                done = commit_pending(ws, f"run {run_id}", stop=_a_new_signal(opts), say=opts.say, warn=opts.warn)
         except gitops.GitStateError as exc:
             raise RunbookError(f"refusing to run: could not commit the plan's own edits first: {exc}",
                                "git_state") from None
-        if leftovers:
-            opts.warn(f"recovered {len(leftovers)} run(s) an interrupted runbook left uncommitted: "
-                      f"{', '.join(leftovers)} (written into the plan and committed)")
+        if done.runs:
             plan_text = ws.plan_file.read_text(encoding="utf-8")
-        if dirty or leftovers:
-            opts.say(f"committed the plan's uncommitted edits first (runbook: plan edits before run {run_id})")
     commit_before = gitops.head_commit(ws.root)
     state_rel = ws.rel(ws.state) + "/"
     dirty_files = [p for p in gitops.changed_tracked(ws.root) if p != ws.plan_rel and not p.startswith(state_rel)]
@@ -487,71 +483,20 @@ def _reattachable(live: LiveRun) -> JobRef | None:
 def commit_unrecorded(ws: Workspace, opts: RunOptions) -> list[str]:
     """Commit the runs a stopped `runbook next` recorded but never committed (killed, or its commit
     refused or stopped: a hook that hung), when there is nothing to run that would commit them; the
-    ledger paths committed ([] when none, or when git refuses again: then it says so)."""
+    plan's uncommitted edits go into a commit of their own first (`runbook.run.pending`). The ids of
+    the runs committed ([] when none, or when git refuses again: then it says so)."""
     if not ws.git or not opts.commit:
         return []
+    from runbook.run.pending import commit_pending
+
     with write_lock(ws.state):
-        leftovers = recover_unrecorded(ws)
-        if not leftovers:
-            return []
-        runs = [Path(p).name.removesuffix(".json") for p in leftovers if p.endswith(".json")]
-        subject = f"runbook: record run {', '.join(runs)} (left uncommitted)"
         try:
-            gitops.commit_paths(ws.root, [ws.plan_rel, *leftovers], subject, stop=_a_new_signal(opts))
+            done = commit_pending(ws, "recording a run left uncommitted", stop=_a_new_signal(opts),
+                                  say=opts.say, warn=opts.warn, edits=False)
         except gitops.GitStateError as exc:
-            opts.warn(f"run {', '.join(runs)} is recorded in {ws.rel(ledger.runs_dir(ws.state))}/ but still not "
-                      f"committed: {exc}")
+            opts.warn(f"runs left uncommitted in {ws.rel(ledger.runs_dir(ws.state))}/ are still not committed: {exc}")
             return []
-    opts.warn(f"committed run {', '.join(runs)}, which an interrupted runbook recorded but left uncommitted "
-              f"({subject})")
-    return leftovers
-
-
-def recover_unrecorded(ws: Workspace) -> list[str]:
-    """Runs of this plan that a killed `runbook next` saved to the ledger but never committed.
-
-    Call under the write lock. Each such run's results are written into the plan if they are not
-    there yet (it was killed between the ledger and the plan write-back); temp files a killed
-    atomic write left beside the plan or notes are removed. Returns the ledger paths
-    (repo-relative) to commit together with the plan.
-    """
-    from runbook.plan.parse import parse_plan, read_text
-
-    remove_stale_temps(ws.plan_file)
-    if ws.notes_path is not None:
-        remove_stale_temps(ws.notes_path)
-    dirty = gitops.dirty_paths(ws.root, ws.rel(ledger.runs_dir(ws.state)))
-    if not dirty:
-        return []
-    ws.ledger_changed()
-    index = ws.ledger()
-    rows = index.rows(ws.plan_rel)
-    orphans = index.load([
-        r for r in rows
-        if "/" not in r.run_id and ws.rel(ledger.run_path(ws.state, r.run_id)) in dirty
-        and ledger.run_path(ws.state, r.run_id).is_file()
-    ])
-    text, problem = read_text(str(ws.plan_path))
-    if problem is not None:
-        return []
-    new_text = text
-    for record in orphans:
-        current, _ = parse_plan(new_text, ws.plan_rel)
-        phase = current.find_phase(record.phase) if current is not None else None
-        if current is None or phase is None or record.run_id in new_text[phase.span.start : phase.span.end]:
-            continue
-        before = [r for r in rows if r.phase == record.phase and (r.started, r.run_id) <= (record.started, record.run_id)]
-        shown = before[-writeback.RESULTS_ROWS:]
-        history = index.load(shown)
-        try:
-            new_text = writeback.apply_run(new_text, current, record.phase, record, history, file=ws.plan_rel,
-                                           earlier=len(before) - len(shown))
-        except writeback.HandEdited:
-            continue
-    if new_text != text:
-        atomic_write_text(ws.plan_file, new_text)
-    kept = [ledger.series_path(ws.state, r.run_id) for r in orphans]
-    return [ws.rel(ledger.run_path(ws.state, r.run_id)) for r in orphans] + [ws.rel(p) for p in kept if p.is_file()]
+    return done.runs
 
 
 def record_run(

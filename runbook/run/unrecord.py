@@ -4,7 +4,10 @@ A forgotten run's ledger file (`state/runs/<id>.json`), its metric series
 (`state/runs/<id>.series.jsonl`) and its logs (`state/runs/<id>/`) are removed; every phase it
 belonged to is written back from the runs that remain (status block, checkboxes and results table
 from the latest remaining run, or no blocks and no ticks when none remains); plan and ledger go
-into one commit (`runbook: forget run <id>` / `runbook: reset <phase>`). Both take the run lock
+into one commit (`runbook: forget run <id>` / `runbook: reset <phase>`) that holds nothing else:
+the plan's uncommitted edits, and runs a stopped runbook left uncommitted, are committed before it,
+each alone (`runbook.run.pending`), so `git revert` of it brings back exactly the runs it dropped
+and keeps the edits. A signal while git runs stops a hook that hangs (3 s later), as in `next`. Both take the run lock
 (they refuse while a run is in progress) and then the write lock. The plan is written before the
 ledger files are removed: a crash in between leaves runs the next write-back puts back into the
 plan, never a plan naming runs that are gone.
@@ -12,40 +15,27 @@ plan, never a plan naming runs that are gone.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
+import threading
 from collections.abc import Callable
 
 from runbook.errors import RunbookError
 from runbook.model import RunRecord
-from runbook.plan import writeback
+from runbook.run.pending import commit_pending, plan_without
 from runbook.store import gitops, ledger
 from runbook.store.workspace import Workspace
 
 __all__ = ["forget_runs"]
 
 
-def _rewrite(ws: Workspace, text: str, forgotten: list[RunRecord]) -> str:
-    from runbook.plan.parse import parse_plan
+def _plan_text(ws: Workspace) -> str:
+    from runbook.plan.parse import read_text
 
-    gone = {r.run_id for r in forgotten}
-    index = ws.ledger()
-    for phase_id in dict.fromkeys(r.phase for r in forgotten):
-        plan, _ = parse_plan(text, ws.plan_rel)
-        phase = plan.find_phase(phase_id) if plan else None
-        if plan is None or phase is None:
-            continue
-        remaining = [r for r in index.rows(ws.plan_rel, phase_id) if r.run_id not in gone]
-        shown = remaining[-writeback.RESULTS_ROWS:]
-        history = index.load(shown)
-        try:
-            if history:
-                text = writeback.apply_run(text, plan, phase_id, history[-1], history, file=ws.plan_rel,
-                                           earlier=len(remaining) - len(shown))
-            else:
-                text = writeback.clear_phase(text, plan, phase_id, file=ws.plan_rel)
-        except writeback.HandEdited as exc:
-            raise RunbookError(f"refusing: {exc}", "hand_edited", file=ws.plan_rel) from None
+    text, problem = read_text(str(ws.plan_file))
+    if problem is not None:
+        raise RunbookError(str(problem), "io", file=ws.plan_rel)
     return text
 
 
@@ -53,7 +43,7 @@ def forget_runs(ws: Workspace, forgotten: list[RunRecord], subject: str, *, comm
                 warn: Callable[[str], None] = lambda _msg: None) -> tuple[bool, str | None]:
     """Drop `forgotten` (runs of the workspace's plan); returns (plan rewritten, commit or None)."""
     from runbook.files import atomic_write_text
-    from runbook.plan.parse import read_text
+    from runbook.run.executor import Interrupts
     from runbook.store.lock import LockError, LockHeld, run_lock, write_lock
 
     for record in forgotten:
@@ -66,12 +56,24 @@ def forget_runs(ws: Workspace, forgotten: list[RunRecord], subject: str, *, comm
         except gitops.GitStateError as exc:
             raise RunbookError(f"refusing: {exc}", "git_state") from None
     try:
-        with run_lock(ws.state, git_dir=ws.git_dir, warn=warn), write_lock(ws.state):
-            text, problem = read_text(str(ws.plan_file))
-            if problem is not None:
-                raise RunbookError(str(problem), "io", file=ws.plan_rel)
+        # a signal becomes a flag that stops a git hook that hangs (signals are the main thread's:
+        # the MCP server calls this in a worker thread, where its own time limit applies)
+        signals = Interrupts() if threading.current_thread() is threading.main_thread() else None
+        with (run_lock(ws.state, git_dir=ws.git_dir, warn=warn), write_lock(ws.state),
+              signals or contextlib.nullcontext()):
+            stop = (lambda: signals.count > 0) if signals is not None else None
+            text = _plan_text(ws)
             ws.ledger_changed()  # under the locks now: look at state/runs/ afresh
-            new_text = _rewrite(ws, text, forgotten)
+            new_text = plan_without(ws, text, forgotten)  # a hand-edited block: refused, nothing committed
+            if commit and ws.git:
+                try:  # so that this commit holds only the forget, and `git revert` of it keeps the edits
+                    what = subject.removeprefix("runbook: ").split(" (", 1)[0]
+                    if commit_pending(ws, what, stop=stop, say=warn, warn=warn).runs:
+                        text = _plan_text(ws)  # the recovered runs are written into it now
+                        new_text = plan_without(ws, text, forgotten)
+                except gitops.GitStateError as exc:
+                    raise RunbookError(f"refusing: could not commit the plan's own edits first: {exc}",
+                                       "git_state") from None
             if new_text != text:
                 atomic_write_text(ws.plan_file, new_text)
             paths = []
@@ -90,7 +92,7 @@ def forget_runs(ws: Workspace, forgotten: list[RunRecord], subject: str, *, comm
             sha = None
             if commit and ws.git:
                 try:
-                    sha = gitops.commit_paths(ws.root, [ws.plan_rel, *paths], subject)
+                    sha = gitops.commit_paths(ws.root, [ws.plan_rel, *paths], subject, stop=stop)
                 except gitops.GitStateError as exc:
                     raise RunbookError(f"written but not committed: {exc}", "commit_failed",
                                        hint="commit the plan and state/runs/ yourself") from None
