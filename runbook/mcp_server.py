@@ -17,6 +17,9 @@ output schema, `ok: false` is an MCP tool error carrying the same code, exit cod
   is waited for: it records the run `interrupted` and commits it, as `runbook next` does when its
   terminal goes away. Should this server die without that (kill -9), the child is not in our
   process group and writes to no pipe of ours, so it finishes and records the run on its own.
+- The wire is the SDK's stdio transport behind our reader (runbook/mcp_stdio.py): one message a
+  line, at most 4 MiB (`RUNBOOK_MCP_MAX_MESSAGE_MB`), and every line the SDK would drop (invalid
+  JSON, no JSON-RPC request, a bad id or params, too long) answered with its JSON-RPC error.
 - Resources (read-only, read from disk at each request): each plan, each plan's notes document,
   the latest run (`runbook://run/latest`) and any run by id (`runbook://run/{run_id}`), as the
   `RunView` of the contract.
@@ -48,7 +51,6 @@ import anyio
 import mcp_types as types
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
-from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -56,6 +58,7 @@ from runbook.cli import COMMANDS, error_info, refusal
 from runbook.commands._output import Output
 from runbook.contract import envelope_json, output_schema
 from runbook.errors import RunbookError
+from runbook.mcp_stdio import stdio_transport
 from runbook.report.agents import runbook_argv
 
 __all__ = ["TOOLS", "build_server", "serve"]
@@ -707,7 +710,7 @@ async def _serve() -> None:
                     os._exit(128 + signum)  # the stdin reader may block forever: leave now
 
         tg.start_soon(on_signal)
-        async with stdio_server() as (read_stream, write_stream):
+        async with stdio_transport() as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
         await handlers.shutdown()
         tg.cancel_scope.cancel()

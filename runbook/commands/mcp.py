@@ -24,7 +24,8 @@ or: claude mcp add runbook -- runbook mcp --root /path/to/repo
 Tools (each answers with `runbook VERB --json`'s envelope; refusals are tool errors with the same
 code and message): brief, status, show, validate, history, next (a dry run unless `run: true`;
 step output streams as progress), record, forget, reset, logs, cancel. Resources: runbook://plan/PATH,
-runbook://notes/PATH, runbook://run/latest, runbook://run/{run_id}. See docs/mcp.md.""",
+runbook://notes/PATH, runbook://run/latest, runbook://run/{run_id}. One JSON-RPC message a line,
+at most 4 MiB (RUNBOOK_MCP_MAX_MESSAGE_MB=N sets another limit). See docs/mcp.md.""",
 )
 @click.option("--root", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="DIR",
               help="Serve the workspace at DIR (default: the directory the host starts the server in).")

@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import anyio
 import helpers as H
+import pytest
 from mcp import Client, StdioServerParameters
+from mcp.shared.exceptions import MCPError
 
 from runbook import contract
 from runbook.mcp_server import TOOLS
@@ -626,3 +630,154 @@ def test_a_server_runs_reads_and_writes_only_its_own_repository(tmp_path: Path) 
         assert not (repo / "RAN").exists() and not (repo / "state").exists()
         assert (git(repo, "log", "--format=%H"), (repo / "plans" / "notes.md").read_bytes()) == before[repo]
     assert not (a / "state" / "runs").exists()
+
+
+# ---- the wire: raw bytes on the server's stdin ----------------------------------------------------
+
+
+class RawServer:
+    """`runbook mcp` on raw stdio: bytes in, one parsed JSON reply a line out (read by a thread)."""
+
+    def __init__(self, repo: Path, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen([*RUNBOOK, "mcp"], cwd=repo, env={**SERVER_ENV, **(env or {})},
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.replies: queue.Queue[dict] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+        assert self.reply()["id"] == "init"
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.replies.put(json.loads(line))
+
+    def send(self, message: dict | bytes) -> None:
+        data = message if isinstance(message, bytes) else json.dumps(message).encode() + b"\n"
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def reply(self, timeout: float = 20) -> dict:
+        try:
+            return self.replies.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no reply from the server within {timeout:g} s") from None
+
+    def until(self, rid: str, timeout: float = 20) -> list[dict]:
+        """The replies before the one to request `rid`, which must come too."""
+        got = []
+        while (reply := self.reply(timeout)).get("id") != rid:
+            got.append(reply)
+        assert "result" in reply, reply
+        return got
+
+    def peak_kb(self) -> int:
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+MALFORMED: list[tuple[bytes, tuple[object, int] | None]] = [  # (a line, the (id, code) answered; None: no answer)
+    (b"not json", (None, -32700)),
+    (b'{"jsonrpc":"2.0","id":1,"method":"tools/list"', (1, -32700)),  # cut: its id is readable
+    (b"\xff\xfe{", (None, -32700)),
+    (b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":' + b"[" * 5000 + b"]" * 5000 + b"}",
+     (2, -32700)),  # nested deeper than the parser goes
+    (b"[1, 2]", (None, -32600)), (b"[]", (None, -32600)), (b'"hello"', (None, -32600)), (b"42", (None, -32600)),
+    (b'{"foo": 1}', (None, -32600)),
+    (b'{"jsonrpc":"1.0","id":3,"method":"tools/list"}', (3, -32600)),
+    (b'{"jsonrpc":"2.0","id":[4],"method":"tools/list"}', (None, -32600)),
+    (b'{"jsonrpc":"2.0","id":true,"method":"tools/list"}', (None, -32600)),
+    (b'{"jsonrpc":"2.0","id":1.5,"method":"tools/list"}', (None, -32600)),
+    (b'{"jsonrpc":"2.0","id":null,"method":"tools/list"}', (None, -32600)),
+    (b'{"jsonrpc":"2.0","id":"five","method":5}', ("five", -32600)),
+    (b'{"jsonrpc":"2.0","id":6}', (6, -32600)),  # neither a request nor a response
+    (b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":"x"}', (7, -32602)),
+    (b'{"jsonrpc":"2.0","id":8,"method":"tools/list","params":[1]}', (8, -32602)),
+    (b'{"jsonrpc":"2.0","id":9,"method":"no/such/method"}', (9, -32601)),
+    (b'{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":5}}', (10, -32602)),
+    (b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":"x"}', None),  # a notification: no answer
+    (b"", None), (b"   \r", None),  # blank lines carry no message
+]
+
+
+def test_malformed_messages_are_answered_with_json_rpc_errors_and_the_server_serves_on(
+        tmp_path: Path, counts) -> None:
+    """Each line the SDK dropped without a word (a client waited forever) is answered as JSON-RPC 2.0
+    says: -32700 for invalid JSON, -32600 for JSON that is no request (a batch, a wrong `jsonrpc`, an
+    id or method of the wrong type), -32602 for params that are no object, with the request's id where
+    it can be read and `null` where not; unknown methods (-32601) as the SDK answers them; a
+    notification never. After each, the next request is answered, and the tools work as before."""
+    repo = H.make_repo(tmp_path / "repo", PLAN, notes=NOTES)
+    server = RawServer(repo)
+    try:
+        for i, (line, expected) in enumerate(MALFORMED):
+            server.send(line + b"\n")
+            server.send({"jsonrpc": "2.0", "id": f"ping-{i}", "method": "ping"})
+            got = server.until(f"ping-{i}")
+            if expected is None:
+                assert got == [], (line, got)
+                continue
+            assert len(got) == 1, (line[:80], "answered", got)
+            reply = got[0]
+            assert reply["jsonrpc"] == "2.0" and (reply["id"], reply["error"]["code"]) == expected, (line[:80], reply)
+            assert reply["error"]["message"]
+        server.send({"jsonrpc": "2.0", "id": "status", "method": "tools/call",
+                     "params": {"name": "status", "arguments": {}}})
+        status = server.reply()
+        assert status["id"] == "status" and status["result"]["structuredContent"] == cli_json(repo, "status")
+    finally:
+        server.close()
+    assert server.proc.returncode == 0
+    H.assert_no_traceback(("", server.proc.stderr.read().decode()), "runbook mcp")
+    counts.add("mcp_malformed_messages", len(MALFORMED))
+
+
+def test_an_over_size_message_is_refused_at_once_naming_the_limit_and_never_read_whole(
+        tmp_path: Path, counts) -> None:
+    """A message over the limit (4 MiB; RUNBOOK_MCP_MAX_MESSAGE_MB) is answered as soon as its first
+    bytes cross it, with -32600 naming the limit and the request's id, before the client has sent the
+    rest; the rest is thrown away as it comes, so the server's memory stays flat (a 50 MB message held
+    it for seconds at 1.2 GB, then answered a tool result); the next request is answered. Through the
+    SDK's own client with the limit set to 1 MiB: a 2 MB `record` title is an MCP error naming the
+    limit, nothing is written, and the next call works."""
+    repo = H.make_repo(tmp_path / "repo", PLAN, notes=NOTES)
+    server = RawServer(repo)
+    try:
+        before = server.peak_kb()
+        head = b'{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"record","arguments":{"title":"'
+        server.send(head + b"x" * (8 << 20))  # 8 MiB, no end of line yet
+        reply = server.reply(timeout=30)  # answered now, while the client still holds 42 MB of it
+        assert reply["id"] == 5 and reply["error"]["code"] == -32600, reply
+        assert "over the limit of 4194304 bytes (4 MiB; RUNBOOK_MCP_MAX_MESSAGE_MB sets it)" in reply["error"]["message"]
+        server.send(b"x" * (42 << 20) + b'"}}}\n')
+        server.send({"jsonrpc": "2.0", "id": "after", "method": "tools/list"})
+        assert server.until("after", timeout=60) == []
+        # the id after the arguments cannot be read in time: answered with id null
+        server.send(b'{"jsonrpc":"2.0","method":"tools/call","params":{"name":"status","arguments":{"plan":"'
+                    + b"y" * (5 << 20) + b'"}},"id":6}\n')
+        assert server.reply(timeout=30)["id"] is None
+        grew_mb = (server.peak_kb() - before) / 1024
+        assert grew_mb < 100, f"the server's peak memory grew {grew_mb:.0f} MB"
+    finally:
+        server.close()
+    assert server.proc.returncode == 0
+
+    small = StdioServerParameters(command=RUNBOOK[0], args=[*RUNBOOK[1:], "mcp"], cwd=str(repo),
+                                  env={**SERVER_ENV, "RUNBOOK_MCP_MAX_MESSAGE_MB": "1"})
+
+    async def main():
+        async with Client(small) as client:
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool("record", {"title": "x" * (2 << 20)})
+            return refused.value, await client.call_tool("status", {})
+
+    refused, status = run(main)
+    assert refused.error.code == -32600 and "over the limit of 1048576 bytes (1 MiB" in refused.error.message
+    assert not status.is_error and status.structured_content == cli_json(repo, "status")
+    assert (repo / "plans" / "notes.md").read_text() == NOTES and git(repo, "status", "--porcelain") == ""
+    counts.add("mcp_over_size_messages", 3)
+    print(f"reliability measure: 50 MB message, server peak memory grew {grew_mb:.1f} MB")

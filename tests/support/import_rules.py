@@ -18,7 +18,7 @@ from pathlib import Path
 # exact module; a folder prefix also names the package itself. The longest prefix that names a module wins.
 WINGS: dict[str, list[tuple[str, list[str]]]] = {
     "runbook": [
-        ("faces", ["runbook.cli", "runbook.__main__", "runbook.mcp_server", "runbook.commands."]),
+        ("faces", ["runbook.cli", "runbook.__main__", "runbook.mcp_server", "runbook.mcp_stdio", "runbook.commands."]),
         ("report", ["runbook.report."]),
         ("run", ["runbook.run."]),
         ("store", ["runbook.store."]),
