@@ -238,6 +238,19 @@ class RecordArgs(PlanArgs):
                                              "(a training curve), else its value across the phase's runs.")
     no_commit: bool = Field(False, description="Write the notes but do not commit them.")
 
+    @field_validator("metrics")
+    @classmethod
+    def _metric_names(cls, value: dict[str, float]) -> dict[str, float]:
+        from runbook.commands.record import parse_metric  # the command line's own rule for a name
+
+        for name in value:
+            try:
+                parse_metric(f"{name}=0")
+            except ValueError:
+                raise ValueError(f"{name!r} is not a metric name: a letter or _, then letters, digits, "
+                                 "_ . - (e.g. {\"accept_len\": 2.41})") from None
+        return value
+
     def cli_kwargs(self) -> dict[str, Any]:
         return {**super().cli_kwargs(), "title": self.title, "body": io.StringIO(self.body),
                 "metric_args": tuple(f"{name}={value!r}" for name, value in self.metrics.items()),
@@ -593,6 +606,9 @@ def outside_root(args: Args, root: Path) -> RunbookError | None:
     from runbook.store.project import find_repo_root
 
     for name, value in args.paths():
+        if not value:  # not the root's parent, where os.path.abspath leads it
+            return RunbookError(f"{name}: an empty path names no plan file", "usage",
+                                hint="name a plan file of this repository (a path relative to its root)")
         path = Path(os.path.abspath(value))
         own = Path(find_repo_root(path.parent)).resolve()  # the plan's workspace, as Workspace.open finds it
         if not path.resolve().is_relative_to(root) or own != root:

@@ -14,6 +14,11 @@ files and lock files. Zero tracebacks: each input is accepted or refused with ru
   raises `ConfigError`; a sample goes through the real `runbook status` (no traceback).
 - state/lock: random JSON with odd field values. `read_lock` returns a valid LockInfo or raises
   `LockCorrupt`; nothing is signalled (read only).
+- MCP tool arguments: random JSON values for every tool's arguments (of their type and of any,
+  NUL bytes, huge strings, nesting, paths in, out of and around the root, a FIFO, a link out,
+  unknown keys, unknown tools), sent by the SDK's own client to one real `runbook mcp` on a real
+  repository: a result or a tool error with the command line's code, never `internal` nor a
+  JSON-RPC error; nothing written beside the root; no step run for a refused call.
 
 Budget: RUNBOOK_FUZZ_EXAMPLES scales every test here as in tests/runbook/plan/test_fuzz_parse.py.
 """
@@ -292,3 +297,147 @@ def test_a_fuzzed_run_record_keeps_valid_json(tmp_path: Path) -> None:
 
     data = json.loads(record.model_dump_json(), parse_constant=no_constants)
     assert data["metrics"]["loss"] == "NaN" and data["metrics"]["n.m"] == 1.0
+
+
+# ---- MCP tool arguments -----------------------------------------------------------------------
+
+MCP_PLAN = """\
+---
+runbook: 1
+title: Fuzzed
+notes: notes.md
+vars:
+  budget: "1"
+---
+
+## Phase 0: Score
+
+Steps:
+- [ ] Score: `echo ran >> ran.txt; echo '{"score": 3}' > "$RUNBOOK_METRICS"`
+
+Pass: `score >= 2`
+On pass: Phase 1
+
+## Phase 1: Again
+
+Steps:
+- [ ] Again: `echo ran >> ran.txt; echo '{"score": 1}' > "$RUNBOOK_METRICS"`
+
+Pass: `score >= 2`
+On fail: stop
+"""
+
+
+def _mcp_values(root: Path, outside: Path) -> tuple[st.SearchStrategy, dict[object, st.SearchStrategy]]:
+    """Any JSON value a host could send, and for each argument type values of that type, weighted
+    toward what the tools take: paths in, out of and around the root, phase labels, run refs, NUL
+    bytes, huge strings, nesting, odd numbers."""
+    paths = st.sampled_from([
+        "plans/plan.md", "plans/notes.md", "plans", "fifo.md", "missing.md", "state/lock", "./plans/../plans/plan.md",
+        str(outside / "plans" / "plan.md"), "../outside/plans/plan.md", "plans/../../outside/plans/plan.md",
+        str(root / "link-out.md"), "link-out.md", "/etc/passwd", "/dev/zero", "/proc/self/fd/0", "~/x.md", "-",
+        "--help", "--plan=x", "plans/plan.md\x00", "\x00", "", " ", "plans/plan.md\n", "é/ü.md", "a" * 300])
+    labels = st.sampled_from(["0", "1", "2", "phase-0", "Phase 1", "-1", "last", "last~1", "last~99999999999999999999",
+                              "20260101-000000-abcd", "step-1", "1", "*", "budget", "budget=2", "score", "2026-11-29",
+                              "2026-11-29T14:30", "-score", "phase-0.score", "nan", "1e999"])
+    huge = st.sampled_from(["x" * 100_000, "é" * 300_000, "\x00" * 1000, "line\n" * 20_000])
+    texts = st.one_of(paths, labels, st.text(max_size=30), huge)
+    numbers = st.one_of(st.integers(-3, 300), st.sampled_from([-(2**63), 2**63, 10**30, -(10**30), 0]),
+                        st.floats(allow_nan=False, allow_infinity=False))
+    leaves = st.one_of(st.none(), st.booleans(), numbers, texts)
+    anything = st.recursive(leaves, lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.one_of(st.text(max_size=8), labels), inner, max_size=4)),
+        max_leaves=12)
+    keys = st.one_of(labels, st.text(max_size=8), st.just("a=b"), st.just(" x"))
+    typed = {bool: st.booleans(), int: numbers, float: numbers, str: texts, str | None: texts,
+             int | None: numbers, list[str]: st.lists(texts, max_size=3),
+             dict[str, str]: st.dictionaries(keys, texts, max_size=3),
+             dict[str, float]: st.dictionaries(keys, numbers, max_size=3)}
+    return anything, typed
+
+
+def _mcp_calls(root: Path, outside: Path) -> st.SearchStrategy:
+    """(tool, arguments): mostly the tool's own argument names with values of their type or any
+    value, also other tools' names and unknown keys."""
+    from runbook.mcp_server import TOOLS
+
+    names = sorted({name for tool in TOOLS for name in tool.args.model_fields})
+    anything, typed = _mcp_values(root, outside)
+
+    @st.composite
+    def call(draw) -> tuple[str, dict]:
+        tool = draw(st.sampled_from(TOOLS))
+        if not draw(st.integers(0, 30)):  # no such tool
+            return draw(st.one_of(st.text(max_size=12), st.sampled_from(["init", "plot", "brief\x00", ""]))), {}
+        fields = tool.args.model_fields
+        keys = draw(st.lists(st.sampled_from(sorted(fields)), max_size=5, unique=True))
+        keys += [key for key, field in fields.items() if field.is_required() and key not in keys
+                 and draw(st.integers(0, 3))]  # a required argument, mostly there
+        if not draw(st.integers(0, 3)):  # now and then an argument of another tool's, or of none
+            keys.append(draw(st.one_of(st.sampled_from(names), st.text(max_size=10))))
+        arguments = {}
+        for key in keys:
+            of_type = typed.get(fields[key].annotation) if key in fields else None
+            arguments[key] = draw(of_type if of_type is not None and draw(st.integers(0, 3)) else anything)
+        return tool.name, arguments
+
+    return call()
+
+
+def test_mcp_tool_arguments_are_a_result_or_a_tool_error(tmp_path: Path, counts) -> None:
+    """Random JSON values for every tool's arguments (wrong types, NUL bytes, huge strings, nesting,
+    paths out of the root, unknown keys), sent by the SDK's own client to a real `runbook mcp` on a
+    real repository: every reply is a result or a tool error with one of the command line's codes
+    (never `internal`, never a JSON-RPC error), the server answers the next call, nothing is written
+    outside the root, and no step runs for a refused call."""
+    import anyio.from_thread
+    from mcp import Client, StdioServerParameters
+
+    from runbook.errors import EXIT_CODES
+
+    root = H.make_repo(tmp_path / "root", MCP_PLAN, notes="# Notes\n", ignore=("ran.txt", "fifo.md", "link-out.md"))
+    outside = H.make_repo(tmp_path / "outside", MCP_PLAN.replace("echo ran >> ran.txt", "touch RAN"), notes="# B\n")
+    os.mkfifo(root / "fifo.md")
+    (root / "link-out.md").symlink_to(outside / "plans" / "plan.md")
+    cache = tmp_path / "cache"
+    env = H.cli_env({"XDG_CACHE_HOME": str(cache)})
+    server = StdioServerParameters(command=H.RUNBOOK[0], args=[*H.RUNBOOK[1:], "mcp"], cwd=str(root), env=env)
+
+    def around() -> dict[str, bytes]:  # every file beside the root (the cache is runbook's own, by design)
+        return {name: data for name, data in H.tree_snapshot(tmp_path).items()
+                if not name.startswith(("root/", "cache/"))}
+
+    def steps_run() -> int:
+        ran = root / "ran.txt"
+        return len(ran.read_text().splitlines()) if ran.exists() else 0
+
+    before = around()
+    seen: dict[str, int] = {}
+    with anyio.from_thread.start_blocking_portal() as portal, \
+            portal.wrap_async_context_manager(Client(server, read_timeout_seconds=120)) as client:
+
+        @settings(max_examples=H.examples(40), deadline=None,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+        @given(_mcp_calls(root, outside))
+        def one_call(call: tuple[str, dict]) -> None:
+            name, arguments = call
+            ran = steps_run()
+            result = portal.call(client.call_tool, name, arguments)  # a JSON-RPC error raises here
+            envelope = result.structured_content
+            assert envelope is not None and envelope["ok"] is not result.is_error, (name, arguments, result)
+            if result.is_error:
+                code = envelope["error"]["code"]
+                assert code in EXIT_CODES and code != "internal", (name, arguments, envelope["error"])
+                assert steps_run() == ran, f"{name} was refused ({code}) but a step ran"
+                seen[f"refused:{code}"] = seen.get(f"refused:{code}", 0) + 1
+            else:
+                seen[f"answered:{name}"] = seen.get(f"answered:{name}", 0) + 1
+
+        one_call()
+        status = portal.call(client.call_tool, "status", {})
+    assert not status.is_error, status
+    assert around() == before, "a tool call wrote outside the server's root"
+    assert not (outside / "RAN").exists()
+    print(f"reliability detail: mcp tool calls {sorted(seen.items())}")
+    for key, n in seen.items():
+        counts.add(f"fuzz_mcp_{key.split(':')[0]}", n)

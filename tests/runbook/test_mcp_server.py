@@ -632,6 +632,34 @@ def test_a_server_runs_reads_and_writes_only_its_own_repository(tmp_path: Path) 
     assert not (a / "state" / "runs").exists()
 
 
+def test_an_empty_plan_path_and_a_bad_metric_name_are_refused_naming_the_argument(tmp_path: Path) -> None:
+    """Found by tests/runbook/test_fuzz_inputs.py::test_mcp_tool_arguments_are_a_result_or_a_tool_error:
+    an empty path in `plans` was refused as "outside" the repository (abspath led it to the root's
+    parent), and a `record` metric named "" or "a=b" as `--metric: 'a=b=1.0' is not NAME=NUMBER`, an
+    option the host never sent. Both are `usage` tool errors naming the argument; nothing is written;
+    a real metric name is recorded."""
+    repo = H.make_repo(tmp_path / "repo", PLAN, notes=NOTES)
+
+    async def main():
+        async with Client(params(repo)) as client:
+            refused = [await client.call_tool("validate", {"plans": ["plans/plan.md", ""]}),
+                       await client.call_tool("record", {"title": "t", "metrics": {"a=b": 1}}),
+                       await client.call_tool("record", {"title": "t", "metrics": {"": 1}})]
+            notes = (repo / "plans" / "notes.md").read_text()
+            return refused, notes, await client.call_tool("record", {"title": "t", "metrics": {"accept_len": 2.41},
+                                                                     "no_commit": True})
+
+    (empty, equals, nameless), notes, recorded = run(main)
+    for result in (empty, equals, nameless):
+        assert result.is_error and result.structured_content["error"]["code"] == "usage", result
+    assert empty.structured_content["error"]["message"] == "plans[1]: an empty path names no plan file"
+    for result, name in ((equals, "'a=b'"), (nameless, "''")):
+        message = result.structured_content["error"]["message"]
+        assert f"metrics: Value error, {name} is not a metric name" in message and "--metric" not in message
+    assert notes == NOTES and git(repo, "log", "--format=%s") == "init\n"
+    assert not recorded.is_error and "Metrics: accept_len 2.41" in (repo / "plans" / "notes.md").read_text()
+
+
 # ---- the wire: raw bytes on the server's stdin ----------------------------------------------------
 
 
