@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator
 
 from runbook.redact import redact_credentials
 
@@ -221,16 +221,41 @@ class Plan(BaseModel):
     phases: list[Phase] = []
     text: str = Field(default="", repr=False)  # the whole decoded source
 
+    # find_phase's lookup tables, built once per phases list (a plan of 100,000 phases resolves every
+    # On pass: / On fail: in a walk: one linear scan each made `validate` quadratic)
+    _lookup: tuple[list[Phase], int, dict[str, int], dict[str, int], dict[str, int]] | None = PrivateAttr(default=None)
+
+    def _tables(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        """(exact refs, lower-cased refs, id -> position), each the first phase that has it; made again
+        when `phases` is another list or another length than when they were made."""
+        if self._lookup is None or self._lookup[0] is not self.phases or self._lookup[1] != len(self.phases):
+            exact: dict[str, int] = {}
+            lowered: dict[str, int] = {}
+            position: dict[str, int] = {}
+            for i, phase in enumerate(self.phases):
+                for ref in (phase.id, phase.explicit_id):
+                    if ref is not None:
+                        exact.setdefault(ref, i)
+                for ref in (phase.id, f"phase {phase.label}", phase.label):
+                    lowered.setdefault(ref.lower(), i)
+                position.setdefault(phase.id, i)
+            self._lookup = (self.phases, len(self.phases), exact, lowered, position)
+        return self._lookup[2], self._lookup[3], self._lookup[4]
+
     def find_phase(self, ref: str) -> Phase | None:
-        """Resolve a phase reference: label ("Phase 1", "1"), id ("phase-1") or explicit id."""
+        """Resolve a phase reference: label ("Phase 1", "1"), id ("phase-1") or explicit id: the first
+        phase that answers to it (ids and explicit ids exactly or, ids and labels, in any case)."""
+        exact, lowered, _ = self._tables()
         wanted = ref.strip()
-        lowered = wanted.lower()
-        for phase in self.phases:
-            if wanted in (phase.id, phase.explicit_id) or lowered == phase.id.lower():
-                return phase
-            if lowered in (f"phase {phase.label}".lower(), phase.label.lower()):
-                return phase
-        return None
+        hits = [i for i in (exact.get(wanted), lowered.get(wanted.lower())) if i is not None]
+        return self.phases[min(hits)] if hits else None
+
+    def position(self, phase: Phase) -> int:
+        """Where the first phase with `phase`'s id stands in the document (ValueError: none has it)."""
+        found = self._tables()[2].get(phase.id)
+        if found is None:
+            raise ValueError(f"{phase.id} is not a phase of {self.path}")
+        return found
 
     def phase_index(self) -> dict[str, Phase]:
         """Lower-cased phase references -> phase, as `find_phase` resolves them, in one dict."""

@@ -27,6 +27,9 @@ from runbook.model import RunRecord
 __all__ = ["Chart", "draw", "plan_chart"]
 
 VERDICT_COLOURS = {"pass": "#2a9d3f", "fail": "#d1342f"}
+# A runs chart labels at most this many runs (evenly spaced, the first and last always): one label per
+# run made 10,000 runs take minutes of text layout in matplotlib, for labels nobody could read.
+MAX_TICK_LABELS = 24
 OTHER_COLOUR = "#8a8a8a"
 
 
@@ -137,11 +140,13 @@ def draw(chart: Chart, png: str | os.PathLike[str], svg: str | os.PathLike[str] 
     else:
         line = chart.lines[0]
         ys = [math.nan if y is None else y for y in line.y]  # (a chart of runs has a value for each)
-        ax.plot(line.x, ys, color="#4c72b0", linewidth=1.2, zorder=1)
-        ax.scatter(line.x, ys, c=chart.colours, s=36, zorder=2)
-        ax.set_xticks(line.x)
-        ax.set_xticklabels(chart.xlabels, rotation=30, ha="right", fontsize=7)
-        ax.set_xlabel("run (green: pass, red: fail)")
+        many = len(line.x) > MAX_TICK_LABELS
+        ax.plot(line.x, ys, color="#4c72b0", linewidth=0.6 if many else 1.2, zorder=1)
+        ax.scatter(line.x, ys, c=chart.colours, s=4 if many else 36, zorder=2)
+        shown = tick_positions(len(line.x))
+        ax.set_xticks([line.x[i] for i in shown])
+        ax.set_xticklabels([chart.xlabels[i] for i in shown], rotation=30, ha="right", fontsize=7)
+        ax.set_xlabel("run (green: pass, red: fail)" + (f"; {len(shown)} of {len(line.x)} runs labelled" if many else ""))
         if len(line.x) == 1:
             ax.set_xlim(-1, 1)
     ax.set_ylabel(chart.metric)
@@ -158,10 +163,24 @@ def draw(chart: Chart, png: str | os.PathLike[str], svg: str | os.PathLike[str] 
         try:
             fig.savefig(tmp, format=fmt, metadata={"Date": None} if fmt == "svg" else None)
             os.replace(tmp, path)
+        except (ValueError, OverflowError) as exc:  # matplotlib's axes cannot span values near the float limit
+            values = [v for line in chart.lines for v in line.y if v is not None and math.isfinite(v)]
+            span = f"; its values run from {min(values):.6g} to {max(values):.6g}" if values else ""
+            raise RunbookError(f"matplotlib could not draw {chart.metric} ({exc}){span}", "usage",
+                               hint="a hand-edited series or metric value may be out of range: "
+                                    "`runbook history --json` shows what the runs hold") from None
         finally:
             tmp.unlink(missing_ok=True)
         written.append(path)
     return written
+
+
+def tick_positions(n: int, most: int = MAX_TICK_LABELS) -> list[int]:
+    """Indices of the runs a runs chart labels: all of them up to `most`, else `most` evenly spaced
+    ones from the first to the last."""
+    if n <= most:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (most - 1)) for i in range(most)})
 
 
 def _positive_wide(chart: Chart) -> bool:

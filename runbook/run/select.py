@@ -62,8 +62,7 @@ def _latest(runs: list[RunRecord], phase_id: str, after: int = -1) -> tuple[int,
 
 
 def next_in_document(plan: Plan, phase: Phase) -> Phase | None:
-    ids = [p.id for p in plan.phases]
-    i = ids.index(phase.id)
+    i = plan.position(phase)
     return plan.phases[i + 1] if i + 1 < len(plan.phases) else None
 
 

@@ -30,7 +30,7 @@ import math
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, model_validator
 
 from runbook.files import NotReadable, atomic_write_text, open_regular, read_bounded
 from runbook.model import RunRecord, SeriesInfo, StepResult
@@ -57,6 +57,14 @@ class Series(BaseModel):
     y: list[float | None]
     points: int  # points the step wrote (kept: len(x))
     every: int = 1  # every k-th point was kept (and the last)
+
+    @model_validator(mode="after")
+    def _paired(self) -> Series:
+        # a hand-damaged kept file with an x for no y (or a y for no x) is not a series: it is skipped
+        # on load like any other line that does not validate, instead of breaking the chart
+        if len(self.x) != len(self.y):
+            raise ValueError(f"{len(self.x)} x values for {len(self.y)} y values")
+        return self
 
 
 class _Header(BaseModel):

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runbook.model import Plan
+from runbook.model import Phase, Plan, Span
 from runbook.plan import criteria, resolve
 from runbook.plan.criteria import CriterionError
 from runbook.plan.parse import _FIELD_NAMES, _Lines, parse_plan, reassemble
@@ -289,3 +289,45 @@ def test_bench_plan_parses_to_what_the_generator_wrote() -> None:
         assert phase.goal.startswith(f"Goal of phase {i}: check that *this* works")
         for key, line in phase.field_lines.items():
             assert lines[line - 1].lower().replace(" ", "").startswith(_FIELD_NAMES[key].lower().replace(" ", ""))
+
+
+# ---- phase references -------------------------------------------------------------------------
+
+
+def reference_find_phase(plan: Plan, ref: str) -> object:
+    """The former `Plan.find_phase`: a scan of every phase for each reference."""
+    wanted = ref.strip()
+    lowered = wanted.lower()
+    for phase in plan.phases:
+        if wanted in (phase.id, phase.explicit_id) or lowered == phase.id.lower():
+            return phase
+        if lowered in (f"phase {phase.label}".lower(), phase.label.lower()):
+            return phase
+    return None
+
+
+_LABEL = st.sampled_from(["0", "1", "1b", "2", "S", "s", "F", "phase-1", "x y"])
+_EXPLICIT = st.one_of(st.none(), st.sampled_from(["fb", "FB", "phase-1", "Phase-2", "s", "1"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_LABEL, _EXPLICIT), min_size=1, max_size=8),
+       st.lists(st.sampled_from(["0", "1", " 1b ", "phase 1", "PHASE S", "phase-1", "Phase-2", "fb", "FB", "s", "F",
+                                 "phase-s", "x y", "Phase x y", "nope", ""]), min_size=1, max_size=6))
+def test_find_phase_answers_as_the_scan_did_and_position_names_the_first(
+        phases: list[tuple[str, str | None]], refs: list[str]) -> None:
+    # duplicate labels and ids, explicit ids that shadow labels in other cases: validate refuses such
+    # plans, but next, status and the flow check still resolve references in them the same way
+    span = Span(start_line=1, end_line=1, start=0, end=0)
+    plan = Plan(path="p.md", format_version=1, front_matter_span=span, phases=[
+        Phase(id=explicit or f"phase-{label}", label=label, explicit_id=explicit, title="t", heading="h",
+              span=span, heading_span=span) for label, explicit in phases])
+    for ref in refs:
+        assert plan.find_phase(ref) is reference_find_phase(plan, ref), ref
+    for phase in plan.phases:
+        first = next(i for i, p in enumerate(plan.phases) if p.id == phase.id)
+        assert plan.position(phase) == first
+    # the tables follow a phases list that changed after the first lookup
+    plan.phases = plan.phases[::-1]
+    for ref in refs:
+        assert plan.find_phase(ref) is reference_find_phase(plan, ref), ref

@@ -210,3 +210,50 @@ Pass: train_loss < 100
     assert out["ok"] and out["result"]["points"] == steps
     _png_check(repo / "curve.png")
     assert H.git(repo, "status", "--porcelain", "--untracked-files=no") == ""  # the series file was committed
+
+
+DAMAGES = {
+    "x longer than y": lambda s: {**s, "x": [*s["x"], 1e9]},
+    "y shorter than x": lambda s: {**s, "y": s["y"][:-3]},
+    "x not numbers": lambda s: {**s, "x": ["a"] * len(s["x"])},
+    "y of objects": lambda s: {**s, "y": [{}] * len(s["y"])},
+    "no name": lambda s: {k: v for k, v in s.items() if k != "name"},
+    "huge values": lambda s: {**s, "y": [1e308] * len(s["y"])},
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_hand_damaged_series_file_gives_a_chart_or_a_refusal_never_an_internal_error(tmp_path: Path,
+                                                                                        damage: str) -> None:
+    repo = H.make_repo(tmp_path / "repo", PLAN)
+    (repo / "fit.py").write_text(FIT)
+    assert H.runbook_inproc(repo, "next", "--yes", "--set", "n=40").returncode == 0
+    run_id = next((repo / "state" / "runs").glob("*.json")).stem
+    kept = repo / "state" / "runs" / f"{run_id}.series.jsonl"
+    header, line = kept.read_text().splitlines()
+    kept.write_text(header + "\n" + json.dumps(DAMAGES[damage](json.loads(line))) + "\n")
+    out = H.runbook_inproc(repo, "plot", "--metric", "loss", "--out", "c.png")
+    H.assert_no_traceback(out)
+    assert "internal error" not in out.stderr, out.stderr
+    if damage == "huge values":  # still a series, but no axis spans it: refused, naming the metric and the range
+        assert out.returncode == 2 and "could not draw loss" in out.stderr and "1e+308" in out.stderr, out.stderr
+    else:  # the series is gone; the run has no value of `loss` either: refused, naming the metric
+        assert out.returncode == 2 and "loss" in out.stderr, (out.returncode, out.stderr)
+
+
+def test_a_runs_chart_of_thousands_of_runs_labels_a_few_and_draws_every_point(tmp_path: Path) -> None:
+    from runbook.report.plotting import MAX_TICK_LABELS, Chart, Line, draw, tick_positions
+
+    assert tick_positions(5) == [0, 1, 2, 3, 4]
+    many = tick_positions(10_000)
+    assert len(many) == MAX_TICK_LABELS and many[0] == 0 and many[-1] == 9_999
+    n = 10_000
+    chart = Chart(kind="runs", metric="acc", title="acc across 10000 runs",
+                  lines=[Line(label="acc", x=[float(i) for i in range(n)], y=[(i % 7) / 7 for i in range(n)])],
+                  xlabels=[f"run-{i}" for i in range(n)], colours=["#2a9d3f" if i % 2 else "#d1342f" for i in range(n)],
+                  runs=[f"run-{i}" for i in range(n)])
+    png, svg = draw(chart, tmp_path / "c.png", tmp_path / "c.svg")
+    _png_check(png, curve=False)
+    text = svg.read_text()
+    assert f"{MAX_TICK_LABELS} of 10000 runs labelled" in text
+    assert "run-0" in text and "run-9999" in text and "run-5001" not in text
