@@ -234,12 +234,23 @@ def _refuse_ignored(repo: git.Repo, paths: list[str]) -> None:
     )
 
 
+def _status(root: str | os.PathLike[str], *args: str) -> str:
+    """`git status ARGS` as a reader: GIT_OPTIONAL_LOCKS=0, so git does not refresh and write the
+    index (which runs the post-index-change hook: a hook that hung there used to hang `runbook next`
+    before its first step), and bounded like every git command runbook waits on. GitStateError when
+    git fails or outlives the timeout."""
+    top = _repo(root).working_tree_dir or root
+    try:
+        return _git_waited(top, ["status", *args], env={"GIT_OPTIONAL_LOCKS": "0"})
+    except _GitFailed as exc:
+        raise GitStateError(f"`git status` failed: {_detail(exc)}") from exc
+
+
 def changed_tracked(root: str | os.PathLike[str], limit: int = 100) -> list[str]:
     """Tracked files whose work-tree or index content differs from HEAD (repo-relative, at most `limit`)."""
-    repo = _repo(root)
     try:
-        out = repo.git.status("--porcelain=v1", "-z", "--untracked-files=no")
-    except _git_error():
+        out = _status(root, "--porcelain=v1", "-z", "--untracked-files=no")
+    except GitStateError:
         return []
     paths: list[str] = []
     entries = out.split("\0")
@@ -267,16 +278,14 @@ def _sign_args(repo: git.Repo) -> list[str]:
 
 def is_dirty(root: str | os.PathLike[str], path: str) -> bool:
     """True when `path` (repo-relative) differs from HEAD in the index or work tree, or is untracked."""
-    repo = _repo(root)
-    out = repo.git.status("--porcelain", "--untracked-files=all", "--", path)
+    out = _status(root, "--porcelain", "--untracked-files=all", "--", path)
     return bool(out.strip())
 
 
 def dirty_paths(root: str | os.PathLike[str], path: str) -> set[str]:
     """Paths under `path` (repo-relative) that differ from HEAD in the index or work tree, or are
     untracked: one `git status` for a whole directory (`is_dirty` asks about one path)."""
-    repo = _repo(root)
-    out = repo.git.status("--porcelain=v1", "-z", "--untracked-files=all", "--", path)
+    out = _status(root, "--porcelain=v1", "-z", "--untracked-files=all", "--", path)
     found: set[str] = set()
     entries = out.split("\0")
     i = 0

@@ -346,12 +346,14 @@ def _cli_inproc(package: str, script: list[str], cwd: Path, args: tuple[str, ...
         alarm = signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
         if alarm:
             signal.signal(signal.SIGALRM, overran)
-            signal.setitimer(signal.ITIMER_REAL, timeout)
+            # then every half second: a hang in a verb's own cleanup after the first alarm ends too
+            signal.setitimer(signal.ITIMER_REAL, timeout, 0.5)
         try:
             main()
         except SystemExit as exc:  # the console script's exit
             code = exc.code
         except _Overran:
+            signal.setitimer(signal.ITIMER_REAL, 0)
             stdout, stderr = read()
             raise subprocess.TimeoutExpired(argv, timeout, stdout, stderr) from None
         finally:
