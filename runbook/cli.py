@@ -16,7 +16,7 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -101,10 +101,30 @@ def command_name(argv: list[str]) -> str:
     return "runbook"
 
 
+def with_json_after_the_verb(argv: list[str], environ: Mapping[str, str] = os.environ) -> list[str]:
+    """`argv` with `--json` where the verb takes it: `runbook --json status` is `runbook status --json`,
+    and RUNBOOK_JSON=1 in the environment adds it to every verb that has one (not `mcp`, not --help)."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    verb = next((i for i in range(end) if not argv[i].startswith("-")), None)
+    early = "--json" in argv[: end if verb is None else verb]
+    asked = environ.get("RUNBOOK_JSON", "").strip().lower() in ("1", "true", "yes")
+    helping = any(t in ("-h", "--help") for t in argv[:end])
+    if verb is None or argv[verb] not in COMMANDS:
+        return [t for t in argv if t != "--json"] if early and helping else argv
+    head = [t for t in argv[:verb] if t != "--json"]
+    if not (early or asked) or argv[verb] == "mcp" or helping or "--json" in argv[verb:end]:
+        return head + argv[verb:] if early else argv
+    return [*head, *argv[verb:end], "--json", *argv[end:]]
+
+
 def run(group: click.Group, argv: list[str], prog_name: str, complete_var: str | None = None, **extra: Any) -> int:
     """Run the CLI on `argv`; print the outcome; return the exit code."""
+    from runbook.errors import take_warnings
+
+    argv = with_json_after_the_verb(argv)
     as_json = json_requested(argv)
     name = command_name(argv)
+    take_warnings()  # a fresh list for this command (the MCP server runs many in one process)
     try:
         outcome = click.Group.main(group, argv, prog_name, complete_var, standalone_mode=False, **extra)
     except click.ClickException as exc:
@@ -159,8 +179,9 @@ def error_info(exc: RunbookError) -> ErrorInfo:
 def _emit(out: Output, name: str, as_json: bool) -> None:
     if as_json:
         from runbook.contract import envelope_json
+        from runbook.errors import take_warnings
 
-        click.echo(envelope_json(name, out.exit_code, out.result))
+        click.echo(envelope_json(name, out.exit_code, out.result, warnings=take_warnings()))
     elif out.text is not None:
         click.echo(out.text, nl=not ends_with_newline(out.text))
 
@@ -169,8 +190,9 @@ def _refuse(exc: RunbookError, name: str, as_json: bool) -> int:
     """A RunbookError as output: text on stderr, or the error envelope on stdout under --json."""
     if as_json:
         from runbook.contract import envelope_json
+        from runbook.errors import take_warnings
 
-        click.echo(envelope_json(name, exc.exit_code, error=error_info(exc)))
+        click.echo(envelope_json(name, exc.exit_code, error=error_info(exc), warnings=take_warnings()))
     else:
         click.echo(exc.text(), err=True)
     return exc.exit_code

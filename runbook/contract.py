@@ -11,8 +11,8 @@ One module, so that the words mean one thing everywhere (docs/json.md has the re
   commit that recorded it, known only to the `runbook next` that made it.
 
 Every command's `--json` prints exactly one `Envelope` on stdout:
-`{"schema_version", "command", "ok", "exit_code", "result"}` or, when the command refused,
-`{"schema_version", "command", "ok": false, "exit_code", "error": {"code", "message", "file",
+`{"schema_version", "runbook_version", "command", "ok", "exit_code", "warnings", "result"}` or, when
+the command refused, `{..., "ok": false, "exit_code", "warnings", "error": {"code", "message", "file",
 "line", "col", "hint", ...}}`. `output_schema(command)` is the JSON Schema of a command's envelope
 (the MCP server uses them as tool output schemas); `python -m runbook.contract DIR` writes them all.
 """
@@ -598,16 +598,30 @@ T = TypeVar("T", bound=BaseModel)
 
 class Envelope(Model, Generic[T]):
     schema_version: Literal[1] = SCHEMA_VERSION
-    command: str
-    ok: bool  # true: `result` is there; false: `error` is
+    runbook_version: str  # the installed runbook-eagle's version
+    command: str  # the verb (the schema of each verb fixes it)
+    ok: bool  # true: `result` is there and `error` is not; false: the other way round
     exit_code: int
+    warnings: list[str] = []  # every `warning:` line the command printed on stderr, in order
     result: T | None = None
     error: ErrorInfo | None = None
 
 
-def envelope_json(command: str, exit_code: int, result: BaseModel | None = None, error: ErrorInfo | None = None) -> str:
+def runbook_version() -> str:
+    """The installed distribution's version ("unknown" when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("runbook-eagle")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def envelope_json(command: str, exit_code: int, result: BaseModel | None = None, error: ErrorInfo | None = None,
+                  warnings: list[str] | None = None) -> str:
     """The one JSON document a `--json` command prints."""
-    data: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "command": command, "ok": error is None, "exit_code": exit_code}
+    data: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "runbook_version": runbook_version(), "command": command,
+                            "ok": error is None, "exit_code": exit_code, "warnings": list(warnings or [])}
     if error is None:
         data["result"] = _finite(result.model_dump(mode="json")) if result is not None else None
     else:
@@ -633,6 +647,18 @@ def output_schema(command: str) -> dict[str, Any]:
     model = Envelope.__class_getitem__(RESULTS[command])  # Envelope[...] of a model chosen at run time
     assert isinstance(model, type)
     schema = model.model_json_schema()
+    # strict where the model cannot say it: the verb is fixed, the error code is one of the known
+    # words, and `ok` decides which of result / error is there
+    from runbook.errors import EXIT_CODES
+
+    props = schema["properties"]
+    props["command"] = {"const": command, "title": "Command", "type": "string"}
+    schema["$defs"]["ErrorInfo"]["properties"]["code"] = {"enum": sorted(EXIT_CODES), "title": "Code", "type": "string"}
+    schema["required"] = sorted({*schema.get("required", []), "schema_version", "runbook_version", "command", "ok",
+                                 "exit_code", "warnings"})
+    schema["if"] = {"properties": {"ok": {"const": True}}}
+    schema["then"] = {"required": ["result"], "not": {"required": ["error"]}}
+    schema["else"] = {"required": ["error"], "not": {"required": ["result"]}}
     schema["title"] = f"runbook {command} --json"
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     return schema

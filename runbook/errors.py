@@ -10,6 +10,7 @@ only place that turns it into output: text on stderr, or the error envelope of `
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -83,3 +84,22 @@ def unknown_phase(plan: Plan, ref: str, where: str) -> RunbookError:
     known = ", ".join(f"{p.id} ({p.display_name})" for p in plan.phases)
     return RunbookError(f"{where}: no phase {ref!r}; phases: {known}", "unknown_phase", file=where,
                         hint="name a phase by its label (`1`, `\"Phase 1\"`) or its id (`phase-1`)")
+
+
+# ---- warnings ----------------------------------------------------------------------------------
+
+_warnings: list[str] = []
+
+
+def warning(message: str) -> None:
+    """Say `warning: MESSAGE` on stderr, and keep it for the `warnings` of this command's --json
+    envelope (cli.py takes them: `take_warnings`). The one way runbook warns."""
+    _warnings.append(message)
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def take_warnings() -> list[str]:
+    """The warnings said since the last call (cli.py calls it before and after a verb)."""
+    said = list(_warnings)
+    _warnings.clear()
+    return said

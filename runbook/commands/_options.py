@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from runbook.errors import warning
+
 F = TypeVar("F", bound="Callable[..., Any]")
 
 if TYPE_CHECKING:
@@ -43,7 +45,7 @@ def forget_and_say(ws: Workspace, runs: list[RunRecord], subject: str, no_commit
     from runbook.run.unrecord import forget_runs
 
     updated, sha = forget_runs(ws, runs, subject, commit=not no_commit,
-                               warn=lambda msg: click.echo(f"warning: {msg}", err=True))
+                               warn=warning)
     said += f"; {ws.plan_rel} rewritten" if updated else ""
     said += f"; commit {sha[:10]}" if sha else ""
     return updated, sha, said
@@ -82,4 +84,4 @@ def open_runs_filter(plan_opt: str | None, phase_ref: str | None) -> tuple[Works
 
 def warn(lines: list[str]) -> None:
     for line in lines:
-        click.echo(f"warning: {line}", err=True)
+        warning(line)

@@ -22,10 +22,13 @@ never cut. --json gives the whole brief (cut only when --max-chars is given), sc
 @json_option
 @click.option("--max-chars", type=click.IntRange(min=200), default=None,
               help="Size limit of the text brief (default 6000; with --json: no limit unless given).")
+@click.option("--short", is_flag=True,
+              help="A primer of a few lines (goal, where the plan stands, the last run, the exact next command), "
+                   "for an agent host's session-start hook. --json still gives the whole brief.")
 @plan_option
-def command(as_json: bool, max_chars: int | None, plan_opt: str | None) -> Output:
+def command(as_json: bool, max_chars: int | None, short: bool, plan_opt: str | None) -> Output:
     """Print what a newcomer needs to carry the plan on: where it stands and what to run next."""
-    from runbook.report.brief import DEFAULT_MAX_CHARS, build_brief, fit_brief
+    from runbook.report.brief import DEFAULT_MAX_CHARS, build_brief, fit_brief, render_short
     from runbook.run.planstate import for_workspace
 
     ws = open_plan(plan_opt)
@@ -38,5 +41,7 @@ def command(as_json: bool, max_chars: int | None, plan_opt: str | None) -> Outpu
     if as_json:
         fitted = fit_brief(brief, max_chars)[0] if max_chars else brief
         return Output(fitted)
+    if short:
+        return Output(brief, 0, render_short(brief))
     fitted, text = fit_brief(brief, max_chars or DEFAULT_MAX_CHARS)
     return Output(fitted, 0, text)

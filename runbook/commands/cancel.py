@@ -6,6 +6,7 @@ import click
 
 from runbook.commands._options import json_option, open_plan, plan_option
 from runbook.commands._output import Output
+from runbook.errors import warning
 
 
 @click.command("cancel")
@@ -32,7 +33,7 @@ def command(plan_opt: str | None, wait_s: float, as_json: bool) -> Output:
         click.echo(msg, err=True)
 
     def warn(msg: str) -> None:
-        click.echo(f"warning: {msg}", err=True)
+        warning(msg)
 
     result = cancel(ws, wait_s=wait_s, say=say, warn=warn)
     if result.run is not None:

@@ -11,7 +11,7 @@ import click
 from runbook.commands._options import json_option, open_runs_filter, warn
 from runbook.commands._output import Output
 from runbook.contract import HistoryResult, RunView
-from runbook.errors import RunbookError
+from runbook.errors import RunbookError, warning
 from runbook.model import MetricValue, Plan, RunRecord
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
         sort, desc = sort[1:], True
     warnings = unknown([*metrics, *([sort] if sort else [])], every)
     for line in warnings:
-        click.echo(f"warning: {line}", err=True)
+        warning(line)
     chrono = list(every)
     if sort:
         every = sort_runs(every, sort, desc)

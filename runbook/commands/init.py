@@ -6,13 +6,14 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import click
 
 from runbook.commands._options import json_option
 from runbook.commands._output import Output
 from runbook.contract import InitResult
-from runbook.errors import RunbookError
+from runbook.errors import RunbookError, warning
 from runbook.plan.mdtext import detect_newline, ends_with_newline
 from runbook.report.agents import AGENTS_FILE, agents_addition, client_config, runbook_argv
 
@@ -139,20 +140,17 @@ def command(directory: Path, example: str | None, title: str, as_json: bool) -> 
     if inside.returncode != 0:
         result = _git(["init", "-q"], root)
         if result.returncode != 0:
-            click.echo(f"warning: git init failed: {result.stderr.strip()}", err=True)
+            warning(f"git init failed: {result.stderr.strip()}")
         else:
             created.append(".git (git init)")
             git_init = True
     elif Path(inside.stdout.strip()).resolve() != root:
-        click.echo(
-            f"warning: {root} is inside the git repository {inside.stdout.strip()}; runbook looks for "
-            "runbook.toml and state/ at the repository root and runs steps there",
-            err=True,
-        )
+        warning(f"{root} is inside the git repository {inside.stdout.strip()}; runbook looks for "
+                "runbook.toml and state/ at the repository root and runs steps there")
     plan = next(rel for rel in files if rel.endswith(".md") and "next-steps" not in rel)
     notes = next((rel for rel in files if "next-steps" in rel), None)
-    created += _write_agents_md(root, plan, notes)
-    config = client_config(root, runbook_argv())
+    config = client_config(root, runbook_argv())  # what AGENTS.md shows and what is printed: one entry
+    created += _write_agents_md(root, plan, notes, config)
     where = "" if root == Path.cwd().resolve() else f"cd {directory} && "
     text = "\n".join(f"created {rel}" for rel in created) + (
         f"\n\nNext: read {plan}, then\n  {where}git add -A && git commit -m 'runbook init'\n"
@@ -166,12 +164,12 @@ def command(directory: Path, example: str | None, title: str, as_json: bool) -> 
     return Output(outcome, 0, text)
 
 
-def _write_agents_md(root: Path, plan: str, notes: str | None) -> list[str]:
+def _write_agents_md(root: Path, plan: str, notes: str | None, config: dict[str, Any]) -> list[str]:
     """AGENTS.md: written when there is none, the runbook section appended when it does not tell
     agents about runbook yet, left alone when it does. Returns what to list as created."""
     path = root / AGENTS_FILE
     old = path.read_text(encoding="utf-8") if path.is_file() else None
-    addition = agents_addition(old, plan, notes)
+    addition = agents_addition(old, plan, notes, config)
     if not addition:
         return []
     with open(path, "a" if old is not None else "x", encoding="utf-8", newline="") as handle:

@@ -13,6 +13,7 @@ import click
 
 from runbook.commands._options import json_option, plan_option
 from runbook.commands._output import Output
+from runbook.errors import warning
 
 HELP_EPILOG = """\b
 Which phase runs:
@@ -90,7 +91,7 @@ def command(
                           no_commit=no_commit, as_json=as_json, sets=tuple(sets), detach=detach)
     talk = Talk(
         say=lambda msg: click.echo(msg, err=as_json),
-        warn=lambda msg: click.echo(f"warning: {msg}", err=True),
+        warn=warning,
         note=lambda msg: click.echo(msg, err=True),
         confirm=lambda question: click.confirm(question, default=True),
         interactive=lambda: sys.stdin.isatty() and sys.stdout.isatty(),

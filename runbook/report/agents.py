@@ -32,23 +32,23 @@ def client_config(root: str | Path | None = None, command: list[str] | None = No
     return {"mcpServers": {"runbook": {"command": argv[0], "args": args}}}
 
 
-def agents_section(plan: str, notes: str | None, *, heading: bool) -> str:
-    """The AGENTS.md text about runbook (with a title when it starts a new file)."""
+def agents_section(plan: str, notes: str | None, config: dict[str, Any], *, heading: bool) -> str:
+    """The AGENTS.md text about runbook (with a title when it starts a new file); `config` is the
+    `mcpServers` entry it shows, the one `runbook init` prints (`client_config`)."""
     import json
 
     from runbook.report.templates import render
 
-    config = json.dumps(client_config(), indent=2)
-    return render("agents.md.j2", plan=plan, notes=notes, config=config, heading=heading)
+    return render("agents.md.j2", plan=plan, notes=notes, config=json.dumps(config, indent=2), heading=heading)
 
 
-def agents_addition(existing: str | None, plan: str, notes: str | None) -> str:
+def agents_addition(existing: str | None, plan: str, notes: str | None, config: dict[str, Any]) -> str:
     """What to write into AGENTS.md: the whole file when there is none, the runbook section appended
     when it does not mention runbook yet, nothing ("") when it does."""
     if existing is None:
-        return agents_section(plan, notes, heading=True)
+        return agents_section(plan, notes, config, heading=True)
     if MARK in existing:
         return ""
     newline = detect_newline(existing)
     lead = "" if not existing.strip() else (newline if ends_with_newline(existing) else newline * 2)
-    return lead + agents_section(plan, notes, heading=False).replace("\n", newline)
+    return lead + agents_section(plan, notes, config, heading=False).replace("\n", newline)

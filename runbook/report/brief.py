@@ -250,3 +250,34 @@ def fit_brief(brief: Brief, max_chars: int = DEFAULT_MAX_CHARS) -> tuple[Brief, 
 
 def render_brief(brief: Brief, max_chars: int = DEFAULT_MAX_CHARS) -> str:
     return fit_brief(brief, max_chars)[1]
+
+
+def render_short(brief: Brief, width: int = 100) -> str:
+    """`runbook brief --short`: a primer of a few lines for an agent host's session-start hook: the
+    goal, where the plan stands, the last run, and the exact command to continue (or why nothing runs).
+    `runbook brief` has the rest."""
+    def one_line(text: str) -> str:
+        flat = " ".join(text.split())
+        return flat if len(flat) <= width else flat[: width - 2].rstrip() + " …"
+
+    lines = [f"runbook: {brief.title or brief.plan} ({brief.plan})"]
+    goal = next((part for part in brief.goal.split("\n\n") if part.strip() and not part.lstrip().startswith("#")), "")
+    if goal.strip():
+        lines.append(f"Goal: {one_line(goal)}")
+    if brief.status:
+        lines.append(f"Now: {one_line(brief.status)}")
+    if brief.running is not None:
+        held = brief.running
+        lines.append(f"Running: {held.label or held.phase or 'a phase'}, run {held.run_id or '?'} "
+                     "(follow it with `runbook logs -f`)")
+    elif brief.last_run is not None:
+        run = brief.last_run
+        lines.append(f"Last run: {run.run_id} {run.label} {run.verdict}")
+    step = brief.next
+    if step.command:
+        lines.append(f"Next: {step.command}")
+        lines.append(f"  why: {one_line(step.why)}")
+    else:
+        lines.append(f"Next: nothing to run ({one_line(step.why)})")
+    lines.append("More: `runbook brief` (the whole handoff), `runbook status`.")
+    return "\n".join(lines) + "\n"

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from runbook.errors import RunbookError
+from runbook.errors import RunbookError, warning
 from runbook.model import EXIT_CODES, JUDGED, Phase, Plan, RunRecord
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class Talk:
     and never ask (a session that must ask without `confirm` is not confirmed)."""
 
     say: Callable[[str], None] = field(default=lambda msg: _write(sys.stdout, msg))  # lines for people
-    warn: Callable[[str], None] = field(default=lambda msg: _write(sys.stderr, f"warning: {msg}"))
+    warn: Callable[[str], None] = field(default=warning)
     note: Callable[[str], None] = field(default=lambda msg: _write(sys.stderr, msg))  # the plan's problems, as they are
     confirm: Callable[[str], bool] = field(default=lambda _question: False)
     interactive: Callable[[], bool] = field(default=lambda: False)  # there is a terminal to ask on

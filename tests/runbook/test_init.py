@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import helpers as H
 from helpers import git
 
 from runbook.commands.init import GITIGNORE_ENTRIES, gitignore_addition
@@ -96,3 +97,18 @@ def test_gitignore_addition_is_idempotent() -> None:
     assert first.splitlines()[1:] == list(GITIGNORE_ENTRIES)
     assert gitignore_addition(first) == ""
     assert gitignore_addition("a\r\nb\r\n").endswith("state/runs/*/\r\nwork/\r\n")
+
+
+def test_agents_md_shows_the_mcp_entry_init_prints(tmp_path: Path) -> None:
+    """The MCP snippet in AGENTS.md is the entry `runbook init` prints: this venv's runbook by its
+    absolute path and the workspace's root, so a host without the venv on PATH can start it."""
+    import json
+
+    done = H.runbook(tmp_path, "init", "ws", "--json")
+    printed = json.loads(done.stdout)["result"]["mcp_config"]
+    agents = (tmp_path / "ws" / "AGENTS.md").read_text()
+    snippet = agents[agents.index("```json\n") + len("```json\n"):]
+    shown = json.loads(snippet[: snippet.index("```")])
+    assert shown == printed
+    assert Path(shown["mcpServers"]["runbook"]["command"]).is_absolute()
+    assert shown["mcpServers"]["runbook"]["args"][-2:] == ["--root", str((tmp_path / "ws").resolve())]

@@ -273,3 +273,54 @@ def test_json_never_prompts_nor_opens_an_editor_even_in_a_terminal(built: dict[s
     # without --json, the terminal is asked; "no" is a refusal (exit 2), never the "fail" exit code 1
     code, out = _in_a_terminal(repo, ["next"], env, answer=("[Y/n]", b"n\n"))
     assert "Run Phase 1?" in out and "not confirmed: nothing ran" in out and code == 2
+
+
+def test_a_wrong_document_fails_the_schemas(built: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The schemas are strict enough to catch a wrong envelope: another verb's name, ok with an error,
+    an error without ok false, an error code no refusal uses, a missing version or warnings list."""
+    good = invoke(built["mid-plan"], ["status"], monkeypatch)
+    refused = invoke(built["mid-plan"], ["show", "no-such-phase"], monkeypatch)
+    assert refused["ok"] is False and refused["error"]["code"] == "unknown_phase"
+    wrong = {
+        "another verb": ("status", {**good, "command": "history"}),
+        "ok with an error too": ("status", {**good, "error": refused["error"]}),
+        "not ok, with a result": ("status", {**good, "ok": False}),
+        "ok without a result": ("show", {k: v for k, v in refused.items() if k != "error"} | {"ok": True}),
+        "an unknown error code": ("show", {**refused, "error": {**refused["error"], "code": "oops"}}),
+        "no runbook_version": ("status", {k: v for k, v in good.items() if k != "runbook_version"}),
+        "no warnings": ("status", {k: v for k, v in good.items() if k != "warnings"}),
+        "a warning that is no string": ("status", {**good, "warnings": [3]}),
+    }
+    for what, (command, doc) in wrong.items():
+        assert list(VALIDATORS[command].iter_errors(doc)), f"{what}: the schema accepted it"
+    assert not list(VALIDATORS["status"].iter_errors(good)) and not list(VALIDATORS["show"].iter_errors(refused))
+
+
+def test_json_before_the_verb_and_from_the_environment(built: dict[str, Path]) -> None:
+    repo = built["mid-plan"]
+    plain = H.runbook(repo, "status", "--json")
+    for args, env in ((["--json", "status"], None), (["status"], {"RUNBOOK_JSON": "1"}),
+                      (["--json", "status", "--json"], None)):
+        done = H.runbook(repo, *args, env=env)
+        assert done.returncode == plain.returncode == 0, (args, done.stderr)
+        doc = check(done.stdout, done.returncode, "status")
+        assert doc["result"] == json.loads(plain.stdout)["result"]
+        assert doc["runbook_version"] == json.loads(plain.stdout)["runbook_version"] != ""
+    # --help stays help, and `mcp` (no --json of its own) is left alone by the variable
+    assert H.runbook(repo, "--json", "--help").stdout.startswith("Usage: runbook")
+    assert H.runbook(repo, "status", "--help", env={"RUNBOOK_JSON": "1"}).stdout.startswith("Usage: runbook status")
+
+
+def test_every_warning_said_is_in_the_envelope(built: dict[str, Path], tmp_path: Path) -> None:
+    """A ledger record that cannot be read is warned about by the reading verbs: the same lines on stderr
+    (`warning: ...`) and in the envelope's `warnings`, for each of them."""
+    repo = S.copy(built["mid-plan"], tmp_path / "repo")
+    (repo / "state" / "runs" / "20200101-000000-dead.json").write_text("{ cut")
+    seen = 0
+    for args in (["status"], ["brief"], ["history"], ["next", "--dry-run"], ["show", "1"], ["diff", "last~1", "last"]):
+        done = H.runbook_inproc(repo, *args, "--json")
+        doc = check(done.stdout, done.returncode, args[0])
+        said = [line.removeprefix("warning: ") for line in done.stderr.splitlines() if line.startswith("warning: ")]
+        assert doc["warnings"] == said, (args, doc["warnings"], done.stderr)
+        seen += bool(said)
+    assert seen >= 4  # status, brief, history and next at least name the broken record

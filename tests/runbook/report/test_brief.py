@@ -195,3 +195,19 @@ def test_brief_subprocess_does_not_import_git_or_torch(tmp_path: Path) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=60)
     assert "IMPORTED []" in done.stderr and "## Continue" in done.stdout
+
+
+def test_short_is_a_primer_with_the_goal_the_state_and_the_exact_next_command(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = mid_life_repo(tmp_path, milestones=3)
+    full = brief(repo, monkeypatch)
+    short = brief(repo, monkeypatch, "--short")
+    assert short.exit_code == 0, short.output
+    lines = short.output.splitlines()
+    assert 4 <= len(lines) <= 8 and all(len(line) <= 110 for line in lines), lines
+    assert lines[0].startswith("runbook: ") and "(plans/plan.md)" in lines[0]
+    assert any(line.startswith("Goal: Train a drafter; beat acceptance 1.5.") for line in lines)
+    assert "Last run: 20261129-110000-bbbb Phase 1 fail" in lines
+    assert "Next: runbook next --yes" in lines  # the same command the whole brief ends with
+    assert full.output.rstrip().endswith("```sh\nrunbook next --yes\n```")
+    assert len(short.output) < len(full.output) / 4
