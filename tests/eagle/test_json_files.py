@@ -9,6 +9,7 @@ import os
 import threading
 from pathlib import Path
 
+import helpers as H
 import pytest
 from click.testing import CliRunner
 
@@ -18,13 +19,7 @@ from eagle.fsutil import JSON_MAX_DEPTH, JsonFileError, read_json_file
 
 def _special(tmp_path: Path, kind: str) -> Path:
     path = tmp_path / f"{kind}.json"
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "dev-zero":
-        path.symlink_to("/dev/zero")
-    elif kind == "directory":
-        path.mkdir()
-    return path
+    return H.special_file(path, kind) if kind in H.SPECIAL_KINDS else path
 
 
 def _finishes(fn, timeout: float = 10.0):

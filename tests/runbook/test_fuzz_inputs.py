@@ -183,12 +183,8 @@ def test_special_metrics_files_never_hang_or_crash(kind: str, counts) -> None:
     path = SCRATCH / f"special-{kind}.json"
     if path.is_symlink() or path.is_file():
         path.unlink()
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "dev-zero":
-        path.symlink_to("/dev/zero")
-    elif kind == "directory":
-        path.mkdir(exist_ok=True)
+    if kind in H.SPECIAL_KINDS:
+        H.special_file(path, kind)
     elif kind == "empty":
         path.write_bytes(b"")
     elif kind == "two-megabytes":

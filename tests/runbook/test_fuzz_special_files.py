@@ -19,7 +19,6 @@ every special-file case runs.
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import subprocess
@@ -82,20 +81,6 @@ def _targets(repo: Path) -> list[str]:
     ]
 
 
-def _replace(path: Path, kind: str) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "dev-zero":
-        path.symlink_to("/dev/zero")
-    else:
-        path.mkdir()
-
-
 def _check(result: subprocess.CompletedProcess, what: str) -> None:
     text = result.stdout + result.stderr
     assert "Traceback" not in text and "internal error" not in text and "did not expect" not in text, (what, text[-2000:])
@@ -103,8 +88,7 @@ def _check(result: subprocess.CompletedProcess, what: str) -> None:
 
 
 def _cases() -> list[tuple[int, str]]:
-    kinds = ["fifo", "dev-zero", "directory"]
-    return [(i, kind) for i in range(14) for kind in kinds]
+    return [(i, kind) for i in range(14) for kind in H.SPECIAL_KINDS]
 
 
 @pytest.mark.parametrize(("index", "kind"), _cases(), ids=lambda v: str(v))
@@ -116,7 +100,7 @@ def test_a_special_file_at_any_path_runbook_reads_hangs_no_verb(recorded: tuple[
     shutil.copytree(source_cache, cache, symlinks=True)
     target = _targets(repo)[index]
     path = cache / target.removeprefix("~cache/") if target.startswith("~cache/") else repo / target
-    _replace(path, kind)
+    H.special_file(path, kind)
     env = {"XDG_CACHE_HOME": str(cache)}
     # the readers; then a writer, picked in turn so that each runs on every path over the kinds
     verbs = [*READERS, WRITERS[(index + len(kind)) % len(WRITERS)]]

@@ -10,6 +10,8 @@
   script itself.
 - `run_record(**fields)`: a RunRecord with every required field filled (the one run-record factory).
 - `wait_for(what)`: poll until a condition holds, or fail saying what never happened.
+- `special_file(path, kind)`: a FIFO nobody writes, a link to /dev/zero or a directory at `path`
+  (`SPECIAL_KINDS`), for the tests of readers that must refuse them at once.
 - `assert_no_traceback`, `tree_snapshot`, `committed_runs`: what the reliability tests check.
 - `Counts` (the `counts` fixture in conftest.py): how many inputs were fuzzed, kills survived,
   concurrent runs made. Every test adds to a JSON file (under the pytest session's base temp dir,
@@ -26,6 +28,7 @@ import fcntl
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -161,6 +164,29 @@ def poll(what: Callable[[], Any], timeout: float = 60, every: float = 0.05) -> A
         if value or time.monotonic() >= deadline:
             return value
         time.sleep(every)
+
+
+SPECIAL_KINDS = ("fifo", "dev-zero", "directory")
+
+
+def special_file(path: Path, kind: str) -> Path:
+    """Put a special file at `path` (what was there goes first): a FIFO nobody writes ("fifo"), a
+    link to /dev/zero ("dev-zero") or a directory ("directory"). The one home for the readers'
+    special-file tests."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        raise ValueError(f"no special file kind {kind!r}: one of {', '.join(SPECIAL_KINDS)}")
+    return path
 
 
 def wait_for(what: Callable[[], Any], timeout: float = 60, every: float = 0.05, message: str | None = None) -> Any:

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import helpers as H
 import pytest
 
 from runbook.model import StepResult, merge_metrics
@@ -147,13 +148,7 @@ def test_metrics_values_bools_strings_nested_and_non_finite(tmp_path):
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])
 def test_metrics_file_that_is_not_a_file_is_refused_at_once(tmp_path, kind):
-    path = tmp_path / "m.json"
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "dev-zero":
-        path.symlink_to("/dev/zero")
-    else:
-        path.mkdir()
+    path = H.special_file(tmp_path / "m.json", kind)
     t0 = time.monotonic()
     with pytest.raises(MetricsError, match="not a regular file"):
         read_metrics(path, "step-1")
