@@ -3,8 +3,9 @@
 Every test starts the real `runbook mcp` as a subprocess (the SDK's `stdio_client`) in a real git
 repository. What the tools do is compared with what `runbook VERB --json` does: the same JSON
 documents, and after a run, the same plan, ledger, notes and git history as a twin repository
-driven by the command line. The lock and kill tests reuse the plan of tests/e2e/test_next_signals.py
-and assert what it asserts of the command line.
+driven by the command line. The lock and kill tests reuse the plan of tests/e2e/test_next_signals.py;
+a client that goes away (a timed-out call, a killed client, a stopped server) never stops the run:
+it goes on to its verdict and commit, and `wait` (with `next`'s `detach`) follows it.
 """
 
 from __future__ import annotations
