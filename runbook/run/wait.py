@@ -4,7 +4,7 @@ client gone away) costs the run nothing.
 
 Which run, chosen once: RUN (an id or a unique prefix of a run in progress; otherwise any run
 reference of the ledger: id, prefix, `last`, `last~N`), else the run in progress (the run lock's
-holder, else a live run of the plan), else the latest run. Then each look reads the run's live state
+holder, else a live run of the plan), else a run whose runbook died unrecorded, else the latest run. Then each look reads the run's live state
 (runbook/store/live.py), the lock and its ledger record:
 
 - `running`: its runbook lives (also while it writes the plan and commits: the live state goes only
@@ -126,6 +126,11 @@ def _target(ws: Workspace, run_ref: str | None) -> str:
     alive = [x for x in lives if is_alive(x) is not False]
     if alive:
         return alive[-1].run_id
+    from runbook.store.ledger import run_path
+
+    unrecorded = [x for x in lives if not run_path(ws.state, x.run_id).is_file()]  # its runbook died
+    if unrecorded:
+        return unrecorded[-1].run_id
     last = ws.ledger().last(_plan_rel(ws))
     if last is None:
         whose = _plan_rel(ws) or "this workspace"
