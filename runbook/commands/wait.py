@@ -26,7 +26,7 @@ def command(plan_opt: str | None, run_ref: str | None, timeout_s: float, as_json
 
     \b
     Exit codes: the run's verdict once it ended (0 pass, 1 fail, 3 inconclusive, 4 error / timeout /
-    interrupted, or died), 5 while it still runs.
+    interrupted; a run whose runbook died: 4, as it will be recorded), 5 while it still runs.
 
     \b
     Examples:
