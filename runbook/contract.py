@@ -375,12 +375,12 @@ class NextResult(Model):
 class HistoryResult(Model):
     plan: str | None  # None: runs of every plan
     phase: str | None
-    runs: list[RunView]  # oldest first, or in the order --sort asked for: the last --limit runs (since --since)
+    runs: list[RunView]  # oldest first (--desc: newest first), or as --sort asked: the last --limit runs (since --since)
     omitted: int = 0  # earlier runs of the plan / phase not listed (--limit, --since)
     running: LockHolder | None = None
     columns: list[str] = []  # the --metric columns asked for (each a metric, another phase's metric, or a var)
-    sort: str | None = None  # the column the runs are sorted by (--sort), None: oldest first
-    descending: bool = False
+    sort: str | None = None  # the column the runs are sorted by (--sort), None: by when they started
+    descending: bool = False  # --desc: highest first with a sort, else newest first
     warnings: list[str] = []  # --metric / --sort names no run has, with a "did you mean"
 
 
@@ -481,6 +481,19 @@ class CancelResult(Model):
     jobs: list[str] = []  # Slurm jobs cancelled
 
 
+WaitState = Literal["running", "finished", "died"]
+
+
+class WaitResult(Model):
+    """`runbook wait --json`: a run's state after waiting (at most --timeout seconds) for it to end."""
+
+    run_id: str  # the run waited for
+    state: WaitState  # running: still going; finished: recorded in the ledger; died: its runbook died unrecorded
+    waited_s: float  # how long this call waited
+    running: LockHolder | None = None  # the run in progress now (running: this run; finished: a later one, if any)
+    run: RunView | None = None  # finished: as recorded; died: as the next `runbook next` records it (pending)
+
+
 class MilestoneView(Model):
     title: str
     when: str
@@ -576,6 +589,7 @@ RESULTS: dict[str, type[BaseModel]] = {
     "reset": ResetResult,
     "logs": LogsResult,
     "cancel": CancelResult,
+    "wait": WaitResult,
 }
 
 

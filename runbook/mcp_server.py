@@ -6,17 +6,19 @@ and answers with that verb's `--json` envelope (runbook/contract.py): its JSON S
 output schema, `ok: false` is an MCP tool error carrying the same code, exit code and
 `file:line:col` message the command line prints. Nothing here decides anything about a plan.
 
-- brief, status, show, validate, history, diff, record, forget, reset, logs, cancel and `next`
+- brief, status, show, validate, history, diff, plot, record, forget, reset, logs, cancel and `next`
   without `run` (a dry run) call the verb's click callback in this process, with `--json` semantics, one at a time;
   what the verb says on stderr (warnings, the dry run's preview) comes back as a second text block.
-- `next` with `run: true` runs `runbook next --yes --json` as a child process in its own session,
-  its output going to unlinked temporary files: the run lock, the signals, the judging, the
+- `next` with `run: true` runs `runbook next --yes --json` (with `detach: true`, `... --detach`: the
+  command line's supervisor, which answers once the run started) as a child process in its own
+  session, its output going to unlinked temporary files: the run lock, the signals, the judging, the
   write-back and the commit are exactly the command line's. Its stderr (step output, the summary)
-  is streamed as progress notifications. When the client cancels the call, disconnects, or this
-  server gets SIGTERM, SIGHUP or SIGINT, the child gets SIGTERM (it is ours: we started it) and
-  is waited for: it records the run `interrupted` and commits it, as `runbook next` does when its
-  terminal goes away. Should this server die without that (kill -9), the child is not in our
-  process group and writes to no pipe of ours, so it finishes and records the run on its own.
+  is streamed as progress notifications. A run is never stopped from here: when the client cancels
+  the call (its timeout), disconnects, or this server gets SIGTERM, SIGHUP or SIGINT, the child is
+  let go and runs to its verdict, write-back and commit (it is not in our process group and writes
+  to no pipe of ours); only `cancel` stops a run. `wait` gives its outcome.
+- `wait` is `runbook wait`'s loop (runbook/run/wait.py) with the sleeps here and each look in a
+  worker thread: it holds no lock, so a long wait blocks no other call.
 - The wire is the SDK's stdio transport behind our reader (runbook/mcp_stdio.py): one message a
   line, at most 4 MiB (`RUNBOOK_MCP_MAX_MESSAGE_MB`), and every line the SDK would drop (invalid
   JSON, no JSON-RPC request, a bad id or params, too long) answered with its JSON-RPC error.
@@ -27,7 +29,9 @@ output schema, `ok: false` is an MCP tool error carrying the same code, exit cod
 Adding a tool is one `Tool(...)` line in `TOOLS` (and its arguments model). `logs` answers the last
 lines of a step's log (no `--follow`: a tool answers once; call it again for more, or use the
 progress of `next` with `run`); `cancel` stops the run in progress, whoever started it, and waits
-until it is recorded `interrupted` (a `next` call of this server's then ends with that run).
+until it is recorded `interrupted` (a `next` call of this server's then ends with that run). The
+pinned SDK has no long-running tasks (its 2025-11-25 task types are never dispatched; 2026-07-28
+moved tasks to an extension it does not ship): `next` with detach and `wait` stand in for them.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,14 +75,15 @@ INSTRUCTIONS = """\
 runbook keeps a Markdown game plan (phases with exact commands and Pass: criteria), runs its
 phases, judges them, writes the verdicts back into the plan and commits. Start with `brief`: it
 says where the plan stands and the exact next action. `next` shows what would run; call it with
-run=true to run the phase (step output arrives as progress). After a judged phase, `record` the
+run=true to run the phase (step output arrives as progress); add detach=true when the phase may
+outlast your tool call timeout, then call `wait` (timeout below yours) until the run has finished.
+A run never stops because a call timed out: `wait` gives its outcome. After a judged phase, `record` the
 milestone and lessons into the notes. Every tool answers with the JSON envelope of the matching
 `runbook VERB --json` (docs/json.md); refusals are tool errors with a stable `error.code`."""
 
 OUTPUT_TAIL_CHARS = 6000  # of a run's stderr, returned with its result
 PROGRESS_CHARS = 8000  # of output in one progress notification
 POLL_S = 0.2  # how often a running `runbook next` child's output is read
-STOP_WAIT_S = 30.0  # after this, an interrupted child gets a second SIGTERM
 
 
 # ---- tool arguments -------------------------------------------------------------------------------
@@ -116,7 +122,11 @@ class Args(BaseModel):
         return {}
 
     def paths(self) -> list[tuple[str, str]]:
-        """(argument, path) of every argument naming a file: each must lie in the server's workspace."""
+        """(argument, path) of every argument naming a plan: each must be a plan of the server's workspace."""
+        return []
+
+    def writes(self) -> list[tuple[str, str]]:
+        """(argument, path) of every argument naming a file to write: each must lie in the server's workspace."""
         return []
 
 
@@ -164,14 +174,16 @@ class HistoryArgs(ShowArgs):
     metrics: list[str] = Field([], description="Columns to show: metrics, other phases' metrics (phase-0.acc) "
                                                "or vars; unknown names come back in `warnings`.")
     sort: str | None = Field(None, description="Order the runs by this column, lowest first (`-NAME`: highest "
-                                               "first); runs without a value last.")
+                                               "first); runs without a value last. Default: by when they started.")
+    newest_first: bool = Field(False, description="Newest run first (default: oldest first); with `sort`: highest "
+                                                  "first, as `-NAME`.")
     limit: int = Field(50, ge=0, description="List the last N runs (then `sort` orders them; 0: every run); "
                                              "`omitted` counts the earlier.")
     since: str | None = Field(None, description="Only runs started at or after this date (2026-11-29), UTC time "
                                                 "(2026-11-29T14:30) or run id.")
 
     def cli_kwargs(self) -> dict[str, Any]:
-        return {**super().cli_kwargs(), "metrics": tuple(self.metrics), "sort": self.sort, "desc": False,
+        return {**super().cli_kwargs(), "metrics": tuple(self.metrics), "sort": self.sort, "desc": self.newest_first,
                 "limit": self.limit, "since_text": self.since}
 
 
@@ -199,6 +211,17 @@ class NextArgs(PlanArgs):
     set: dict[str, str] = Field({}, description="Plan vars to give other values for this run (`runbook next "
                                                 "--set NAME=VALUE`); the run record keeps every var it used.")
     no_commit: bool = Field(False, description="Write the results but do not commit them.")
+    detach: bool = Field(False, description="With run=true: start the run under a supervisor that outlives this "
+                                            "call and this server (`runbook next --detach`) and answer at once with "
+                                            "its run id (result.detached.run_id); follow it with `wait`, stop it "
+                                            "with `cancel`. Use it for any phase that may outlast your host's tool "
+                                            "call timeout.")
+
+    @model_validator(mode="after")
+    def _detach_runs(self) -> NextArgs:
+        if self.detach and not self.run:
+            raise ValueError("detach: true starts a run in the background: give run: true with it")
+        return self
 
     @field_validator("set")
     @classmethod
@@ -212,6 +235,7 @@ class NextArgs(PlanArgs):
     def cli_kwargs(self) -> dict[str, Any]:
         return {**super().cli_kwargs(), "phase_ref": self.phase, "restart": self.restart,
                 "until_stop": self.until_stop, "no_commit": self.no_commit, "dry_run": not self.run,
+                "detach": self.detach,
                 "sets": tuple(f"{name}={value}" for name, value in self.set.items())}
 
     def argv(self) -> list[str]:
@@ -220,7 +244,7 @@ class NextArgs(PlanArgs):
         argv += ["--plan", self.plan] if self.plan else []
         argv += ["--phase", self.phase] if self.phase else []
         argv += [flag for flag, on in (("--restart", self.restart), ("--until-stop", self.until_stop),
-                                       ("--no-commit", self.no_commit)) if on]
+                                       ("--no-commit", self.no_commit), ("--detach", self.detach)) if on]
         for name, value in self.set.items():
             argv += ["--set", f"{name}={value}"]
         return argv
@@ -286,6 +310,38 @@ class LogsArgs(PlanArgs):
                 "follow": False}
 
 
+class PlotArgs(Args):
+    metric: str = Field(..., min_length=1, description="The metric: its series ($RUNBOOK_SERIES) when the runs "
+                                                       "have one, else its value in each run.")
+    phase: str | None = Field(None, description="Only runs of this phase (label or id).")
+    runs: list[str] = Field([], description="These runs (ids, unique prefixes, `last`, `last~N`); default: the "
+                                            "runs of `phase` (or of every phase), the last 8 with a series of it.")
+    out: str | None = Field(None, description="Where the PNG goes, a .png path in the repository (the SVG beside "
+                                              "it); default: state/runs/<newest run drawn>/plots/.")
+    plan: str | None = Field(None, description="Runs of this plan file (default: the only plan, or every plan).")
+
+    def cli_kwargs(self) -> dict[str, Any]:
+        return {"phase_ref": self.phase, "metric": self.metric, "run_refs": tuple(self.runs), "out": self.out,
+                "plan_opt": self.plan}
+
+    def paths(self) -> list[tuple[str, str]]:
+        return [("plan", self.plan)] if self.plan else []
+
+    def writes(self) -> list[tuple[str, str]]:
+        return [("out", self.out)] if self.out is not None else []
+
+
+class WaitArgs(PlanArgs):
+    run: str | None = Field(None, description="A run id (as `next` with detach answers it; or a unique prefix, "
+                                              "`last`, `last~N`); default: the run in progress, else the latest.")
+    timeout: float = Field(30.0, ge=0, le=600, description="Wait at most this many seconds (0-600; default 30) "
+                                                           "for the run to end: give fewer than your host's tool "
+                                                           "call timeout, and call again while it runs.")
+
+    def cli_kwargs(self) -> dict[str, Any]:
+        return {**super().cli_kwargs(), "run_ref": self.run, "timeout_s": self.timeout}
+
+
 class CancelArgs(PlanArgs):
     wait: float = Field(180.0, ge=0, description="Seconds to wait for the run to stop and be recorded.")
 
@@ -325,16 +381,25 @@ TOOLS: list[Tool] = [
     Tool("show", ShowArgs, "One phase exactly as written, its commands with vars resolved, its criterion and state."),
     Tool("validate", ValidateArgs, "Check plans; every problem as file:line:col. exit_code 2 when a plan has "
          "errors (the result still lists them)."),
-    Tool("history", HistoryArgs, "Past runs from the ledger, oldest first, with verdicts, metrics and why; and "
-         "the run in progress."),
+    Tool("history", HistoryArgs, "Past runs from the ledger, oldest first (newest_first: newest first), with "
+         "verdicts, metrics and why; and the run in progress."),
     Tool("diff", DiffArgs, "What differs between two runs: vars, commands, metrics with deltas, verdicts and "
          "comparisons, the code commit (and files changed between), environment."),
+    Tool("plot", PlotArgs, "Draw a metric as PNG and SVG files (matplotlib): its series by step when the runs "
+         "wrote one (a training curve), else its value across runs; answers the paths written.", read_only=False),
     Tool("next", NextArgs, "What `runbook next` runs now. By default a dry run: the selected phase and its "
          "resolved commands, nothing runs. With run=true it runs the phase under the run lock, streams step "
          "output as progress, judges Pass:, writes the verdict into the plan and commits; the result holds the "
          "run with its verdict and metrics. exit_code: 0 pass, 1 fail, 3 inconclusive, 4 error/timeout/"
-         "interrupted. Another run holding the lock is a tool error with code `locked`.",
+         "interrupted. With run=true and detach=true it answers at once with the run id (result.detached) while "
+         "the run goes on under a supervisor: follow it with `wait`. A run never stops because this call was "
+         "cancelled, timed out or its client went away (only `cancel` stops it): `wait` then gives its outcome. "
+         "Another run holding the lock is a tool error with code `locked`.",
          read_only=False),
+    Tool("wait", WaitArgs, "Wait up to `timeout` seconds (default 30, at most 600) for a run to end: by default "
+         "the run in progress. Answers its state: running (step n/N, heartbeat, metrics so far, log tail), "
+         "finished (verdict, reason, metrics: judged, written back and committed) or died. Never stops the run; "
+         "call it again while it runs. exit_code: the verdict's once it ended, 5 while it runs."),
     Tool("record", RecordArgs, "Write a milestone (title, body, metrics, the run it is about), lessons and next "
          "steps into the plan's notes document, and commit it. Works while a phase runs.", read_only=False),
     Tool("forget", ForgetArgs, "Drop one run from the ledger and the plan's results (a mistaken run, one of a "
@@ -367,7 +432,8 @@ class Outcome:
     @classmethod
     def of(cls, command: str, exit_code: int, result: BaseModel | None = None, error: RunbookError | None = None,
            said: str = "") -> Outcome:
-        text = envelope_json(command, exit_code, result, error_info(error) if error is not None else None)
+        warnings = [line.removeprefix("warning: ") for line in said.splitlines() if line.startswith("warning: ")]
+        text = envelope_json(command, exit_code, result, error_info(error) if error is not None else None, warnings)
         return cls(json.loads(text), error.text() if error is not None else None, said)
 
     @classmethod
@@ -411,33 +477,25 @@ Report = Callable[[list[str]], Awaitable[None]]
 
 
 class Children:
-    """The `runbook next` processes this server started, to interrupt and wait for on the way out."""
+    """The `runbook next` processes this server started and still reports on.
+
+    A run is never stopped from here: when the call is cancelled (the host's timeout), the client goes
+    away or this server is told to stop, the child is let go (a thread reaps it when it exits) and goes
+    on to its verdict, write-back and commit; only `cancel` stops a run. It lives in a session of its
+    own and writes to no pipe of ours, so nothing of this server's going away reaches it."""
 
     def __init__(self) -> None:
         self.procs: set[subprocess.Popen[bytes]] = set()
-        self.signalled: dict[int, float] = {}  # pid -> when we sent it SIGTERM
 
-    async def stop(self, proc: subprocess.Popen[bytes], wait_s: float = STOP_WAIT_S) -> None:
-        """SIGTERM our child and wait until it has recorded its run as interrupted.
-
-        One SIGTERM, as a closed terminal gives `runbook next` one SIGHUP: it stops the step's
-        process group (SIGTERM, SIGKILL after its grace period), judges, records and commits. A
-        second SIGTERM (which makes it kill the step at once) only when it is still there after
-        `wait_s`. Never SIGKILL: that would leave the run unrecorded."""
-        while proc.poll() is None:
-            now = anyio.current_time()
-            sent = self.signalled.get(proc.pid)
-            if sent is None or now - sent > wait_s:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)  # a pid we started and have not reaped: provably ours
-                self.signalled[proc.pid] = now
-            await anyio.sleep(0.05)
-
-    async def stop_all(self) -> None:
-        with anyio.CancelScope(shield=True):
-            async with anyio.create_task_group() as tg:
-                for proc in list(self.procs):
-                    tg.start_soon(self.stop, proc)
+    def let_go(self, proc: subprocess.Popen[bytes], name: str) -> None:
+        """Stop reporting on `proc` and leave it running; reap it when it exits."""
+        if proc not in self.procs:  # let go already (our shutdown, then the call's cancellation)
+            return
+        self.procs.discard(proc)
+        if proc.poll() is None:
+            logger.warning("runbook %s (pid %d) goes on without its caller: `wait` follows it, `cancel` stops it",
+                           name, proc.pid)
+            threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
 
     async def run(self, name: str, argv: list[str], report: Report) -> Outcome:
         """Run `runbook ARGV` (which ends in --json) to its end; stream its stderr lines to `report`."""
@@ -457,13 +515,11 @@ class Children:
                     if finished and not lines:
                         break
                     await anyio.sleep(POLL_S)
-            except BaseException:  # cancelled (client cancel or disconnect, our own shutdown)
-                with anyio.CancelScope(shield=True):
-                    await self.stop(proc)
+            except BaseException:  # cancelled (the client cancelled or went away, our own shutdown)
+                self.let_go(proc, name)
                 raise
             finally:
                 self.procs.discard(proc)
-                self.signalled.pop(proc.pid, None)
             return _child_outcome(name, proc.returncode, os.pread(out.fileno(), 1 << 24, 0), tail.text())
 
 
@@ -617,6 +673,12 @@ def outside_root(args: Args, root: Path) -> RunbookError | None:
                 "writes only that repository's plans and notes", "usage", file=value,
                 hint="name a file of this repository (a path relative to its root), or start a server for the "
                      "other repository (`runbook mcp --root PATH`)")
+    for name, value in args.writes():
+        if not value or not Path(os.path.abspath(value)).resolve().is_relative_to(root):
+            return RunbookError(
+                f"{name}: {value or 'an empty path'} is outside {root}, the repository this server serves: it writes "
+                "only inside it", "usage", file=value or None,
+                hint="name a path of this repository (relative to its root), or leave it out for the default")
     return None
 
 
@@ -631,9 +693,10 @@ class RunbookServer:
         self.root = Path(find_repo_root()).resolve()  # the repository served: every path argument lies in it
 
     async def shutdown(self) -> None:
-        """Interrupt our runs (each records itself as interrupted) and let a verb in progress finish."""
+        """Let a verb in progress finish; our runs go on (each records itself when it ends)."""
+        for proc in list(self.children.procs):
+            self.children.let_go(proc, "next")
         with anyio.CancelScope(shield=True):
-            await self.children.stop_all()
             with anyio.move_on_after(60):
                 async with self.verb_lock:
                     pass
@@ -679,10 +742,24 @@ class RunbookServer:
                 await ctx.session.report_progress(seen, None, text)
 
             outcome = await self.children.run(tool.name, args.argv(), report)
+        elif isinstance(args, WaitArgs):
+            outcome = await self.wait(args)
         else:
             async with self.verb_lock:
                 outcome = await anyio.to_thread.run_sync(call_verb, tool.name, args.cli_kwargs())
         return outcome.tool_result()
+
+    async def wait(self, args: WaitArgs) -> Outcome:
+        """`runbook wait`'s own loop (runbook/run/wait.py), each look in a worker thread and the sleeps
+        here: it holds no lock and blocks no other call, and a cancelled wait just stops looking."""
+        from runbook.contract import WaitResult
+        from runbook.run.wait import exit_code, looks, step, workspace
+
+        ws = await anyio.to_thread.run_sync(workspace, args.plan)
+        looking = looks(ws, args.run, args.timeout)
+        while not isinstance(got := await anyio.to_thread.run_sync(step, looking), WaitResult):
+            await anyio.sleep(got)
+        return Outcome.of("wait", exit_code(got), got)
 
     async def list_resources(self, ctx: Context, params: types.PaginatedRequestParams | None
                              ) -> types.ListResourcesResult:

@@ -30,7 +30,7 @@ DEFAULT_LIMIT = 50  # runs listed without --limit: the last ones, the earlier co
 @click.option("--sort", "sort", metavar="NAME",
               help="Order the runs by this column (a --metric name, a var, or run/phase/verdict/finished/took), "
                    "lowest first; runs without a value last. `-NAME` or --desc: highest first.")
-@click.option("--desc", is_flag=True, help="With --sort: highest first.")
+@click.option("--desc", is_flag=True, help="Newest first (with --sort: highest first).")
 @click.option("--limit", type=click.IntRange(min=0), default=DEFAULT_LIMIT, show_default=True,
               help="List the last N runs (then --sort orders them); 0 lists every run.")
 @click.option("--since", "since_text", metavar="WHEN",
@@ -54,6 +54,7 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
       runbook history
       runbook history 1 --metric accept_len --metric train_loss --sort accept_len --desc
       runbook history --since 2026-11-29 --limit 0
+      runbook history --desc --limit 5   # the last five runs, newest first
       runbook history --json | jq '.result.runs[-1].verdict'
     """
     from runbook.run.planstate import holder_view
@@ -96,11 +97,13 @@ def command(phase_ref: str | None, plan_opt: str | None, metrics: tuple[str, ...
     chrono = list(every)
     if sort:
         every = sort_runs(every, sort, desc)
+    elif desc:
+        every = every[::-1]
     waiting = {r.run_id for r in pending}
     views = [RunView.of(r, pending=r.run_id in waiting) for r in every]
     result = HistoryResult(plan=ws.plan_rel if plan is not None else None, phase=phase_id,
                            runs=views, omitted=omitted, running=running, columns=list(metrics), sort=sort,
-                           descending=bool(sort and desc), warnings=warnings)
+                           descending=desc, warnings=warnings)
     if as_json:
         return Output(result)
     return Output(result, 0, _render(result, every, metrics, ws.rel(ws.state), waiting, phase_id is not None, chrono,

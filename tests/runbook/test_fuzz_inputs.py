@@ -428,6 +428,9 @@ def test_mcp_tool_arguments_are_a_result_or_a_tool_error(tmp_path: Path, counts)
                 seen[f"refused:{code}"] = seen.get(f"refused:{code}", 0) + 1
             else:
                 seen[f"answered:{name}"] = seen.get(f"answered:{name}", 0) + 1
+                if name == "next" and (envelope["result"] or {}).get("detached"):  # let the run end before the next call
+                    ended = portal.call(client.call_tool, "wait", {"timeout": 60})
+                    assert ended.structured_content["result"]["state"] != "running", ended
 
         one_call()
         status = portal.call(client.call_tool, "status", {})

@@ -35,7 +35,7 @@ VALIDATORS = {
 
 READ_ONLY = [
     ["validate"], ["status"], ["show"], ["show", "1"], ["next", "--dry-run"], ["next"], ["history"],
-    ["history", "1"], ["brief"], ["brief", "--max-chars", "300"],
+    ["history", "1"], ["history", "--desc"], ["brief"], ["brief", "--max-chars", "300"], ["wait", "--timeout", "0"],
 ]
 WRITING = [
     ["next", "--yes"], ["next", "--yes", "--until-stop"], ["next", "--yes", "--phase", "1", "--restart"],
@@ -82,6 +82,13 @@ def _expect(name: str, args: list[str], env: dict) -> None:
             assert env["error"]["code"] in ("confirmation_required", "blocked")
     elif command in ("status", "brief", "validate", "history") or args == ["next", "--dry-run"] or args[:2] == ["show", "1"]:
         assert env["ok"] is True and env["exit_code"] == 0, env
+    elif command == "wait":  # nothing runs in these states: the latest run, ended; none: unknown_run
+        if env["ok"]:
+            run = env["result"]["run"]
+            assert env["result"]["state"] in ("finished", "died") and env["result"]["waited_s"] == 0, env
+            assert env["exit_code"] == {"pass": 0, "fail": 1, "inconclusive": 3}.get(run["verdict"], 4)
+        else:
+            assert env["error"]["code"] == "unknown_run", env
     elif command == "show":
         assert env["ok"] is True and (env["result"]["phase"] is None) == (env["result"]["next"]["kind"] == "nothing")
 

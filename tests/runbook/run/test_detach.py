@@ -183,6 +183,10 @@ def test_kill_9_of_the_supervisor_is_seen_as_interrupted_and_next_resumes(repo: 
     wait_for(lambda: (v := running_view(repo)) and v.get("step") == "step-1" and v.get("log_tail"))
     lock = json.loads((repo / "state" / "lock").read_text())
     assert lock["pid"] == pid and alive(pid), "the pid the caller printed is the lock's holder"
+    waiting = rb(repo, "wait", "--timeout", "1", "--json")  # `runbook wait`: still running after 1 s, exit 5
+    assert waiting.returncode == 5, waiting.stdout + waiting.stderr
+    view = json.loads(waiting.stdout)["result"]
+    assert view["state"] == "running" and view["run_id"] == run_id and view["running"]["step"] == "step-1"
     # a hung supervisor (stopped here) stops beating: readers flag it silent, still alive
     os.kill(pid, signal.SIGSTOP)  # the supervisor this test started, by the pid it was given
     silent = wait_for(lambda: (v := running_view(repo)) and v.get("silent") and v, timeout=30)
@@ -201,6 +205,11 @@ def test_kill_9_of_the_supervisor_is_seen_as_interrupted_and_next_resumes(repo: 
     history = rb_json(repo, "history")["result"]["runs"]
     assert [r["pending"] for r in history] == [True]
     assert "interrupted (not yet recorded)" in rb(repo, "history").stdout
+    died = rb(repo, "wait", "--json")  # answered at once: the run's runbook died
+    assert died.returncode == 4, died.stdout + died.stderr
+    view = json.loads(died.stdout)["result"]
+    assert view["state"] == "died" and view["run_id"] == run_id and view["waited_s"] < 5
+    assert view["run"]["pending"] is True and view["run"]["verdict"] == "interrupted"
     log = repo / "state" / "runs" / run_id / "step-1.log"
     assert log.read_text().startswith("waiting")
 
