@@ -39,6 +39,20 @@ def _plan_text(ws: Workspace) -> str:
     return text
 
 
+def _refuse_hand_edits(ws: Workspace, text: str) -> None:
+    """A block edited by hand anywhere in the plan: refused (`hand_edited`), nothing written or
+    committed; the plan's edits are committed before a forget, and such an edit must not be."""
+    from runbook.plan import writeback
+    from runbook.plan.parse import parse_plan
+
+    plan, _ = parse_plan(text, ws.plan_rel)
+    if plan is not None:
+        try:
+            writeback.check_plan(plan, ws.plan_rel)
+        except writeback.HandEdited as exc:
+            raise RunbookError(f"refusing: {exc}", "hand_edited", file=ws.plan_rel) from None
+
+
 def forget_runs(ws: Workspace, forgotten: list[RunRecord], subject: str, *, commit: bool = True,
                 warn: Callable[[str], None] = lambda _msg: None) -> tuple[bool, str | None]:
     """Drop `forgotten` (runs of the workspace's plan); returns (plan rewritten, commit or None)."""
@@ -64,6 +78,7 @@ def forget_runs(ws: Workspace, forgotten: list[RunRecord], subject: str, *, comm
             stop = (lambda: signals.count > 0) if signals is not None else None
             text = _plan_text(ws)
             ws.ledger_changed()  # under the locks now: look at state/runs/ afresh
+            _refuse_hand_edits(ws, text)
             new_text = plan_without(ws, text, forgotten)  # a hand-edited block: refused, nothing committed
             if commit and ws.git:
                 try:  # so that this commit holds only the forget, and `git revert` of it keeps the edits
@@ -74,6 +89,9 @@ def forget_runs(ws: Workspace, forgotten: list[RunRecord], subject: str, *, comm
                 except gitops.GitStateError as exc:
                     raise RunbookError(f"refusing: could not commit the plan's own edits first: {exc}",
                                        "git_state") from None
+            from runbook.run.restate import restate_phases
+
+            new_text = restate_phases(ws, new_text, skip=tuple(r.phase for r in forgotten))
             if new_text != text:
                 atomic_write_text(ws.plan_file, new_text)
             paths = []
