@@ -499,7 +499,9 @@ class RecordResult(Model):
     milestone: MilestoneView
     lessons_added: list[str]
     lessons_skipped: list[str]  # already in "Lessons learned"
-    next_steps: list[str] | None  # the new "Next steps"; None when left as they were
+    next_steps: list[str] | None  # the steps given (--next); None when none was
+    next_steps_replaced: bool = False  # they replaced "Next steps" (--replace-next); else they were added
+    next_steps_skipped: list[str] = []  # already in "Next steps", not added again
     commit: str | None  # the commit record made; None with --no-commit or when nothing changed
     plots: list[str] = []  # the charts (--plot) the milestone shows, committed with the notes
 
