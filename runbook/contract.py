@@ -393,6 +393,7 @@ class PlotResult(Model):
     svg: str | None
     runs: list[str]  # the run ids drawn
     points: int  # data points drawn
+    curves: list[str] = []  # a series chart: each curve's legend label (`step-2` where several steps logged it)
 
 
 class ValueChange(Model):
