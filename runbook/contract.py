@@ -471,6 +471,7 @@ class LogsResult(Model):
     running: bool  # the run is in progress
     lines: list[str]
     job_id: str | None = None
+    from_record: bool = False  # the log is not here (a fresh clone): `lines` are those its run record keeps
 
 
 class CancelResult(Model):
