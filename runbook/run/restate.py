@@ -11,43 +11,46 @@ edit that made it stale was undone. Results tables are never touched: the runs h
 
 from __future__ import annotations
 
+from runbook.model import Plan, RunRecord
 from runbook.plan import writeback
 from runbook.store.workspace import Workspace
 
 __all__ = ["restate_phases"]
 
 
-def restate_phases(ws: Workspace, text: str, skip: tuple[str, ...] = ()) -> str:
+def restate_phases(ws: Workspace, text: str, skip: tuple[str, ...] = (), plan: Plan | None = None) -> str:
     """`text` (the plan as runbook is about to write it) with each phase's status block and ticks
     restated from its latest run (`writeback.restate`), but for the phases in `skip` (those just
-    written). A phase that no longer parses, has a block edited by hand, or whose block names
-    another run is left as it is."""
+    written). `plan`: a parse of the same plan whose other phases read as in `text` (the parse
+    before the write-back), so that `text` is parsed again only when a phase must change. A phase
+    that no longer parses, has a block edited by hand, or whose block names another run is left as
+    it is."""
     from runbook.plan.parse import parse_plan
     from runbook.run.select import RESUMABLE, stale_reason
 
-    plan, problems = parse_plan(text, ws.plan_rel)
-    if plan is None or any(p.severity == "error" for p in problems):
-        return text
+    if plan is None:
+        plan, problems = parse_plan(text, ws.plan_rel)
+        if plan is None or any(p.severity == "error" for p in problems):
+            return text
     wanted = {p.id: p for p in plan.phases if p.id not in skip and p.status is not None}
     if not wanted:
         return text
+    changes: list[tuple[RunRecord, str | None]] = []
     for record in ws.ledger().latest_runs(ws.plan_rel):
         phase = wanted.get(record.phase)
-        if phase is None or record.verdict in RESUMABLE or phase.status is None:
+        if phase is None or phase.status is None or record.verdict in RESUMABLE:
             continue
         if phase.status.run_id != record.run_id:
             continue
         stale = stale_reason(plan, phase, record)
-        if phase.status.stale == (stale is not None):
-            continue  # already says so (a box a person unticked in a phase that is not stale stays so)
+        if phase.status.stale != (stale is not None):  # else it already says so (a box a person
+            changes.append((record, stale))             # unticked in a phase that is not stale stays so)
+    for record, stale in changes:
+        current, problems = parse_plan(text, ws.plan_rel)  # offsets move with each change
+        if current is None or any(p.severity == "error" for p in problems):
+            break
         try:
-            new_text = writeback.restate(text, plan, phase.id, record, stale, file=ws.plan_rel)
+            text = writeback.restate(text, current, record.phase, record, stale, file=ws.plan_rel)
         except writeback.HandEdited:
             continue
-        if new_text != text:
-            text = new_text
-            plan, _ = parse_plan(text, ws.plan_rel)  # offsets moved
-            if plan is None:
-                break
-            wanted = {p.id: p for p in plan.phases if p.id in wanted}
     return text

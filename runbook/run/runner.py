@@ -537,7 +537,7 @@ def record_run(
             else:
                 from runbook.run.restate import restate_phases
 
-                new_text = restate_phases(ws, new_text, skip=(record.phase,))  # a stale verdict says so
+                new_text = restate_phases(ws, new_text, skip=(record.phase,), plan=current)  # a stale verdict says so
                 if new_text != text:
                     try:
                         atomic_write_text(ws.plan_file, new_text)

@@ -312,9 +312,8 @@ class Session:
         counts: dict[str, int] = {}
         code = 0
         try:
-            if not self.runs:
-                self.refuse_hand_edits(ws, ws.load_plan())
             if self._has_orphans(ws):
+                self.refuse_hand_edits(ws, ws.load_plan())  # before the dead run is recorded and committed
                 interrupts = Interrupts().__enter__()
                 continued, recorded = runner.settle_orphans(ws, lock, self.options(commit, interrupts))
                 self.settled += [r.record for r in recorded]

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 
 from runbook.errors import RunbookError
-from runbook.model import RunRecord
+from runbook.model import Plan, RunRecord
 from runbook.run.pending import commit_pending, plan_without
 from runbook.store import gitops, ledger
 from runbook.store.workspace import Workspace
@@ -39,9 +39,10 @@ def _plan_text(ws: Workspace) -> str:
     return text
 
 
-def _refuse_hand_edits(ws: Workspace, text: str) -> None:
+def _refuse_hand_edits(ws: Workspace, text: str) -> Plan | None:
     """A block edited by hand anywhere in the plan: refused (`hand_edited`), nothing written or
-    committed; the plan's edits are committed before a forget, and such an edit must not be."""
+    committed; the plan's edits are committed before a forget, and such an edit must not be.
+    The parse of `text` (None when it does not parse)."""
     from runbook.plan import writeback
     from runbook.plan.parse import parse_plan
 
@@ -51,6 +52,7 @@ def _refuse_hand_edits(ws: Workspace, text: str) -> None:
             writeback.check_plan(plan, ws.plan_rel)
         except writeback.HandEdited as exc:
             raise RunbookError(f"refusing: {exc}", "hand_edited", file=ws.plan_rel) from None
+    return plan
 
 
 def forget_runs(ws: Workspace, forgotten: list[RunRecord], subject: str, *, commit: bool = True,
