@@ -332,6 +332,7 @@ class Session:
                 plan = ws.load_plan()
                 for w in ws.warnings:
                     self.talk.note(str(w))
+                self.refuse_hand_edits(ws, plan)  # before a run, and before runs left uncommitted are committed
                 first = not self.runs
                 sel = runner.select(ws, plan, phase_ref=self.phase_ref if first else None,
                                     restart=self.restart and first)
@@ -350,7 +351,6 @@ class Session:
                     self.say(f"stopping: {phase.display_name} already ran {counts[phase.id]} times "
                              "in this invocation (the transitions loop); run `runbook next` again to go on")
                     return self.result(ws, code)
-                self.refuse_hand_edits(ws, plan)
                 sel, running, overrides = self.choose(ws, plan, sel)
                 self.say(runner.render_preview(ws, running, sel))
                 if first and not self.yes:
