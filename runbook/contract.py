@@ -393,6 +393,7 @@ class PlotResult(Model):
     svg: str | None
     runs: list[str]  # the run ids drawn
     points: int  # data points drawn
+    curves: list[str] = []  # a series chart: each curve's legend label (`step-2` where several steps logged it)
 
 
 class ValueChange(Model):
@@ -470,6 +471,7 @@ class LogsResult(Model):
     running: bool  # the run is in progress
     lines: list[str]
     job_id: str | None = None
+    from_record: bool = False  # the log is not here (a fresh clone): `lines` are those its run record keeps
 
 
 class CancelResult(Model):
@@ -512,7 +514,9 @@ class RecordResult(Model):
     milestone: MilestoneView
     lessons_added: list[str]
     lessons_skipped: list[str]  # already in "Lessons learned"
-    next_steps: list[str] | None  # the new "Next steps"; None when left as they were
+    next_steps: list[str] | None  # the steps given (--next); None when none was
+    next_steps_replaced: bool = False  # they replaced "Next steps" (--replace-next); else they were added
+    next_steps_skipped: list[str] = []  # already in "Next steps", not added again
     commit: str | None  # the commit record made; None with --no-commit or when nothing changed
     plots: list[str] = []  # the charts (--plot) the milestone shows, committed with the notes
 

@@ -255,8 +255,8 @@ class RecordArgs(PlanArgs):
     body: str = Field("", description="The milestone's text (Markdown).")
     metrics: dict[str, float] = Field({}, description="Numbers to record, by name; they win over the run's.")
     lessons: list[str] = Field([], description="Lessons to add to 'Lessons learned' (ones already there are skipped).")
-    next_steps: list[str] = Field([], description="Replace 'Next steps' with these items (left as they are when "
-                                                  "empty).")
+    next_steps: list[str] = Field([], description="Items to add to 'Next steps' (ones already there are "
+                                                  "skipped).")
     run: str | None = Field(None, description="Attach a run of the plan: its id, a unique prefix, `last` or `last~N`.")
     plots: list[str] = Field([], description="Metrics to show as charts in the milestone: the run's series of each "
                                              "(a training curve), else its value across the phase's runs.")

@@ -181,6 +181,7 @@ class PhaseStatus(BaseModel):
     run_id: str | None = None
     when: str | None = None
     summary: str | None = None
+    stale: bool = False  # `stale (was <verdict>)`: the run no longer speaks for the phase
 
 
 class Phase(BaseModel):

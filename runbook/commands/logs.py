@@ -22,7 +22,8 @@ def command(plan_opt: str | None, run_ref: str | None, step: str | None, follow:
     """Print a step's log: by default the running step of the run in progress.
 
     Logs are `state/runs/<run>/<step>.log` (a Slurm step's job writes its output straight into
-    it). With --follow, waits for more output and moves on to the next step's log as the run
+    it). They are not committed: where a recorded run's log is not here (a fresh clone), the last
+    lines its run record keeps are printed instead, and stderr says so. With --follow, waits for more output and moves on to the next step's log as the run
     does; it ends when the run ends (printing its verdict) or its runbook dies. Reads only.
 
     \b
@@ -37,6 +38,18 @@ def command(plan_opt: str | None, run_ref: str | None, step: str | None, follow:
 
     ws = open_plan(plan_opt)
     where = locate(ws, run_ref, step)
+    kept = where.fallback()
+    if kept is not None:  # the log is not here: the lines the run record keeps, said so
+        shown = kept[-lines:] if lines else []
+        how = (f"the last {len(kept)} line{'s' * (len(kept) != 1)} its run record keeps" if kept
+               else "its run record keeps no line of it (the step printed nothing)")
+        note = (f"{ws.rel(where.log)} is not on this machine (logs are not committed; run {where.run_id} ran "
+                f"elsewhere or its logs were removed): {how}")
+        if not as_json:
+            click.echo(f"{note}", err=True)
+        result = LogsResult(run_id=where.run_id, phase=where.phase, step=where.step, log_path=ws.rel(where.log),
+                            running=False, lines=shown, job_id=where.job_id, from_record=True)
+        return Output(result, 0, "".join(line + "\n" for line in shown) or None)
     if follow:
         if as_json:
             raise RunbookError("--follow prints a stream, not one JSON document", "usage",

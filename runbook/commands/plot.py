@@ -75,7 +75,8 @@ def command(phase_ref: str | None, metric: str, run_refs: tuple[str, ...], out: 
             return str(path)
 
     result = PlotResult(metric=metric, kind=chart.kind, png=shown(written[0]), svg=shown(written[1]),
-                        runs=chart.runs, points=chart.points)
+                        runs=chart.runs, points=chart.points,
+                        curves=[line.label for line in chart.lines] if chart.kind == "series" else [])
     what = (f"the series of {metric} of {len(chart.runs)} run(s)" if chart.kind == "series"
             else f"{metric} across {len(chart.runs)} run(s)")
     return Output(result, 0, f"plotted {what} ({chart.points} points):\n  {result.png}\n  {result.svg}")

@@ -90,6 +90,7 @@ Examples:
   runbook record "Phase 0 judged" --run last --body notes.txt
   echo "what happened" | runbook record "Probe done" --body - --json
   runbook record "Drafter trained" --run last --plot train_loss --plot val_loss
+  runbook record "Plan changed" --next "Phase 2: more data" --replace-next
 
 \b
 Exit codes: 0 recorded, 1 written but the commit failed (or cancelled in the editor),
@@ -98,8 +99,9 @@ Exit codes: 0 recorded, 1 written but the commit failed (or cancelled in the edi
 @click.argument("title", required=False)
 @click.option("--metric", "-m", "metric_args", multiple=True, metavar="NAME=NUMBER", help="A number to record; repeatable. Wins over the run's value of the same name.")
 @click.option("--lesson", "-l", "lessons", multiple=True, metavar="TEXT", help="Append to 'Lessons learned' unless already there (case, spacing, backticks and final stops ignored); repeatable.")
-@click.option("--next", "-n", "next_steps", multiple=True, metavar="TEXT", help="Replace 'Next steps' with these items (all --next flags together); repeatable.")
-@click.option("--run", "run_ref", metavar="RUN_ID|last", help="Attach a run of this plan: its id, phase, verdict, commit and metrics go into the milestone.")
+@click.option("--next", "-n", "next_steps", multiple=True, metavar="TEXT", help="Add an item to 'Next steps', after those there (one already there is not added again); repeatable.")
+@click.option("--replace-next", is_flag=True, help="The --next items replace every item of 'Next steps' instead of being added.")
+@click.option("--run", "run_ref", metavar="RUN", help="Attach a run of this plan (its id, a unique prefix, `last`, `last~N`): its id, phase, verdict, commit and metrics go into the milestone.")
 @click.option("--body", type=click.File("r", encoding="utf-8"), metavar="FILE|-", help="Milestone text (Markdown) from a file, or '-' for stdin.")
 @click.option("--plot", "plot_metrics", multiple=True, metavar="METRIC",
               help="Show METRIC as a chart in the milestone (repeatable): the run's series of it (e.g. the training "
@@ -119,12 +121,14 @@ def command(
     no_commit: bool,
     as_json: bool,
     plot_metrics: tuple[str, ...] = (),
+    replace_next: bool = False,
 ) -> Output:
     """Write a milestone into the notes document named by the plan's `notes:` front matter.
 
     Appends a dated entry (TITLE, body, metrics and, with --run, the run's id, phase, verdict and
-    commit) to "## Milestones", adds new lessons to "## Lessons learned", replaces "## Next steps"
-    when --next is given, refreshes the status block, and commits the notes file alone. Sections
+    commit) to "## Milestones", adds new lessons to "## Lessons learned", adds the --next items to
+    "## Next steps" (with --replace-next they replace them), refreshes the status block, and
+    commits the notes file alone. Sections
     are created on first use; text outside them is never touched. Only the short write lock is
     taken, so this works while `runbook next` runs a long phase.
 
@@ -163,7 +167,7 @@ def command(
     milestone = milestone_for(title, body_text, metrics, run)
     try:
         recorded = write_record(ws, milestone, list(lessons), list(next_steps) or None, commit=not no_commit,
-                                attachments=[path for path, _ in plots])
+                                attachments=[path for path, _ in plots], replace_next=replace_next)
     except BaseException:
         for path, _ in plots:  # nothing recorded: no chart left behind
             path.unlink(missing_ok=True)
@@ -176,8 +180,13 @@ def command(
         lines.append(f"  lessons added: {len(recorded.lessons_added)}")
     for lesson in recorded.lessons_skipped:
         lines.append(f"  lesson already there, not added again: {lesson}")
-    if recorded.next_steps is not None:
+    if recorded.next_steps is not None and recorded.next_steps_replaced:
         lines.append(f"  next steps replaced: {len(recorded.next_steps)} item(s)")
+    elif recorded.next_steps is not None:
+        added = len(recorded.next_steps) - len(recorded.next_steps_skipped)
+        lines.append(f"  next steps added: {added} item(s)")
+        for step in recorded.next_steps_skipped:
+            lines.append(f"  next step already there, not added again: {step}")
     for chart in recorded.plots:
         lines.append(f"  chart: {chart}")
     if recorded.commit:

@@ -37,7 +37,9 @@ def command(plans: tuple[str, ...], as_json: bool) -> Output:
 
     Checked: front matter and format version, phase headings, duplicate phase ids, `On pass:` /
     `On fail:` / `Needs:` targets, cycles in `Needs:`, `Pass:` criteria, steps without a command,
-    undefined `{vars}`, `Timeout:` values, and the runbook:NAME marker blocks. Warned: phases
+    undefined `{vars}`, `Timeout:` values, and the runbook:NAME marker blocks, each of which must
+    still hash to the `sha=` its opening marker carries (an error names a block edited by hand:
+    `runbook next`, `forget` and `reset` refuse while there is one). Warned: phases
     nothing leads to (`runbook next` reaches them only with --phase).
 
     Exit status: 0 when no plan has an error (warnings are printed but do not fail), 2 otherwise.
@@ -65,7 +67,10 @@ def command(plans: tuple[str, ...], as_json: bool) -> Output:
     for path in paths:
         plan, problems = read_plan(path)
         if plan is not None:
-            problems = sorted([*problems, *flow_warnings(plan)], key=lambda p: (p.line, p.col))
+            from runbook.plan.writeback import hand_edits
+
+            problems = sorted([*problems, *flow_warnings(plan), *hand_edits(plan, path, "error")],
+                              key=lambda p: (p.line, p.col))
         n_errors = sum(p.severity == "error" for p in problems)
         errors += n_errors
         results.append(PlanCheck(

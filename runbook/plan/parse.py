@@ -205,12 +205,16 @@ def is_plan_text(head: str) -> bool:
 
 
 def parse_status_line(inner: str) -> PhaseStatus | None:
-    """`**Status:** pass · 2026-11-29 14:30 UTC · run 20261129-143012-7f3a · accept_len 2.41 >= 1.5`."""
+    """`**Status:** pass · 2026-11-29 14:30 UTC · run 20261129-143012-7f3a · accept_len 2.41 >= 1.5`,
+    or `**Status:** stale (was pass) · ...` for a verdict runbook found stale."""
     m = _STATUS_RE.search(inner)
     if m is None:
         return None
     parts = [p.strip() for p in m.group("rest").split("·")]
     verdict = parts[0].lower() if parts else ""
+    stale = re.fullmatch(r"stale \(was (\w+)\)", verdict)  # `stale (was pass)`: writeback.status_line
+    if stale:
+        verdict = stale.group(1)
     if verdict not in VERDICTS:
         return None
     run_id = when = None
@@ -222,7 +226,8 @@ def parse_status_line(inner: str) -> PhaseStatus | None:
             when = part
         elif part:
             rest.append(part)
-    return PhaseStatus(verdict=verdict, run_id=run_id, when=when, summary=" · ".join(rest) or None)
+    return PhaseStatus(verdict=verdict, run_id=run_id, when=when, summary=" · ".join(rest) or None,
+                       stale=stale is not None)
 
 
 def reassemble(plan: Plan) -> str:

@@ -49,8 +49,8 @@ def judge_leaves(expr: Expr, metrics: Metrics) -> list[tuple[str, str]]:
 
 def headline(plan: Plan, plan_rel: str, ledger: LedgerIndex, state: PlanState) -> list[str]:
     """Headline metrics against the goal: the next (or last) phase's criterion, against each
-    metric's value in the latest run of the plan that wrote it, and the other phases' metrics it
-    names; `ledger`: the workspace's `ledger_index.LedgerIndex` (nothing else is read)."""
+    metric's value in the latest run of the plan that wrote it (a `step-N.` metric: the phase's own
+    latest run's), and the other phases' metrics it names; `ledger`: the workspace's `ledger_index.LedgerIndex` (nothing else is read)."""
     view = state.view
     phase = plan.find_phase(view.next.phase) if view.next.phase else None
     if phase is None and view.last_run is not None:
@@ -58,6 +58,8 @@ def headline(plan: Plan, plan_rel: str, ledger: LedgerIndex, state: PlanState) -
     if phase is None or phase.criterion is None:
         return []
     latest = ledger.latest_metrics(plan_rel)
+    own = ledger.load(ledger.rows(plan_rel, phase.id)[-1:])  # `step-2.loss` is the phase's own step's
+    latest.update({k: v for k, v in own[0].metrics.items() if k.startswith("step-")} if own else {})
     from runbook.plan.criteria import metric_names
 
     if any("." in name for name in metric_names(phase.criterion.expr)):  # `phase-0.acc` references

@@ -8,7 +8,8 @@ Owned parts, each created on first use and found again by its marker or heading:
   open a section of its own (its headings of levels 1-3 move down three levels, status markers are
   neutralised, an open fence is closed: `contain_body`);
 - `## Lessons learned`: bullets; a lesson already there (same normalised text) is not added again;
-- `## Next steps`: bullets, replaced as a whole when new ones are given.
+- `## Next steps`: bullets; new ones are added after those there (one already there is not added
+  again), or replace them all when asked (`record --replace-next`).
 
 Every byte outside the owned parts stays as written (CRLF documents stay CRLF). All functions
 here are pure: text in, text out.
@@ -74,6 +75,8 @@ class RecordOutcome(BaseModel):
     lessons_added: list[str] = []
     lessons_skipped: list[str] = []  # already in "Lessons learned"
     next_steps_replaced: bool = False
+    next_steps_added: list[str] = []
+    next_steps_skipped: list[str] = []  # already in "Next steps"
     created: list[str] = []  # owned parts created by this edit
 
 
@@ -409,6 +412,35 @@ def replace_next_steps(text: str, steps: list[str], created: list[str] | None = 
     return head + middle + rest
 
 
+def add_next_steps(text: str, steps: list[str], created: list[str] | None = None) -> tuple[str, list[str], list[str]]:
+    """Append `steps` as bullets after the items "Next steps" holds (a step already there, by the
+    lessons' normalised text, is not added again); returns (text, added, skipped)."""
+    created = created if created is not None else []
+    seen = {normalise_lesson(item) for item in read_next_steps(text)}
+    added: list[str] = []
+    skipped: list[str] = []
+    for step in steps:
+        step = _one_line(step)
+        key = normalise_lesson(step)
+        if not key:
+            continue
+        (skipped if key in seen else added).append(step)
+        seen.add(key)
+    if not added:
+        return text, added, skipped
+    text, section = _ensure_section(text, NEXT_STEPS, created)
+    newline = detect_newline(text)
+    bullets = "".join(f"- {step}{newline}" for step in added)
+    pos = _content_end(text, section.body_start, section.end)
+    if pos == section.body_start:
+        return _insert(text, pos, bullets, newline), added, skipped
+    if not ends_with_newline(text[:pos]):
+        bullets = newline + bullets
+    elif not _bullets(text[section.body_start : pos]):
+        bullets = newline + bullets  # after prose, a list starts after a blank line
+    return text[:pos] + bullets + text[pos:], added, skipped
+
+
 def set_status(text: str, inner: str, created: list[str] | None = None) -> str:
     """Replace (or create) the status block with `inner` (Markdown, any newlines)."""
     created = created if created is not None else []
@@ -432,19 +464,27 @@ def apply_record(
     lessons: Sequence[str] = (),
     next_steps: list[str] | None = None,
     status: str | None = None,
+    replace_next: bool = False,
 ) -> tuple[str, RecordOutcome]:
-    """Everything `runbook record` changes in one pure step."""
+    """Everything `runbook record` changes in one pure step. `next_steps` are added to "Next steps"
+    (`replace_next`: they replace what is there)."""
     created: list[str] = []
     if status is not None:
         text = set_status(text, status, created)
     text = append_milestone(text, milestone, created)
     text, added, skipped = add_lessons(text, list(lessons), created)
-    if next_steps:
+    steps_added: list[str] = []
+    steps_skipped: list[str] = []
+    if next_steps and replace_next:
         text = replace_next_steps(text, next_steps, created)
+    elif next_steps:
+        text, steps_added, steps_skipped = add_next_steps(text, next_steps, created)
     outcome = RecordOutcome(
         lessons_added=added,
         lessons_skipped=skipped,
-        next_steps_replaced=bool(next_steps),
+        next_steps_replaced=bool(next_steps) and replace_next,
+        next_steps_added=steps_added,
+        next_steps_skipped=steps_skipped,
         created=created,
     )
     return text, outcome

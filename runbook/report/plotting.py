@@ -4,7 +4,9 @@ and only inside the functions: `runbook --help` and every other verb start witho
 Two kinds, chosen by the data (`plan_chart`):
 
 - a series chart: the metric's series (`$RUNBOOK_SERIES`, runbook/store/series.py) of one run or more,
-  one line per run against the step, e.g. the training curve of `eagle train`;
+  one line per run against the step, e.g. the training curve of `eagle train`; where several steps
+  of a run logged the metric, one line per step, the step id in the legend (`step-2`, or
+  `<run> step-2` when several runs are drawn);
 - a runs chart: a scalar metric across runs, one point per run in run order, coloured by verdict
   (pass green, fail red, anything else grey), labelled with short run ids.
 
@@ -76,16 +78,21 @@ def plan_chart(metric: str, runs: list[RunRecord], state_dir: str | os.PathLike[
 
     curves = []
     for record in runs:
-        found = series_mod.find(series_mod.load(state_dir, record.run_id), metric) if record.series else None
-        if found is not None and any(v is not None for v in found.y):
+        found = series_mod.find_all(series_mod.load(state_dir, record.run_id), metric) if record.series else []
+        found = [s for s in found if any(v is not None for v in s.y)]
+        if found:
             curves.append((record, found))
     if curves:
         curves = curves[-max_curves:]
         labels = _labels([r for r, _ in curves])
+        one = len(curves) == 1
         chart = Chart(kind="series", metric=metric, runs=[r.run_id for r, _ in curves],
-                      title=title or f"{metric} by step" + (f", run {curves[0][0].run_id}" if len(curves) == 1 else ""))
+                      title=title or f"{metric} by step" + (f", run {curves[0][0].run_id}" if one else ""))
         for record, found in curves:
-            chart.lines.append(Line(label=labels[record.run_id], x=list(found.x), y=list(found.y)))
+            for s in found:  # several steps logged it: one curve each, the step in the legend
+                label = labels[record.run_id] if len(found) == 1 else (
+                    s.step_id if one else f"{labels[record.run_id]} {s.step_id}")
+                chart.lines.append(Line(label=label, x=list(s.x), y=list(s.y)))
         return chart
     from runbook.report.compare import value
 

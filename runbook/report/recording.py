@@ -60,9 +60,11 @@ def write_record(
     commit: bool = True,
     warn: Callable[[str], None] = lambda _msg: None,
     attachments: list[Path] | None = None,
+    replace_next: bool = False,
 ) -> RecordResult:
     """Under the write lock: read the notes, apply the record, write atomically, commit.
-    `attachments`: files the milestone links to (its plots), committed with the notes."""
+    `attachments`: files the milestone links to (its plots), committed with the notes. `next_steps`
+    are added to the notes' "Next steps"; with `replace_next` they replace them."""
     from runbook.files import atomic_write_text, remove_stale_temps
     from runbook.report.brief import status_block
     from runbook.report.notes import apply_record, new_notes, problems
@@ -107,7 +109,7 @@ def write_record(
             unreadable: list[str] = []
             state = for_workspace(ws, problems=unreadable)
             status = status_block(ws.plan, ws.plan_rel, ws.ledger(), milestone.when, state)
-            new_text, outcome = apply_record(text, milestone, lessons, next_steps, status)
+            new_text, outcome = apply_record(text, milestone, lessons, next_steps, status, replace_next=replace_next)
             try:
                 notes_path.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_text(notes_path, new_text)
@@ -130,6 +132,8 @@ def write_record(
         lessons_added=outcome.lessons_added,
         lessons_skipped=outcome.lessons_skipped,
         next_steps=next_steps,
+        next_steps_replaced=outcome.next_steps_replaced,
+        next_steps_skipped=outcome.next_steps_skipped,
         commit=sha,
         plots=[ws.rel(p) for p in attachments or []],
     )

@@ -516,7 +516,7 @@ def record_run(
         ws.ledger_changed()
         text, problem = read_text(str(ws.plan_path))
         if problem is None and started_from is not None and text != started_from:
-            result.edited_during = _commit_edits_during(ws, record, opts)
+            result.edited_during = _commit_edits_during(ws, record, opts, text)
         current, problems = (None, [problem]) if problem else parse_plan(text, ws.plan_rel)
         errors = [p for p in problems if p and p.severity == "error"]
         if current is None or errors or current.find_phase(record.phase) is None:
@@ -535,6 +535,9 @@ def record_run(
                 result.plan_written = False
                 result.problems.append(f"{exc} The run is recorded in {ws.rel(ledger_path)}.")
             else:
+                from runbook.run.restate import restate_phases
+
+                new_text = restate_phases(ws, new_text, skip=(record.phase,), plan=current)  # a stale verdict says so
                 if new_text != text:
                     try:
                         atomic_write_text(ws.plan_file, new_text)
@@ -599,9 +602,19 @@ def _keep_series(ws: Workspace, record: RunRecord, opts: RunOptions) -> Path | N
     return path
 
 
-def _commit_edits_during(ws: Workspace, record: RunRecord, opts: RunOptions) -> str | None:
-    """Commit a person's plan edits made while the run ran, alone; warn either way."""
+def _commit_edits_during(ws: Workspace, record: RunRecord, opts: RunOptions, text: str) -> str | None:
+    """Commit a person's plan edits made while the run ran, alone; warn either way. An edit inside a
+    block runbook wrote (`text` is the plan now) is flagged in the commit's subject and warned about."""
+    from runbook.plan.parse import parse_plan
+
     subject = f"runbook: plan edits during run {record.run_id}"
+    current, _ = parse_plan(text, ws.plan_rel)
+    edited = writeback.hand_edits(current, ws.plan_rel) if current is not None else []
+    if edited:
+        where = ", ".join(f"{p.file}:{p.line}" for p in edited[:5])
+        subject += f" (HAND-EDITED runbook blocks: {where})"
+        for problem in edited:
+            opts.warn(f"{problem.file}:{problem.line}: {problem.message}")
     sha = None
     if ws.git and opts.commit:
         try:

@@ -250,7 +250,6 @@ class Session:
     def start_detached(self, ws: Workspace, lock: RunLock, commit: bool) -> Finished:
         """Show what will run, start the supervisor with the lock, return once its run started."""
         from runbook.contract import DetachedView
-        from runbook.plan.writeback import HandEdited, check_blocks
         from runbook.run import detach, runner
         from runbook.run.planstate import for_workspace
         from runbook.store.ledger import new_run_id
@@ -266,11 +265,8 @@ class Session:
             what = ("re-attaches to its Slurm job" if live.executor == "slurm" and live.step
                     else "records it as interrupted")
             self.say(f"run {live.run_id} ({live.phase}) was not recorded: its runbook died; the supervisor {what} first")
+        self.refuse_hand_edits(ws, plan)
         if sel.phase is not None and not pending:
-            try:
-                check_blocks(plan.text, sel.phase, ws.plan_rel)
-            except HandEdited as exc:
-                raise RunbookError(f"refusing to run: {exc}", "hand_edited", file=ws.plan_rel) from None
             sel, running, _ = self.choose(ws, plan, sel)
             self.say(runner.render_preview(ws, running, sel))
             self.selected = runner.selected_view(running, sel)
@@ -295,8 +291,19 @@ class Session:
     def _interactive(self) -> bool:
         return not self.as_json and self.talk.interactive()
 
+    @staticmethod
+    def refuse_hand_edits(ws: Workspace, plan: Plan) -> None:
+        """Refuse (`hand_edited`, nothing run, written or committed) while any block of the plan, in
+        any phase, was edited by hand: a run's commit holds the whole plan, and such an edit must
+        not go into git as runbook's record."""
+        from runbook.plan.writeback import HandEdited, check_plan
+
+        try:
+            check_plan(plan, ws.plan_rel)
+        except HandEdited as exc:
+            raise RunbookError(f"refusing to run: {exc}", "hand_edited", file=ws.plan_rel) from None
+
     def loop(self, ws: Workspace, lock: RunLock, commit: bool) -> Finished:
-        from runbook.plan.writeback import HandEdited, check_blocks
         from runbook.run import runner
         from runbook.run.executor import Interrupts
         from runbook.run.planstate import for_workspace
@@ -306,6 +313,7 @@ class Session:
         code = 0
         try:
             if self._has_orphans(ws):
+                self.refuse_hand_edits(ws, ws.load_plan())  # before the dead run is recorded and committed
                 interrupts = Interrupts().__enter__()
                 continued, recorded = runner.settle_orphans(ws, lock, self.options(commit, interrupts))
                 self.settled += [r.record for r in recorded]
@@ -324,6 +332,7 @@ class Session:
                 plan = ws.load_plan()
                 for w in ws.warnings:
                     self.talk.note(str(w))
+                self.refuse_hand_edits(ws, plan)  # before a run, and before runs left uncommitted are committed
                 first = not self.runs
                 sel = runner.select(ws, plan, phase_ref=self.phase_ref if first else None,
                                     restart=self.restart and first)
@@ -342,10 +351,6 @@ class Session:
                     self.say(f"stopping: {phase.display_name} already ran {counts[phase.id]} times "
                              "in this invocation (the transitions loop); run `runbook next` again to go on")
                     return self.result(ws, code)
-                try:
-                    check_blocks(plan.text, phase, ws.plan_rel)
-                except HandEdited as exc:
-                    raise RunbookError(f"refusing to run: {exc}", "hand_edited", file=ws.plan_rel) from None
                 sel, running, overrides = self.choose(ws, plan, sel)
                 self.say(runner.render_preview(ws, running, sel))
                 if first and not self.yes:

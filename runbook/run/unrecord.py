@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 
 from runbook.errors import RunbookError
-from runbook.model import RunRecord
+from runbook.model import Plan, RunRecord
 from runbook.run.pending import commit_pending, plan_without
 from runbook.store import gitops, ledger
 from runbook.store.workspace import Workspace
@@ -37,6 +37,22 @@ def _plan_text(ws: Workspace) -> str:
     if problem is not None:
         raise RunbookError(str(problem), "io", file=ws.plan_rel)
     return text
+
+
+def _refuse_hand_edits(ws: Workspace, text: str) -> Plan | None:
+    """A block edited by hand anywhere in the plan: refused (`hand_edited`), nothing written or
+    committed; the plan's edits are committed before a forget, and such an edit must not be.
+    The parse of `text` (None when it does not parse)."""
+    from runbook.plan import writeback
+    from runbook.plan.parse import parse_plan
+
+    plan, _ = parse_plan(text, ws.plan_rel)
+    if plan is not None:
+        try:
+            writeback.check_plan(plan, ws.plan_rel)
+        except writeback.HandEdited as exc:
+            raise RunbookError(f"refusing: {exc}", "hand_edited", file=ws.plan_rel) from None
+    return plan
 
 
 def forget_runs(ws: Workspace, forgotten: list[RunRecord], subject: str, *, commit: bool = True,
@@ -64,6 +80,7 @@ def forget_runs(ws: Workspace, forgotten: list[RunRecord], subject: str, *, comm
             stop = (lambda: signals.count > 0) if signals is not None else None
             text = _plan_text(ws)
             ws.ledger_changed()  # under the locks now: look at state/runs/ afresh
+            _refuse_hand_edits(ws, text)
             new_text = plan_without(ws, text, forgotten)  # a hand-edited block: refused, nothing committed
             if commit and ws.git:
                 try:  # so that this commit holds only the forget, and `git revert` of it keeps the edits
@@ -74,6 +91,9 @@ def forget_runs(ws: Workspace, forgotten: list[RunRecord], subject: str, *, comm
                 except gitops.GitStateError as exc:
                     raise RunbookError(f"refusing: could not commit the plan's own edits first: {exc}",
                                        "git_state") from None
+            from runbook.run.restate import restate_phases
+
+            new_text = restate_phases(ws, new_text, skip=tuple(r.phase for r in forgotten))
             if new_text != text:
                 atomic_write_text(ws.plan_file, new_text)
             paths = []

@@ -6,6 +6,8 @@ running now, else the last step that started. With `--follow` the log is followe
 when the run moves on to its next step the next step's log is followed (under a `── step-N ──`
 line), and following ends when the run does (it was recorded, or its runbook died), with the
 verdict when the ledger has it. Slurm steps write their job's output straight into the same log.
+Logs are gitignored: where a recorded run's log is not on this machine (a fresh clone), the last
+lines its run record keeps (`log_tail`) are shown instead, and `runbook logs` says so.
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ class Located:
     log: Path  # absolute
     running: bool
     job_id: str | None = None
+    kept: list[str] | None = None  # the log's last lines its run record keeps (a recorded run's step)
+
+    def fallback(self) -> list[str] | None:
+        """The lines the run record keeps when the log itself is not here (logs are gitignored: a
+        fresh clone, another machine, removed logs) and the run has ended; None otherwise."""
+        if self.running or self.kept is None or self.log.exists():
+            return None
+        return self.kept
 
 
 def _step_of_record(record: RunRecord) -> str | None:
@@ -88,8 +98,11 @@ def locate(ws: Workspace, run_ref: str | None, step: str | None) -> Located:
         job_id = next((s.job_id for s in record.steps if s.step_id == chosen), None)
     else:
         job_id = job.job_id if job else None
+    kept = None
+    if record is not None:
+        kept = next((list(s.log_tail) for s in record.steps if s.step_id == chosen), [])
     return Located(run_id=run_id, phase=phase, step=chosen, log=run_dir(ws.state, run_id) / f"{chosen}.log",
-                   running=running, job_id=job_id)
+                   running=running, job_id=job_id, kept=kept)
 
 
 def follow(ws: Workspace, where: Located, write: Callable[[bytes], None], *, lines: int, pinned: bool) -> str | None:

@@ -36,7 +36,7 @@ from runbook.files import NotReadable, atomic_write_text, open_regular, read_bou
 from runbook.model import RunRecord, SeriesInfo, StepResult
 from runbook.store.ledger import run_dir, series_path
 
-__all__ = ["MAX_POINTS", "Series", "collect", "load", "read_step", "save", "step_file", "summary"]
+__all__ = ["MAX_POINTS", "Series", "collect", "find", "find_all", "load", "read_step", "save", "step_file", "summary"]
 
 SCHEMA_VERSION = 1
 MAX_POINTS = 500  # per series kept in the ledger
@@ -274,11 +274,17 @@ def collect(state_dir: str | os.PathLike[str], run_id: str, results: list[StepRe
     return series, problems
 
 
-def find(series: list[Series], name: str) -> Series | None:
-    """The series called `name` (`step-3.train_loss`: the one step-3 wrote); the last step's wins."""
+def find_all(series: list[Series], name: str) -> list[Series]:
+    """Every series called `name`, in step order: one per step that wrote it (`step-3.train_loss`:
+    the one step-3 wrote)."""
     step, dot, rest = name.partition(".")
     if dot and step.startswith("step-"):
-        matches = [s for s in series if s.step_id == step and s.name == rest]
-    else:
-        matches = [s for s in series if s.name == name]
+        return [s for s in series if s.step_id == step and s.name == rest]
+    return [s for s in series if s.name == name]
+
+
+def find(series: list[Series], name: str) -> Series | None:
+    """The series called `name` (`step-3.train_loss`: the one step-3 wrote); the last step's wins
+    (a chart draws them all: `find_all`)."""
+    matches = find_all(series, name)
     return matches[-1] if matches else None

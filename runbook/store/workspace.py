@@ -150,7 +150,8 @@ class Workspace:
     def load_plan(self) -> Plan:
         """Read and validate the plan from disk (again); RunbookError(plan_invalid) listing every error.
 
-        Warnings are kept in `warnings`."""
+        Warnings are kept in `warnings`, with every block edited by hand since runbook wrote it
+        (`writeback.hand_edits`): every verb that opens the plan names them, `file:line`."""
         from runbook.plan.parse import read_plan
 
         assert self.plan_path is not None
@@ -167,8 +168,11 @@ class Workspace:
                 col=first.col if first else None,
                 problems=errors or problems,
             )
+        from runbook.plan.writeback import hand_edits
+
         self._plan = plan
-        self._warnings = [p for p in problems if p.severity != "error"]
+        self._warnings = sorted([*(p for p in problems if p.severity != "error"), *hand_edits(plan, self.plan_display)],
+                                key=lambda p: (p.line, p.col))
         return plan
 
     @property

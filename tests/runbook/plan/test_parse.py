@@ -147,6 +147,7 @@ def test_status_and_blocks(plan) -> None:
         "run_id": "20261129-143012-7f3a",
         "when": "2026-11-29 14:30 UTC",
         "summary": "accept_len 2.41 >= 1.5",
+        "stale": False,
     }
     results = p0.blocks["results"]
     assert results.inner.splitlines()[-1] == "| 20261129-143012-7f3a | pass |"

@@ -41,7 +41,7 @@ def test_milestone_entry_has_date_title_run_commit_body_metrics() -> None:
 
 def test_hand_written_text_around_owned_sections_is_byte_identical() -> None:
     text = BEFORE + OWNED + AFTER
-    new, outcome = apply_record(text, M1, ["a new lesson"], ["step one", "step two"], "fresh status")
+    new, outcome = apply_record(text, M1, ["a new lesson"], ["step one", "step two"], "fresh status", replace_next=True)
     assert new.startswith(BEFORE)
     assert new.endswith(AFTER)
     owned = new[len(BEFORE) : len(new) - len(AFTER)]
@@ -89,6 +89,24 @@ def test_crlf_document_stays_crlf() -> None:
     new, _ = apply_record(text, M1, ["l1"], ["n1"], "s\nt")
     assert "\n" not in new.replace("\r\n", "")
     assert new.startswith(BEFORE.replace("\n", "\r\n")) and new.endswith(AFTER.replace("\n", "\r\n"))
+
+
+def test_next_steps_are_added_after_those_there_and_replaced_only_when_asked() -> None:
+    text = BEFORE + OWNED + AFTER
+    new, outcome = apply_record(text, M1, [], ["step one", "Old step."])
+    assert new.startswith(BEFORE) and new.endswith(AFTER)
+    assert notes.read_next_steps(new) == ["old step", "step one"]
+    assert outcome.next_steps_added == ["step one"] and outcome.next_steps_skipped == ["Old step."]
+    assert not outcome.next_steps_replaced
+    again, _ = apply_record(new, M2, [], ["step two"])
+    assert notes.read_next_steps(again) == ["old step", "step one", "step two"]
+    replaced, outcome = apply_record(again, M2, [], ["only this"], replace_next=True)
+    assert notes.read_next_steps(replaced) == ["only this"] and outcome.next_steps_replaced
+    prose = "# N\n\n## Next steps\n\nWrite the paper.\n"  # prose, then a list after a blank line
+    added, _ = apply_record(prose, M2, [], ["n1"])
+    assert added.endswith("## Next steps\n\nWrite the paper.\n\n- n1\n")
+    crlf, _ = apply_record((BEFORE + OWNED + AFTER).replace("\n", "\r\n"), M2, [], ["n2"])
+    assert "\n" not in crlf.replace("\r\n", "") and "- old step\r\n- n2\r\n" in crlf
 
 
 def test_next_steps_untouched_without_new_ones() -> None:

@@ -17,6 +17,7 @@ from helpers import git
 
 from runbook.cli import cli
 from runbook.model import RunRecord
+from runbook.report import notes
 from runbook.store.ledger import save_run
 
 RUNBOOK = str(Path(sys.executable).with_name("runbook"))
@@ -305,3 +306,54 @@ def test_commit_subject_leads_with_the_metrics_the_criterion_names(tmp_path: Pat
     subject = subprocess.run(["git", "log", "-1", "--format=%s"], cwd=repo, capture_output=True, text=True).stdout.strip()
     # Phase 1's `Pass:` names accept_len and train_loss: those come first, whatever their names sort as
     assert subject == "runbook: record Fine-tune (accept_len=1.31, train_loss=1.9, aaa_bytes=7)", subject
+
+
+STEP_PLAN = """\
+---
+runbook: 1
+title: Per-step metrics
+notes: notes.md
+---
+
+# Per-step metrics
+
+## Phase 0: Three evaluations (~1 min)
+
+Steps:
+- [ ] First: `echo '{"val_acc": 0.5}' > "$RUNBOOK_METRICS"`
+- [ ] Second: `echo '{"val_acc": 0.7}' > "$RUNBOOK_METRICS"`
+- [ ] Third: `echo '{"val_acc": 0.9}' > "$RUNBOOK_METRICS"`
+
+Pass: `step-1.val_acc >= 0.4 and step-3.val_acc >= 0.8`
+"""
+
+
+def test_notes_status_block_shows_the_step_metrics_a_phase_passed_on(tmp_path: Path) -> None:
+    repo = H.make_repo(tmp_path / "repo", STEP_PLAN)
+    assert H.runbook_inproc(repo, "next", "--yes").returncode == 0
+    done = H.runbook_inproc(repo, "record", "Judged", "--run", "last")
+    assert done.returncode == 0, done.stderr
+    status = notes.read_status((repo / "plans" / "notes.md").read_text())
+    assert "(missing)" not in status, status
+    assert ("Goal of Phase 0 (`step-1.val_acc >= 0.4 and step-3.val_acc >= 0.8`): "
+            "step-1.val_acc 0.5 >= 0.4 · step-3.val_acc 0.9 >= 0.8") in status
+    brief = H.runbook_inproc(repo, "brief")
+    assert brief.returncode == 0 and "(missing)" not in brief.stdout
+
+
+def test_record_next_twice_keeps_both_and_replace_next_replaces(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    path = repo / "plans" / "notes.md"
+    first = H.runbook_inproc(repo, "record", "One", "--next", "Phase 1: fine-tune")
+    assert first.returncode == 0 and "next steps added: 1 item(s)" in first.stdout
+    second = H.runbook_inproc(repo, "record", "Two", "--next", "Phase 2: more data", "--next", "Phase 1: fine-tune.")
+    assert second.returncode == 0, second.stderr
+    assert "next step already there, not added again: Phase 1: fine-tune." in second.stdout
+    assert notes.read_next_steps(path.read_text()) == ["Phase 1: fine-tune", "Phase 2: more data"]
+    assert "Next steps" in H.git(repo, "show", "HEAD:plans/notes.md")  # committed
+    out = json.loads(H.runbook_inproc(repo, "record", "Three", "--next", "Write it up", "--replace-next",
+                                      "--json").stdout)["result"]
+    assert out["next_steps"] == ["Write it up"] and out["next_steps_replaced"] is True
+    assert notes.read_next_steps(path.read_text()) == ["Write it up"]
+    helptext = H.runbook_inproc(repo, "record", "--help").stdout
+    assert "--replace-next" in helptext and "Add an item to 'Next steps'" in helptext

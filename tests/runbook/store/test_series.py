@@ -257,3 +257,59 @@ def test_a_runs_chart_of_thousands_of_runs_labels_a_few_and_draws_every_point(tm
     text = svg.read_text()
     assert f"{MAX_TICK_LABELS} of 10000 runs labelled" in text
     assert "run-0" in text and "run-9999" in text and "run-5001" not in text
+
+
+THREE_STEPS = """\
+---
+runbook: 1
+title: Three evaluations
+---
+
+## Phase 0: Evaluate three times (~1 min)
+
+Steps:
+- [ ] First: `python3 curve.py 0.1`
+- [ ] Second: `python3 curve.py 0.4`
+- [ ] Third: `python3 curve.py 0.7`
+
+Pass: val_acc >= 0.5
+"""
+
+CURVE = """\
+import json, os, sys
+base = float(sys.argv[1])
+with open(os.environ["RUNBOOK_SERIES"], "a") as f:
+    for i in range(4):
+        f.write(json.dumps({"step": i, "val_acc": base + i / 20}) + "\\n")
+json.dump({"val_acc": base + 0.15}, open(os.environ["RUNBOOK_METRICS"], "w"))
+"""
+
+
+def test_a_metric_three_steps_log_is_drawn_as_three_curves_named_by_step(tmp_path: Path) -> None:
+    import re
+
+    from runbook.report.plotting import plan_chart
+
+    repo = H.make_repo(tmp_path / "repo", THREE_STEPS)
+    H.commit_files(repo, {"curve.py": CURVE}, "curve")
+    assert H.runbook_inproc(repo, "next", "--yes").returncode == 0
+    run_id = next((repo / "state" / "runs").glob("*.json")).stem
+    out = json.loads(H.runbook_inproc(repo, "plot", "--metric", "val_acc", "--json").stdout)["result"]
+    assert out["kind"] == "series" and out["curves"] == ["step-1", "step-2", "step-3"] and out["points"] == 12
+    # the SVG's legend names the three steps (matplotlib writes each text it draws as a comment)
+    svg = (repo / out["svg"]).read_text()
+    assert 'id="legend_1"' in svg
+    assert re.findall(r"<!-- (step-\d) -->", svg) == ["step-1", "step-2", "step-3"]
+    # the chart model: each step's own points
+    from runbook.store.workspace import Workspace
+
+    ws = Workspace.open(str(repo / "plans" / "plan.md"))
+    chart = plan_chart("val_acc", ws.runs(), ws.state)
+    assert [(line.label, line.y[0]) for line in chart.lines] == [("step-1", 0.1), ("step-2", 0.4), ("step-3", 0.7)]
+    assert chart.title == f"val_acc by step, run {run_id}"
+    # one step's series by its step-qualified name is one curve
+    assert [line.label for line in plan_chart("step-2.val_acc", ws.runs(), ws.state).lines] == [run_id]
+    # two runs: the run and the step in each label
+    assert H.runbook_inproc(repo, "next", "--phase", "0", "--restart", "--yes").returncode == 0
+    two = json.loads(H.runbook_inproc(repo, "plot", "--metric", "val_acc", "--json").stdout)["result"]
+    assert len(two["curves"]) == 6 and two["curves"][0] == f"{run_id} step-1"
