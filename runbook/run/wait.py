@@ -149,7 +149,7 @@ def _look(ws: Workspace, run_id: str, waited: float, labels: Plan | None) -> Wai
     record = find_run(ws.state, run_id) if not working and run_path(ws.state, run_id).is_file() else None
     if record is not None:
         return WaitResult(run_id=run_id, state="finished", waited_s=waited, run=RunView.of(record, recorded_in=record.commit),
-                          running=_in_progress(ws, labels))
+                          running=_in_progress(ws, labels, finished=run_id))
     if live is not None and not working:
         dead = live.record or interrupted_record(live, ws.root, death_reason(live))
         return WaitResult(run_id=run_id, state="died", waited_s=waited, run=RunView.of(dead, pending=True))
@@ -177,13 +177,15 @@ def _holder(ws: Workspace, run_id: str, live: LiveRun | None, labels: Plan | Non
     return holder_view(info, labels, ws.rel(ws.state), live=live, root=ws.root)
 
 
-def _in_progress(ws: Workspace, labels: Plan | None) -> LockHolder | None:
-    """The run holding the lock now, when one does (after a run ends: the next one of `--until-stop`)."""
+def _in_progress(ws: Workspace, labels: Plan | None, finished: str) -> LockHolder | None:
+    """The run holding the lock now, when one does and it is not the `finished` one (after a run ends:
+    the next one of `--until-stop`; the finished run's own runbook may hold the lock a moment longer,
+    between its commit and its exit)."""
     from runbook.run.planstate import holder_view
     from runbook.store.lock import holds
 
     info = ws.lock_info()
-    if info is None or not info.run_id or holds(info, ws.state) is False:
+    if info is None or not info.run_id or info.run_id == finished or holds(info, ws.state) is False:
         return None
     return holder_view(info, labels, ws.rel(ws.state),
                        live=ws.live_of(info.run_id), root=ws.root, state_dir=ws.state)

@@ -240,7 +240,7 @@ def test_milestone_body_cannot_take_over_the_notes(tmp_path: Path) -> None:
     second = H.runbook(repo, "record", "Second", "--next", "newer next", "--lesson", "a real lesson")
     assert second.returncode == 0, second.stderr
     text = (repo / "plans" / "notes.md").read_text()
-    assert notes.read_next_steps(text) == ["newer next"]
+    assert notes.read_next_steps(text) == ["real next", "newer next"]  # --next adds; the body's own step is not one
     assert notes.read_lessons(text) == ["a real lesson"]
     entries = notes.read_milestones(text)
     assert [e.heading.split(" · ")[-1] for e in entries] == ["First", "Second"]
