@@ -87,6 +87,8 @@ def select(ws: Workspace, plan: Plan, *, phase_ref: str | None, restart: bool) -
             return None
         return writeback.phase_diff(old, writeback.phase_source(plan.text, phase), phase.display_name)
 
+    from runbook.run import attempts
+
     return select_phase(
         plan,
         runs,
@@ -94,6 +96,7 @@ def select(ws: Workspace, plan: Plan, *, phase_ref: str | None, restart: bool) -
         restart=restart,
         current_hash=lambda phase: writeback.phase_text_hash(plan.text, phase),
         old_diff=diff,
+        attempts=attempts.for_workspace(ws),
     )
 
 
