@@ -26,7 +26,8 @@ from runbook.model import RunRecord
 if TYPE_CHECKING:
     from runbook.store.workspace import Workspace
 
-__all__ = ["REPEATABLE", "Attempts", "AttemptsOf", "attempts", "failure_key", "for_workspace", "from_runs"]
+__all__ = ["REPEATABLE", "Attempts", "AttemptsOf", "attempts", "failure_key", "for_workspace", "from_runs",
+           "with_other_values"]
 
 REPEATABLE = frozenset({"error", "timeout", "inconclusive"})
 _LOOK_BACK = 20  # runs of a phase read, at most, to count a streak
@@ -96,6 +97,20 @@ def from_runs(runs: list[RunRecord], changed_since: Callable[[RunRecord], list[s
         ids = [r.run_id for r in history]
         history = history[: ids.index(latest.run_id) + 1] if latest.run_id in ids else [*history, latest]
         return attempts(history, changed_since)
+
+    return of
+
+
+def with_other_values(attempts_of: AttemptsOf, overrides: dict[str, str]) -> AttemptsOf:
+    """`attempts_of` for a `runbook next --set ...`: a run with other `--set` values than the failed
+    runs had is a new attempt, never held back."""
+    from runbook.plan.overrides import run_overrides
+
+    def of(latest: RunRecord) -> Attempts:
+        tried = attempts_of(latest)
+        if tried.repeated and overrides != run_overrides(latest):
+            return Attempts(tried.runs, repeated=False, unknown=tried.unknown)
+        return tried
 
     return of
 

@@ -206,6 +206,7 @@ def _next_action(
     plan_arg: str | None,
     changed_since: ChangedSince | None,
     failed_ids: list[str],
+    unrecorded: frozenset[str] = frozenset(),
 ) -> NextAction:
     if holder is not None and holder.alive is not False:
         phase = plan.find_phase(holder.phase) if holder.phase and holder.plan in (None, plan_rel) else None
@@ -222,7 +223,7 @@ def _next_action(
     argv = next_argv(plan_arg)
     detour = _detour_text(plan, sel.detour, plan_arg)
     if sel.phase is not None:
-        return _selected_action(plan, sel, lead, detour, argv, plan_arg)
+        return _selected_action(plan, sel, lead, detour, argv, plan_arg, unrecorded)
     if sel.blocked and sel.blocked_phase is not None:
         return _action_for(plan, sel.blocked_phase, "blocked", lead + _sentence(sel.message), None, 0,
                            unmet_needs=list(sel.unmet))
@@ -260,8 +261,9 @@ def _next_action(
 
 
 def _selected_action(plan: Plan, sel: Selection, lead: str, detour: str, argv: list[str],
-                     plan_arg: str | None) -> NextAction:
-    """The next action when the walk (or an unfinished detour) chose a phase to run."""
+                     plan_arg: str | None, unrecorded: frozenset[str]) -> NextAction:
+    """The next action when the walk (or an unfinished detour) chose a phase to run. `unrecorded`: ids
+    of runs a dead runbook left, not in the ledger yet (nothing to forget until `runbook next` records them)."""
     from runbook.plan.overrides import run_overrides
 
     phase, last = sel.phase, sel.last
@@ -287,7 +289,8 @@ def _selected_action(plan: Plan, sel: Selection, lead: str, detour: str, argv: l
         missing = _missing(last)
         if missing:
             extra["look_at"] = missing + [x for x in extra.get("look_at", []) if x not in missing]
-    if last is not None and last.verdict == "interrupted" and sel.mode in ("resume", "changed"):
+    if (last is not None and last.verdict == "interrupted" and sel.mode in ("resume", "changed")
+            and last.run_id not in unrecorded):
         why += (f" To drop run {last.run_id} instead of resuming it: "
                 f"{shlex.join(_forget_argv(plan_arg, last.run_id))}.")
     return _action_for(plan, phase, _KIND[sel.mode], lead + why + detour, argv, sel.start, **extra)
@@ -307,12 +310,16 @@ def _repeated_action(plan: Plan, phase: Phase, sel: Selection, lead: str, detour
     why = (f"{lead}{phase.display_name} ended {last.verdict} the same way in its last {tried.count} runs ({ids}: "
            f"{where}), and nothing changed since: its text, commands, vars and `Pass:` are those they ran with, "
            f"and no tracked file changed{unknown}. A third identical run would end the same, so it is not offered. "
-           f"Look at {'what its steps wrote and the Pass: line' if last.verdict == 'inconclusive' else 'the log'} "
-           f"({', '.join(look[:1]) or 'runbook logs'}), then change the code, edit the phase or set a var "
-           f"(`runbook next --set NAME=VALUE`), and `runbook next` offers it again; to run it as it is anyway: "
-           f"{force}.{detour}")
+           f"Look at {_what_to_read(last.verdict)} ({', '.join(look[:1]) or 'runbook logs'}), then change the "
+           f"code or edit the phase, and `runbook next` offers it again, or give a var another value "
+           f"(`runbook next --set NAME=VALUE --yes`); to run it as it is anyway: {force}.{detour}")
     return NextAction(kind="nothing", why=why, outcome="repeated", phase=phase.id, label=phase.display_name,
                       title=phase.title, run_id=last.run_id, attempts=tried.count, look_at=look)
+
+
+def _what_to_read(verdict: str) -> str:
+    return {"inconclusive": "what its steps wrote and the Pass: line",
+            "timeout": "the log, and whether its Timeout: gives it enough time"}.get(verdict, "the log")
 
 
 def _sets(overrides: dict[str, str]) -> str:
@@ -475,7 +482,8 @@ def derive(
                        attempts=attempts)
     phases = _phase_views(plan, runs, holder, plan_rel)
     failed = [p for p in phases if p.state == "failed"]
-    action = _next_action(plan, runs, sel, holder, plan_rel, plan_arg, changed_since, [p.id for p in failed])
+    action = _next_action(plan, runs, sel, holder, plan_rel, plan_arg, changed_since, [p.id for p in failed],
+                          frozenset(r.run_id for r in pending))
     if unreadable and action.kind != "running":
         action = NextAction(
             kind="blocked",

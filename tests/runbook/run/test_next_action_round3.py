@@ -110,12 +110,14 @@ INCONCLUSIVE = """\
 ---
 runbook: 1
 title: Inconclusive
+vars:
+  name: acc
 ---
 
 ## Phase 0: Measure
 
 Steps:
-- [ ] Measure: `echo '{"acc": 1}' > "$RUNBOOK_METRICS"`
+- [ ] Measure: `printf '{"%s": 1}' {name} > "$RUNBOOK_METRICS"`
 
 Pass: `accuracy >= 0.5`
 """
@@ -131,11 +133,15 @@ def test_inconclusive_is_its_own_kind_and_is_held_back_after_twice(tmp_path: Pat
     held = js(repo, "status")["result"]["next"]
     assert (held["kind"], held["outcome"], held["attempts"]) == ("nothing", "repeated", 2)
     assert "what its steps wrote and the Pass: line" in held["why"]
-    # fixing the Pass: line is a change: it runs (and passes)
+    assert js(repo, "next", "--yes")["result"]["runs"] == []  # held back
+    # another value for a var is another attempt: `runbook next --set` runs it (and it passes)
+    ran = js(repo, "next", "--set", "name=accuracy", "--yes")["result"]["runs"]
+    assert [(r["verdict"], r["vars"]) for r in ran] == [("pass", {"name": "accuracy"})]
+    # so is an edit of the phase: the Pass: line fixed, the phase's verdict is stale and it runs
     plan = repo / "plans" / "plan.md"
     plan.write_text(plan.read_text().replace("Pass: `accuracy >= 0.5`", "Pass: `acc >= 0.5`"))
     H.git(repo, "commit", "-qam", "the metric is acc")
-    assert js(repo, "status")["result"]["next"]["kind"] == "run"  # stale: its Pass: changed
+    assert js(repo, "status")["result"]["next"]["kind"] == "run"
     assert rb(repo, "next", "--yes").returncode == 0
 
 
