@@ -221,7 +221,7 @@ def _next_action(
         lead = (f"A killed run ({holder.run_id or '?'}, pid {holder.pid}) left the run lock behind; `runbook next` "
                 "takes it over. ")
     argv = next_argv(plan_arg)
-    detour = _detour_text(plan, sel.detour, plan_arg)
+    detour = _detour_text(sel.detour, plan_arg)
     if sel.phase is not None:
         return _selected_action(plan, sel, lead, detour, argv, plan_arg, unrecorded)
     if sel.blocked and sel.blocked_phase is not None:
@@ -302,15 +302,15 @@ def _repeated_action(plan: Plan, phase: Phase, sel: Selection, lead: str, detour
     last = sel.last
     tried = sel.attempts
     assert last is not None and tried is not None
-    ids = ", ".join(r.run_id for r in tried.runs)
+    ids = ", ".join(r.run_id for r in tried.runs[-3:])
     where = _reason(last)
     unknown = " (runbook cannot see code changes outside git)" if tried.unknown else ""
     force = shlex.join(next_argv(plan_arg, "--phase", phase.id))
     look = _look_at(last)
     why = (f"{lead}{phase.display_name} ended {last.verdict} the same way in its last {tried.count} runs ({ids}: "
            f"{where}), and nothing changed since: its text, commands, vars and `Pass:` are those they ran with, "
-           f"and no tracked file changed{unknown}. A third identical run would end the same, so it is not offered. "
-           f"Look at {_what_to_read(last.verdict)} ({', '.join(look[:1]) or 'runbook logs'}), then change the "
+           f"and no tracked file changed{unknown}. Another identical run would end the same, so it is not offered. "
+           f"Look at {_what_to_read(last.verdict)} ({_log_of(last) or 'runbook logs'}), then change the "
            f"code or edit the phase, and `runbook next` offers it again, or give a var another value "
            f"(`runbook next --set NAME=VALUE --yes`); to run it as it is anyway: {force}.{detour}")
     return NextAction(kind="nothing", why=why, outcome="repeated", phase=phase.id, label=phase.display_name,
@@ -337,10 +337,15 @@ def _look_at(run: RunRecord) -> list[str]:
 
     view = RunView.of(run)
     out = [line.strip() for line in view.failures]
-    logs = [s.log_path for s in run.steps if not s.skipped and not s.completed and s.log_path]
-    if logs:
-        out.insert(0, f"log {logs[0]}")
+    log = _log_of(run)
+    if log:
+        out.insert(0, f"log {log}")
     return [line for line in out if line]
+
+
+def _log_of(run: RunRecord) -> str | None:
+    """The log of the step that stopped `run` (repo-relative), if it has one."""
+    return next((s.log_path for s in run.steps if not s.skipped and not s.completed and s.log_path), None)
 
 
 def _missing(run: RunRecord) -> list[str]:
@@ -349,14 +354,12 @@ def _missing(run: RunRecord) -> list[str]:
     return [line for line in RunView.of(run).failures if "no step wrote" in line or "no value for" in line]
 
 
-def _detour_text(plan: Plan, detour: RunRecord | None, plan_arg: str | None) -> str:
+def _detour_text(detour: RunRecord | None, plan_arg: str | None) -> str:
+    """The ways out of a detour the plan waits on (select.py names it in the selection's message)."""
     if detour is None:
         return ""
-    phase = plan.find_phase(detour.phase)
-    name = phase.display_name if phase else detour.phase
     resume = shlex.join(next_argv(plan_arg, "--phase", detour.phase))
-    return (f" The plan's latest run, {detour.run_id} of {name}, ended {detour.verdict} off the plan's flow (a "
-            f"phase run with --phase that the flow has not reached): it does not move the plan, and is resumed on "
+    return (f" A phase run out of order with --phase does not move the plan; run {detour.run_id} is resumed on "
             f"its own only when the flow has nothing else to run. To resume it now: {resume}; to drop it: "
             f"{shlex.join(_forget_argv(plan_arg, detour.run_id))}.")
 

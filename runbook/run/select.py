@@ -270,7 +270,9 @@ def select_phase(
         if unfinished is not None and chosen.phase is None and chosen.end in ("finished", "failed"):
             chosen = unfinished  # the flow has nothing left: the detour is not forgotten
         elif unfinished is not None and (chosen.phase is None or chosen.phase.id != runs[-1].phase):
-            chosen.detour = runs[-1]
+            chosen.detour = detour = runs[-1]
+            name = unfinished.phase.display_name if unfinished.phase else detour.phase
+            chosen.message += f"; the plan's latest run ({detour.run_id}, {name}) ended {detour.verdict} off the plan's flow, so it waits"
         if attempts is not None and not restart:
             chosen = _held_back(chosen, attempts)
     if chosen.phase is not None:

@@ -63,7 +63,8 @@ def test_a_timed_out_detour_after_an_error_leaves_the_plan_at_the_phase_that_err
     assert "next: Phase 1 (phase-1), resume" in v["status_text"]
     assert "## Next: Phase 1 (`phase-1`)" in v["brief_text"]
     # the detour is named, with both ways out
-    assert "ended timeout off the plan's flow" in action["why"] and "runbook forget " in action["why"]
+    assert "ended timeout off the plan's flow, so it waits" in action["why"] and "runbook forget " in action["why"]
+    assert "ended timeout off the plan's flow, so it waits" in v["dry_text"].splitlines()[0]
     # and `runbook next` does what they say: Phase 1 resumes (and, fixed, passes); then the flow reaches Phase 2
     (repo / "work" / "crash").unlink()
     (repo / "work" / "slow").unlink()
