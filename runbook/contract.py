@@ -5,7 +5,7 @@ One module, so that the words mean one thing everywhere (docs/json.md has the re
 - a phase is named by `id` ("phase-1", or its explicit `{#id}`) and `label` ("Phase 1");
 - a run's `verdict` is one of pass, fail, inconclusive, error, timeout, interrupted;
 - a phase's `state` is one of not_run, running, passed, failed, inconclusive, stale, resumable;
-- the next action's `kind` is one of run, resume, retry, nothing, blocked, running;
+- the next action's `kind` is one of run, resume, rerun, retry, nothing, blocked, running;
 - times are ISO 8601 UTC to the second, `2026-11-30T11:32:05Z`;
 - a run's `commit` is the commit its code ran on (HEAD when it started); `recorded_in` is the
   commit that recorded it, known only to the `runbook next` that made it.
@@ -38,10 +38,11 @@ SCHEMA_VERSION: Literal[1] = 1
 V = TypeVar("V")
 
 PhaseState = Literal["not_run", "running", "passed", "failed", "inconclusive", "stale", "resumable"]
-NextKind = Literal["run", "resume", "retry", "nothing", "blocked", "running"]
+NextKind = Literal["run", "resume", "rerun", "retry", "nothing", "blocked", "running"]
 # For kind "nothing": finished (the end, or a stop after a pass), failed (stopped after a fail and
+# nothing changed since), repeated (the phase to resume or rerun ended the same failure twice with
 # nothing changed since), empty (no phases), loop (the transitions cycle).
-Outcome = Literal["finished", "failed", "empty", "loop"]
+Outcome = Literal["finished", "failed", "repeated", "empty", "loop"]
 SelectMode = Literal["fresh", "resume", "rerun", "changed", "restart", "stale"]
 
 
@@ -254,6 +255,10 @@ class NextAction(Model):
     criterion: str | None = None
     unmet_needs: list[str] = []  # kind "blocked": phase ids that must pass first
     changed: list[str] = []  # kind "retry": what changed since the failed run
+    run_id: str | None = None  # resume: the run it continues; rerun, nothing/repeated: the phase's latest run
+    overrides: dict[str, str] = {}  # the `--set` values it runs with (a resume keeps its run's); `steps` show them
+    attempts: int = 0  # resume, rerun, nothing/repeated: the phase's runs in a row that ended this same failure
+    look_at: list[str] = []  # what to read first: the log, the failed step and its last lines, what was missing
 
 
 class PhaseView(Model):

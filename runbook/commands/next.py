@@ -17,12 +17,14 @@ from runbook.errors import warning
 
 HELP_EPILOG = """\b
 Which phase runs:
-  An unfinished run first: when the plan's latest run ended `error`, `timeout` or `interrupted`,
-  that phase resumes at its first unticked step (or reruns from step 1 when its text changed).
-  Otherwise the first phase, then wherever the ledger's verdicts lead: after `pass`/`fail` the
-  phase's `On pass:` (default: the next phase) / `On fail:` (default: stop). A verdict judged
-  under commands or a `Pass:` the phase no longer has is stale: the phase runs again.
-  `inconclusive` reruns from the top. Every phase in `Needs:` must have passed.
+  The first phase, then wherever the ledger's verdicts lead: after `pass`/`fail` the phase's
+  `On pass:` (default: the next phase) / `On fail:` (default: stop). A phase whose run ended
+  `error`, `timeout` or `interrupted` resumes at its first unticked step (or reruns from step 1
+  when its text changed); `inconclusive` reruns from the top. A verdict judged under commands or
+  a `Pass:` the phase no longer has is stale: the phase runs again. A phase run out of order with
+  --phase does not move the plan: an unfinished one is resumed on its own only when the flow has
+  nothing else left. The same error, timeout or inconclusive twice in a row with nothing changed
+  is not run a third time (--phase ID runs it anyway). Every phase in `Needs:` must have passed.
   `runbook status` and `runbook brief` show the same next action.
 
 \b
@@ -35,8 +37,9 @@ Exit codes:
   0  pass (also: nothing left to run)      3  inconclusive
   1  fail                                  4  error / timeout / interrupted
   2  usage or plan errors, refusals        5  the run lock is held by another run
-  With --until-stop: the code of the last run's verdict. Nothing to run exits 0 both when the
-  plan finished and when it stopped after a fail; --json tells them apart (next.outcome).
+  With --until-stop: the code of the last run's verdict. Nothing to run exits 0 whether the plan
+  finished, stopped after a fail or holds back a repeated failure; --json tells them apart
+  (next.outcome: finished, failed, repeated).
 
 \b
 Examples:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 import click
 
 from runbook.commands._options import json_option, open_plan, plan_option, warn
@@ -24,6 +26,9 @@ def render(view: PlanStateView, plan_path: str) -> str:
     for row in view.phases:
         if row.note:
             lines.append(f"  {row.label}: {row.note}")
+    latest = view.last_run
+    if latest is not None and latest.overrides:
+        lines.append(f"  last run {latest.run_id} ({latest.label}) ran with {_sets(latest.vars, latest.overrides)}")
     lines.append("")
     lines.append(view.summary)
     if view.running is not None and view.running.log_tail:
@@ -35,7 +40,14 @@ def render(view: PlanStateView, plan_path: str) -> str:
         lines.append(f"next ({nxt.kind}): {nxt.command}")
     else:
         lines.append(f"next ({nxt.kind}): {nxt.why}")
+    if nxt.overrides:
+        lines.append(f"  with {_sets(nxt.overrides, list(nxt.overrides))}"
+                     + (f" (the values run {nxt.run_id} was started with)" if nxt.kind == "resume" and nxt.run_id else ""))
     return "\n".join(lines)
+
+
+def _sets(values: dict[str, str], names: list[str]) -> str:
+    return " ".join(f"--set {shlex.quote(f'{name}={values[name]}')}" for name in names if name in values)
 
 
 @click.command("status")

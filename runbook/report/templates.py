@@ -1,7 +1,8 @@
 """Load and render the jinja2 templates shipped in the top-level `templates/` directory.
 
-The directory is installed as the package `runbook_templates` (see pyproject.toml). When that
-package cannot be found (a plain checkout on sys.path), the repository's `templates/` is used.
+The directory is installed as the package `runbook_templates` (see pyproject.toml). A checkout's
+own `templates/` beside the `runbook` package comes first (a checkout on sys.path renders with its
+own templates even when another checkout's are installed); otherwise the installed package.
 Templates render with `\\n` newlines; callers convert to a document's own newline style.
 
 Compiled templates are kept between runs in `$XDG_CACHE_HOME/runbook/templates` (jinja2's bytecode
@@ -25,11 +26,14 @@ from runbook.formatting import format_value
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
-_REPO_TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+_REPO_TEMPLATES = Path(__file__).resolve().parents[2] / "templates"  # runbook/report/ -> the checkout
 
 
 def templates_root() -> Traversable | Path:
-    """The directory holding the templates: the installed package, else the repo's templates/."""
+    """The directory holding the templates: the checkout's templates/ beside this package, else the
+    installed package."""
+    if (_REPO_TEMPLATES / "notes.md.j2").is_file() and (_REPO_TEMPLATES / "brief-next.md.j2").is_file():
+        return _REPO_TEMPLATES
     try:
         root = importlib.resources.files("runbook_templates")
     except ModuleNotFoundError:

@@ -1,10 +1,11 @@
 """Run a phase's steps as subprocesses, and judge the phase from the metrics they wrote.
 
 Each step is `bash -c COMMAND` in its own process group (its own session), with the repository
-root as cwd, stdin from /dev/null. The directory of runbook's interpreter (where `eagle` is
-installed beside `runbook`) goes at the end of PATH by default, so a step finds `eagle` without
-shadowing the user's virtualenv (its `python` stays the user's); `runbook_bin = "prepend"` in
-runbook.toml puts it first, `"off"` leaves PATH alone. Output (stdout and stderr together) is
+root as cwd, stdin from /dev/null. The user's PATH is kept in its order; the directory of
+runbook's interpreter (where `eagle` is installed beside `runbook`) is added at its end only when
+PATH lacks it, so a step finds `eagle` without shadowing the user's virtualenv, and a virtualenv
+that holds runbook and comes first on PATH (activated) stays first: its `python` is the step's.
+`runbook_bin = "prepend"` in runbook.toml puts it first, `"off"` leaves PATH alone. Output (stdout and stderr together) is
 streamed live to `echo` and to `state/runs/<run>/<step-id>.log`. Environment:
 
 - RUNBOOK_RUN_ID, RUNBOOK_PHASE, RUNBOOK_STEP;
@@ -160,14 +161,17 @@ def step_env(
     bin_path: str = "append",
 ) -> dict[str, str]:
     """The step's environment. `bin_path`: where runbook's interpreter directory goes on PATH
-    ("append": after the user's own entries, "prepend": first, "off": not added)."""
+    ("append": at the end when PATH lacks it, the user's order untouched; "prepend": first; "off":
+    not added)."""
     env = dict(base)
     bindir = str(Path(sys.executable).parent)
-    rest = [p for p in env.get("PATH", os.defpath).split(os.pathsep) if p and p != bindir]
+    path = env.get("PATH", os.defpath)
+    entries = path.split(os.pathsep)
     if bin_path == "prepend":
+        rest = [p for p in entries if p and not _same_dir(p, bindir)]
         env["PATH"] = os.pathsep.join([bindir, *rest])
-    elif bin_path == "append":
-        env["PATH"] = os.pathsep.join([*rest, bindir])
+    elif bin_path == "append" and not any(p and _same_dir(p, bindir) for p in entries):
+        env["PATH"] = os.pathsep.join([*(p for p in entries if p), bindir])
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(
         RUNBOOK_RUN_ID=run_id,
@@ -178,6 +182,16 @@ def step_env(
         RUNBOOK_SERIES=str(metrics.with_name(f"{step_id}.series.jsonl")),
     )
     return env
+
+
+def _same_dir(entry: str, bindir: str) -> bool:
+    """A PATH entry names `bindir` (as written, with a trailing slash, or through a link)."""
+    if os.path.normpath(entry) == os.path.normpath(bindir):
+        return True
+    try:
+        return os.path.realpath(entry) == os.path.realpath(bindir)
+    except (OSError, ValueError):
+        return False
 
 
 def _signal_group(pgid: int, sig: int) -> None:

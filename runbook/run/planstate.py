@@ -20,12 +20,19 @@ Phase states (`contract.PhaseState`), from the phase's latest run:
 
 The next action (`contract.NextAction.kind`):
 - `running`: a live process holds the run lock (`runbook next` would exit 5); wait for it;
-- `run` / `resume` / `retry`: `argv` is `runbook next --yes` (resume: at the first unfinished step;
-  retry: an inconclusive phase again) or, for a failed phase the plan stops at whose code or vars
-  changed since, `runbook next --phase ID --restart --yes`;
+- `run` / `resume` / `rerun`: `argv` is `runbook next --yes` (resume: at the first unfinished step,
+  with the `--set` values of the run it resumes, `overrides`; rerun: an inconclusive phase again
+  from its first step);
+- `retry`: a failed phase the plan stops at, whose code changed since: `runbook next --phase ID
+  --restart --yes`;
 - `blocked`: the chosen phase's `Needs:` are unmet (`unmet_needs`);
 - `nothing`: `outcome` finished (the end, or a stop after a pass), failed (stopped after a fail
-  and nothing changed since: a retry would repeat it), empty or loop.
+  and nothing changed since: a retry would repeat it), repeated (the phase to resume or rerun ended
+  the same failure twice with nothing changed since: runbook/run/attempts.py), empty or loop.
+
+The plan's position is its flow (select.py's walk): a phase run out of order with `--phase` that
+stopped early is named in the next action's `why` (resume it with `--phase`, or forget it) and is
+resumed on its own only when the flow has nothing else to run.
 
 A run in progress is known from the run lock alone (`holder_view`: its plan, phase, run, step,
 and whether its pid lives). An executor that outlives its caller (a detached supervisor, a
@@ -55,6 +62,8 @@ from runbook.contract import (
 )
 from runbook.formatting import format_took, iso_utc, parse_utc, utc_now
 from runbook.model import Phase, Plan, RunRecord
+from runbook.run.attempts import AttemptsOf, from_runs
+from runbook.run.attempts import for_workspace as for_workspace_attempts
 from runbook.run.select import RESUMABLE, Selection, resolved_commands, select_phase, stale_reason
 
 if TYPE_CHECKING:
@@ -66,7 +75,8 @@ __all__ = ["PlanState", "derive", "for_workspace", "holder_view", "next_argv"]
 
 ChangedSince = Callable[[RunRecord], "list[str] | None"]
 
-_KIND: dict[str, NextKind] = {"fresh": "run", "stale": "run", "restart": "run", "resume": "resume", "changed": "resume", "rerun": "retry"}
+_KIND: dict[str, NextKind] = {"fresh": "run", "stale": "run", "restart": "run", "resume": "resume", "changed": "resume",
+                              "rerun": "rerun"}
 _STATE = {"pass": "passed", "fail": "failed", "inconclusive": "inconclusive"}
 
 
@@ -162,8 +172,8 @@ def _beat_text(holder: LockHolder) -> str | None:
     return f"last heartbeat {format_took(max(holder.heartbeat_age_s, 0.0))} ago"
 
 
-def _steps(plan: Plan, phase: Phase, done_before: int) -> list[StepLine]:
-    commands = resolved_commands(plan, phase)
+def _steps(plan: Plan, phase: Phase, done_before: int, overrides: dict[str, str] | None = None) -> list[StepLine]:
+    commands = resolved_commands(plan, phase, overrides)
     return [StepLine(id=s.id, text=s.text, command=c, done=i < done_before)
             for i, (s, c) in enumerate(zip(phase.steps, commands, strict=True))]
 
@@ -174,7 +184,7 @@ def _criterion(phase: Phase) -> str | None:
 
 def _action_for(plan: Plan, phase: Phase, kind: NextKind, why: str, argv: list[str] | None, start: int,
                 **extra: Any) -> NextAction:
-    steps = _steps(plan, phase, start)
+    steps = _steps(plan, phase, start, extra.get("overrides"))
     return NextAction(
         kind=kind, why=why, phase=phase.id, label=phase.display_name, title=phase.title, estimate=phase.estimate,
         goal=phase.goal.strip(), argv=argv, command=shlex.join(argv) if argv else None,
@@ -196,6 +206,7 @@ def _next_action(
     plan_arg: str | None,
     changed_since: ChangedSince | None,
     failed_ids: list[str],
+    unrecorded: frozenset[str] = frozenset(),
 ) -> NextAction:
     if holder is not None and holder.alive is not False:
         phase = plan.find_phase(holder.phase) if holder.phase and holder.plan in (None, plan_rel) else None
@@ -210,9 +221,9 @@ def _next_action(
         lead = (f"A killed run ({holder.run_id or '?'}, pid {holder.pid}) left the run lock behind; `runbook next` "
                 "takes it over. ")
     argv = next_argv(plan_arg)
+    detour = _detour_text(sel.detour, plan_arg)
     if sel.phase is not None:
-        kind = _KIND[sel.mode]
-        return _action_for(plan, sel.phase, kind, lead + _sentence(sel.message), argv, sel.start)
+        return _selected_action(plan, sel, lead, detour, argv, plan_arg, unrecorded)
     if sel.blocked and sel.blocked_phase is not None:
         return _action_for(plan, sel.blocked_phase, "blocked", lead + _sentence(sel.message), None, 0,
                            unmet_needs=list(sel.unmet))
@@ -220,6 +231,8 @@ def _next_action(
         return NextAction(kind="blocked", why=lead + _sentence(sel.message))
     end = sel.end or "finished"
     last = sel.last
+    if end == "repeated" and last is not None and (phase := plan.find_phase(last.phase)) is not None:
+        return _repeated_action(plan, phase, sel, lead, detour, plan_arg)
     if end == "failed" and last is not None and (phase := plan.find_phase(last.phase)) is not None:
         changed = changed_since(last) if changed_since is not None else None
         head = (f"{phase.display_name} failed (run {last.run_id}: {_reason(last)}) and its On fail is stop")
@@ -245,6 +258,110 @@ def _next_action(
             why += f" Along the way {names}."
         return NextAction(kind="nothing", why=lead + why, outcome="finished")
     return NextAction(kind="nothing", why=lead + _sentence(sel.message), outcome=end)
+
+
+def _selected_action(plan: Plan, sel: Selection, lead: str, detour: str, argv: list[str],
+                     plan_arg: str | None, unrecorded: frozenset[str]) -> NextAction:
+    """The next action when the walk (or an unfinished detour) chose a phase to run. `unrecorded`: ids
+    of runs a dead runbook left, not in the ledger yet (nothing to forget until `runbook next` records them)."""
+    from runbook.plan.overrides import run_overrides
+
+    phase, last = sel.phase, sel.last
+    assert phase is not None
+    why = _sentence(sel.message)
+    extra: dict[str, Any] = {}
+    if last is not None and sel.mode in ("resume", "changed", "rerun"):
+        extra["run_id"] = last.run_id
+    if sel.mode == "resume" and last is not None:
+        overrides = run_overrides(last)
+        if overrides:
+            extra["overrides"] = overrides
+            why += f" It resumes with the values run {last.run_id} was started with: {_sets(overrides)}."
+    if sel.attempts is not None and sel.attempts.count:
+        extra["attempts"] = sel.attempts.count
+        extra["look_at"] = _look_at(last) if last is not None else []
+        if sel.attempts.count == 1:
+            why += " A second run that ends the same way with nothing changed stops these offers."
+        else:
+            why += (f" Its last {sel.attempts.count} runs ended {last.verdict if last else 'so'} the same way, but "
+                    "files changed since, so it may end differently.")
+    if sel.mode == "rerun" and last is not None and last.verdict == "inconclusive":
+        missing = _missing(last)
+        if missing:
+            extra["look_at"] = missing + [x for x in extra.get("look_at", []) if x not in missing]
+    if (last is not None and last.verdict == "interrupted" and sel.mode in ("resume", "changed")
+            and last.run_id not in unrecorded):
+        why += (f" To drop run {last.run_id} instead of resuming it: "
+                f"{shlex.join(_forget_argv(plan_arg, last.run_id))}.")
+    return _action_for(plan, phase, _KIND[sel.mode], lead + why + detour, argv, sel.start, **extra)
+
+
+def _repeated_action(plan: Plan, phase: Phase, sel: Selection, lead: str, detour: str,
+                     plan_arg: str | None) -> NextAction:
+    """Nothing: the phase to resume or rerun ended the same failure twice, nothing changed since."""
+    last = sel.last
+    tried = sel.attempts
+    assert last is not None and tried is not None
+    ids = ", ".join(r.run_id for r in tried.runs[-3:])
+    where = _reason(last)
+    unknown = " (runbook cannot see code changes outside git)" if tried.unknown else ""
+    force = shlex.join(next_argv(plan_arg, "--phase", phase.id))
+    look = _look_at(last)
+    why = (f"{lead}{phase.display_name} ended {last.verdict} the same way in its last {tried.count} runs ({ids}: "
+           f"{where}), and nothing changed since: its text, commands, vars and `Pass:` are those they ran with, "
+           f"and no tracked file changed{unknown}. Another identical run would end the same, so it is not offered. "
+           f"Look at {_what_to_read(last.verdict)} ({_log_of(last) or 'runbook logs'}), then change the "
+           f"code or edit the phase, and `runbook next` offers it again, or give a var another value "
+           f"(`runbook next --set NAME=VALUE --yes`); to run it as it is anyway: {force}.{detour}")
+    return NextAction(kind="nothing", why=why, outcome="repeated", phase=phase.id, label=phase.display_name,
+                      title=phase.title, run_id=last.run_id, attempts=tried.count, look_at=look)
+
+
+def _what_to_read(verdict: str) -> str:
+    return {"inconclusive": "what its steps wrote and the Pass: line",
+            "timeout": "the log, and whether its Timeout: gives it enough time"}.get(verdict, "the log")
+
+
+def _sets(overrides: dict[str, str]) -> str:
+    return " ".join(f"--set {k}={shlex.quote(v)}" for k, v in overrides.items())
+
+
+def _forget_argv(plan_arg: str | None, run_id: str) -> list[str]:
+    return ["runbook", "forget", *(["--plan", plan_arg] if plan_arg else []), run_id]
+
+
+def _look_at(run: RunRecord) -> list[str]:
+    """What to read before running a failed phase again: its failures (the failed comparison, the
+    step that stopped with its log's last lines) and the log to open."""
+    from runbook.contract import RunView
+
+    view = RunView.of(run)
+    out = [line.strip() for line in view.failures]
+    log = _log_of(run)
+    if log:
+        out.insert(0, f"log {log}")
+    return [line for line in out if line]
+
+
+def _log_of(run: RunRecord) -> str | None:
+    """The log of the step that stopped `run` (repo-relative), if it has one."""
+    return next((s.log_path for s in run.steps if not s.skipped and not s.completed and s.log_path), None)
+
+
+def _missing(run: RunRecord) -> list[str]:
+    from runbook.contract import RunView
+
+    return [line for line in RunView.of(run).failures if "no step wrote" in line or "no value for" in line]
+
+
+def _detour_text(detour: RunRecord | None, plan_arg: str | None) -> str:
+    """The ways out of a detour the plan waits on (select.py names it in the selection's message)."""
+    if detour is None:
+        return ""
+    resume = shlex.join(next_argv(plan_arg, "--phase", detour.phase))
+    return (f" A phase run out of order with --phase does not move the plan; run {detour.run_id} is resumed on "
+            f"its own only when the flow has nothing else to run. To resume it now: {resume}; to drop it: "
+            f"{shlex.join(_forget_argv(plan_arg, detour.run_id))}.")
 
 
 def nothing_text(action: NextAction) -> str:
@@ -316,6 +433,9 @@ def _summary(action: NextAction, last: RunView | None, holder: LockHolder | None
             return "finished: nothing left to run" + tail
         if action.outcome == "failed":
             return f"stopped: {action.label} failed and its On fail is stop; nothing changed since"
+        if action.outcome == "repeated":
+            return (f"held back: {action.label} ended the same failure {action.attempts} times in a row and "
+                    "nothing changed since")
         return f"nothing to run: {action.why}"
     if action.kind == "blocked":
         return f"blocked: {action.label or 'the next phase'} needs {', '.join(action.unmet_needs) or 'a phase'} to pass first"
@@ -342,6 +462,7 @@ def derive(
     reattach: dict[str, str] | None = None,
     root: Path | None = None,
     state_dir: Path | None = None,
+    attempts: AttemptsOf | None = None,
 ) -> PlanState:
     """Each phase's state and the next action. `runs`: this plan's runs, oldest first (all of them,
     or only each phase's latest as `Workspace.latest_runs` gives them: the outcome is the same).
@@ -349,7 +470,8 @@ def derive(
     while there are any (one could hide a pass), so the next action is then `blocked`.
     `pending`: runs whose runbook died before recording them, as `runbook next` will record them
     (verdict interrupted; runbook/store/live.py); `reattach`: run id -> the Slurm job `runbook next`
-    re-attaches to instead."""
+    re-attaches to instead. `attempts`: a phase's same failures in a row (runbook/run/attempts.py;
+    default: counted in `runs`, with `changed_since`)."""
     from runbook.plan.writeback import phase_text_hash
 
     runs = [r for r in runs if r.plan == plan_rel]
@@ -357,10 +479,14 @@ def derive(
     if pending:
         runs = sorted(runs + pending, key=lambda r: (r.started, r.run_id))
     holder = holder_view(lock, plan, state_rel, live=live, root=root, state_dir=state_dir) if lock is not None else None
-    sel = select_phase(plan, runs, current_hash=current_hash or (lambda phase: phase_text_hash(plan.text, phase)))
+    if attempts is None:
+        attempts = from_runs(runs, changed_since or (lambda _run: None))
+    sel = select_phase(plan, runs, current_hash=current_hash or (lambda phase: phase_text_hash(plan.text, phase)),
+                       attempts=attempts)
     phases = _phase_views(plan, runs, holder, plan_rel)
     failed = [p for p in phases if p.state == "failed"]
-    action = _next_action(plan, runs, sel, holder, plan_rel, plan_arg, changed_since, [p.id for p in failed])
+    action = _next_action(plan, runs, sel, holder, plan_rel, plan_arg, changed_since, [p.id for p in failed],
+                          frozenset(r.run_id for r in pending))
     if unreadable and action.kind != "running":
         action = NextAction(
             kind="blocked",
@@ -449,4 +575,5 @@ def for_workspace(
         reattach=reattach,
         root=ws.root,
         state_dir=ws.state,
+        attempts=for_workspace_attempts(ws),
     )

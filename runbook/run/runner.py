@@ -67,7 +67,10 @@ def old_phase_source(ws: Workspace, run: RunRecord, phase: Phase) -> str | None:
     return writeback.phase_source(old_text, old_phase)
 
 
-def select(ws: Workspace, plan: Plan, *, phase_ref: str | None, restart: bool) -> Selection:
+def select(ws: Workspace, plan: Plan, *, phase_ref: str | None, restart: bool,
+           overrides: dict[str, str] | None = None) -> Selection:
+    """The phase `runbook next` runs (runbook/run/select.py) on the workspace's ledger. `overrides`:
+    the `--set` values given; other values than a repeated failure ran with make it a new attempt."""
     problems: list[str] = []
     runs = ws.latest_runs(problems)  # each phase's latest run: all the selection depends on
     if problems:
@@ -87,6 +90,11 @@ def select(ws: Workspace, plan: Plan, *, phase_ref: str | None, restart: bool) -
             return None
         return writeback.phase_diff(old, writeback.phase_source(plan.text, phase), phase.display_name)
 
+    from runbook.run import attempts
+
+    tried = attempts.for_workspace(ws)
+    if overrides:
+        tried = attempts.with_other_values(tried, overrides)
     return select_phase(
         plan,
         runs,
@@ -94,6 +102,7 @@ def select(ws: Workspace, plan: Plan, *, phase_ref: str | None, restart: bool) -
         restart=restart,
         current_hash=lambda phase: writeback.phase_text_hash(plan.text, phase),
         old_diff=diff,
+        attempts=tried,
     )
 
 

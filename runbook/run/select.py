@@ -3,9 +3,6 @@
 The ledger (`state/runs/*.json`) is the truth; the status blocks in the plan are its display.
 runbook/run/planstate.py turns the Selection into THE next action every reader shows.
 
-An unfinished run comes first: when the plan's latest run ended `error`, `timeout` or
-`interrupted`, that phase is resumed, even when it was started with `--phase` off the path below.
-
 Walk: start at the first phase. If it has no run yet, run it. If its latest run is `pass` or
 `fail`, follow `On pass:` (default: the next phase in the document) or `On fail:` (default:
 `stop`); a `stop` or the end of the plan means there is nothing to run. A phase reached through a
@@ -14,14 +11,22 @@ fail that branches back to an earlier phase runs that phase again. A verdict is 
 phase runs again, when the phase's commands (vars resolved) or its `Pass:` are no longer those the
 run was judged by (`stale_reason`); an edit of its prose alone keeps the verdict.
 
+The walk is the plan's position. A phase run out of order with `--phase` (a detour) does not move
+it: when the plan's latest run is a detour that ended `error`, `timeout` or `interrupted`, the walk
+still decides (the selection names the detour in `detour`); only when the walk finds nothing left
+to run (the end, or a stop) is the unfinished detour resumed, so it is not forgotten.
+
 A phase whose latest run is `error`, `timeout` or `interrupted` is resumed at its first unticked
 step, unless the phase's text changed since that run (blocks and checkboxes do not count): then it
 reruns from its first step and the selection carries a diff. An `inconclusive` phase reruns from
-its first step (its steps all ran; the criterion named a metric nobody wrote).
+its first step (its steps all ran; the criterion named a metric nobody wrote). Before a resume or
+a rerun is offered, `attempts` (runbook/run/attempts.py) counts the phase's runs in a row that
+ended the same failure: after two with nothing changed since, nothing is selected (end
+`repeated`): a third would only repeat them.
 
 `--phase` picks a phase directly: resumed as above if its last run stopped early, otherwise run
-from its first step; `--restart` always runs it from its first step. Every phase named in `Needs:`
-must have `pass` as its latest verdict.
+from its first step; `--restart` always runs it from its first step. Neither is held back by a
+repeated failure. Every phase named in `Needs:` must have `pass` as its latest verdict.
 """
 
 from __future__ import annotations
@@ -31,12 +36,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from runbook.model import JUDGED, Phase, Plan, RunRecord, criterion_display
+from runbook.run.attempts import Attempts, AttemptsOf
 
 RESUMABLE = frozenset({"error", "timeout", "interrupted"})
 Mode = Literal["fresh", "resume", "rerun", "changed", "restart", "stale"]
 # Why nothing is to run: the plan ran to its end (or a stop after a pass), it stopped after a fail,
-# it has no phases, or its transitions loop.
-End = Literal["finished", "failed", "empty", "loop"]
+# the phase to resume or rerun ended the same failure twice with nothing changed since, it has no
+# phases, or its transitions loop.
+End = Literal["finished", "failed", "repeated", "empty", "loop"]
 
 
 @dataclass
@@ -51,6 +58,8 @@ class Selection:
     end: End | None = None  # phase is None and not blocked: why nothing is to run
     blocked_phase: Phase | None = None  # the phase whose Needs: are unmet
     unmet: list[str] = field(default_factory=list)  # ids of the phases it needs
+    detour: RunRecord | None = None  # the plan's latest run, unfinished, of a phase the walk did not reach
+    attempts: Attempts | None = None  # resume / rerun (and end "repeated"): the same failures in a row
 
 
 def _latest(runs: list[RunRecord], phase_id: str, after: int = -1) -> tuple[int, RunRecord] | None:
@@ -229,10 +238,13 @@ def select_phase(
     current_hash: Callable[[Phase], str],
     old_diff: Callable[[RunRecord, Phase], str | None] = lambda _run, _phase: None,
     stale: Callable[[Phase, RunRecord], str | None] | None = None,
+    attempts: AttemptsOf | None = None,
 ) -> Selection:
     """Pick the phase to run. `runs` are this plan's runs, oldest first; only each phase's latest
     run and their order count, so each phase's latest alone gives the same Selection. `stale`
-    decides whether a judged run still speaks for its phase (default: `stale_reason`)."""
+    decides whether a judged run still speaks for its phase (default: `stale_reason`).
+    `attempts`: the same failures in a row of a phase, given its latest run (runbook/run/attempts.py);
+    without it no resume or rerun is held back."""
     if not plan.phases:
         return Selection(None, message="the plan has no phases (a phase is a `## Phase N: title` heading)", end="empty")
     is_stale = stale or (lambda phase, run: stale_reason(plan, phase, run))
@@ -253,14 +265,40 @@ def select_phase(
             why=f"{phase.display_name} chosen with --phase",
         )
     else:
-        chosen = (_unfinished(plan, runs, restart=restart, current_hash=current_hash, old_diff=old_diff)
-                  or _walk(plan, runs, restart=restart, current_hash=current_hash, old_diff=old_diff, stale=is_stale))
+        chosen = _walk(plan, runs, restart=restart, current_hash=current_hash, old_diff=old_diff, stale=is_stale)
+        unfinished = _unfinished(plan, runs, restart=restart, current_hash=current_hash, old_diff=old_diff)
+        if unfinished is not None and chosen.phase is None and chosen.end in ("finished", "failed"):
+            chosen = unfinished  # the flow has nothing left: the detour is not forgotten
+        elif unfinished is not None and (chosen.phase is None or chosen.phase.id != runs[-1].phase):
+            chosen.detour = detour = runs[-1]
+            name = unfinished.phase.display_name if unfinished.phase else detour.phase
+            chosen.message += f"; the plan's latest run ({detour.run_id}, {name}) ended {detour.verdict} off the plan's flow, so it waits"
+        if attempts is not None and not restart:
+            chosen = _held_back(chosen, attempts)
     if chosen.phase is not None:
         problem = _needs_problem(plan, chosen.phase, runs)
         if problem:
             return Selection(None, message=problem[0], blocked=True, last=chosen.last,
                              blocked_phase=chosen.phase, unmet=problem[1])
     return chosen
+
+
+def _held_back(chosen: Selection, attempts: AttemptsOf) -> Selection:
+    """A resume or rerun, with its phase's attempts; nothing (end `repeated`) when the same failure
+    came twice with nothing changed since."""
+    if chosen.phase is None or chosen.mode not in ("resume", "rerun") or chosen.last is None:
+        return chosen
+    tried = attempts(chosen.last)
+    chosen.attempts = tried
+    if not tried.repeated:
+        return chosen
+    ids = ", ".join(r.run_id for r in tried.runs[-2:])
+    return Selection(
+        None,
+        message=f"{chosen.phase.display_name} ended {chosen.last.verdict} the same way in its last {tried.count} "
+        f"runs ({ids}) and nothing changed since",
+        last=chosen.last, end="repeated", detour=chosen.detour, attempts=tried,
+    )
 
 
 def _unfinished(
@@ -271,7 +309,8 @@ def _unfinished(
     current_hash: Callable[[Phase], str],
     old_diff: Callable[[RunRecord, Phase], str | None],
 ) -> Selection | None:
-    """The plan's latest run, when it stopped early (error, timeout, interrupted): resume it."""
+    """The plan's latest run, when it stopped early (error, timeout, interrupted): resumed when the
+    walk has nothing left to run, else named as a detour."""
     if not runs or runs[-1].verdict not in RESUMABLE:
         return None
     last = runs[-1]
@@ -280,7 +319,8 @@ def _unfinished(
         return None
     return _for_phase(
         plan, phase, last, restart=restart, current_hash=current_hash, old_diff=old_diff,
-        why=f"the plan's latest run ({last.run_id}, {phase.display_name}) ended {last.verdict} before its verdict",
+        why=f"the plan's latest run ({last.run_id}, {phase.display_name}, off the plan's flow) ended "
+        f"{last.verdict} before its verdict, and the flow has nothing else left to run",
     )
 
 

@@ -163,7 +163,7 @@ class Session:
         ws, plan = self.load()
         if dry_run or (not self.yes and not self._interactive()):
             state = for_workspace(ws)
-            sel = runner.select(ws, plan, phase_ref=self.phase_ref, restart=self.restart)
+            sel = runner.select(ws, plan, phase_ref=self.phase_ref, restart=self.restart, overrides=self.overrides)
             if self.phase_ref is None and not self.restart and state.next.kind == "running":
                 self.say(f"not now: {state.next.why}")
                 if dry_run:
@@ -258,7 +258,7 @@ class Session:
         plan = ws.load_plan()
         ws.ledger_changed()  # under the run lock now: look at state/runs/ afresh
         pending = orphans(ws.state, ws.plan_rel, ws.ledger().run_ids())
-        sel = runner.select(ws, plan, phase_ref=self.phase_ref, restart=self.restart)
+        sel = runner.select(ws, plan, phase_ref=self.phase_ref, restart=self.restart, overrides=self.overrides)
         if sel.phase is None and not pending:
             return self.nothing(ws, sel, for_workspace(ws, holding_lock=True))
         for live in pending:
@@ -334,8 +334,12 @@ class Session:
                     self.talk.note(str(w))
                 self.refuse_hand_edits(ws, plan)  # before a run, and before runs left uncommitted are committed
                 first = not self.runs
+                if self.sets and self.overrides is None:  # the supervisor of a detached run starts here
+                    from runbook.plan.overrides import parse_sets
+
+                    self.overrides = parse_sets(self.sets, plan, ws.plan_rel)
                 sel = runner.select(ws, plan, phase_ref=self.phase_ref if first else None,
-                                    restart=self.restart and first)
+                                    restart=self.restart and first, overrides=self.overrides)
                 if sel.phase is None:
                     if first:
                         runner.commit_unrecorded(ws, self.options(commit, interrupts))

@@ -14,7 +14,7 @@ What it assumes about the cluster (docs/next.md says the same):
   into the step log `state/runs/<run>/<step>.log` (`--output`, append) and its metrics into
   `$RUNBOOK_METRICS`, and runbook reads both from where it runs;
 - the job gets runbook's environment (`--export=ALL`: RUNBOOK_RUN_ID, RUNBOOK_STEP,
-  RUNBOOK_METRICS, ..., PATH with runbook's interpreter directory first), so the compute node
+  RUNBOOK_METRICS, ..., PATH with runbook's interpreter directory on it), so the compute node
   needs the same virtual environment at the same path;
 - accounting may be off: runbook polls `squeue -h -j ID -o %T` while the job is queued or
   running, then reads its final state and exit code from `scontrol show job -o ID`. When the

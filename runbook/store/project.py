@@ -54,7 +54,7 @@ class Config(BaseModel):
     plans: list[str] = list(DEFAULT_PLANS)  # globs, relative to the root
     state: str = DEFAULT_STATE  # relative to the root
     # where the directory of runbook's interpreter (and `eagle` beside it) goes on steps' PATH:
-    # "append" (found when the user's PATH lacks the command; the user's python stays first),
+    # "append" (added at the end only when PATH lacks it; the user's PATH order is kept),
     # "prepend" (runbook's wins), "off" (PATH as the user has it)
     runbook_bin: Literal["append", "prepend", "off"] = "append"
     slurm: SlurmConfig = SlurmConfig()

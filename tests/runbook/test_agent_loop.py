@@ -79,7 +79,7 @@ def test_an_agent_drives_a_branching_plan_to_its_end_from_json_alone(tmp_path: P
         assert status["ok"]
         action = status["result"]["next"]
         kinds.append(action["kind"])
-        if action["kind"] in ("run", "resume", "retry"):
+        if action["kind"] in ("run", "resume", "rerun", "retry"):
             result = rb(repo, *action["argv"][1:])
             assert result["ok"], result
             for run in result["result"]["runs"]:

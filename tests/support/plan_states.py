@@ -5,10 +5,11 @@ what `runbook next` does) and tests/runbook/test_json_contract.py (every command
 Imported by name (`import plan_states as S`: tests/ is on sys.path); built once per session by the
 `plan_states` fixture of conftest.py.
 
-The plan branches: Phase 0 probes; Phase 1 trains (fails unless work/acc says otherwise) and falls
-back to Phase 2 on a fail; Phase 2 passes unless work/fb says 0; both stop after a pass. Phase 3
-is a detour nothing leads to, with a step that outlives its 1 s timeout. work/ is gitignored, so
-the knobs there change outcomes without changing any tracked file.
+The plan branches: Phase 0 probes; Phase 1 trains (fails unless work/acc says otherwise; exits 1
+with a traceback while work/crash exists) and falls back to Phase 2 on a fail; Phase 2 passes
+unless work/fb says 0 (and outlives its 3 s timeout while work/slow exists); both stop after a
+pass. Phase 3 is a detour nothing leads to, with a step that outlives its 1 s timeout. work/ is
+gitignored, so the knobs there change outcomes without changing any tracked file.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ Pass: `score >= 2`
 ## Phase 1: Train (~2 min)
 
 Steps:
-- [ ] Train: `echo "{\\"acc\\": $(cat work/acc 2>/dev/null || echo 0.3)}" > "$RUNBOOK_METRICS"`
+- [ ] Train: `[ ! -f work/crash ] || { echo 'Traceback (most recent call last):'; echo 'RuntimeError: boom'; exit 1; }; echo "{\\"acc\\": $(cat work/acc 2>/dev/null || echo 0.3)}" > "$RUNBOOK_METRICS"`
 
 Pass: `acc >= 0.5`
 On pass: stop
@@ -51,10 +52,11 @@ On fail: Phase 2
 ## Phase 2: Fallback (~2 min)
 
 Steps:
-- [ ] Fallback: `echo "{\\"fb\\": $(cat work/fb 2>/dev/null || echo 1)}" > "$RUNBOOK_METRICS"`
+- [ ] Fallback: `[ ! -f work/slow ] || sleep 10; echo "{\\"fb\\": $(cat work/fb 2>/dev/null || echo 1)}" > "$RUNBOOK_METRICS"`
 
 Pass: `fb >= 1`
 On pass: stop
+Timeout: 3s
 
 ## Phase 3: Detour
 
@@ -81,6 +83,10 @@ STATES: dict[str, tuple[str, str | None, str, str | None]] = {
     "failed-with-fallback": ("Phase 1 failed; its On fail leads to Phase 2", "phase-2", "run", None),
     "rewritten-phase": ("Phase 0 passed, then its step was rewritten", "phase-0", "run", None),
     "detour-timed-out": ("finished, then `--phase 3` timed out", "phase-3", "resume", None),
+    "detour-after-error": ("Phase 0 passed, Phase 1 ended error, then `--phase 2` timed out", "phase-1", "resume",
+                           None),
+    "repeated-error": ("Phase 0 passed, Phase 1 ended error twice the same way, nothing changed", "phase-1",
+                       "nothing", "repeated"),
     "running": ("a `runbook next` is running Phase 0", "phase-0", "running", None),
     "finished": ("Phase 0 and Phase 1 passed; Phase 1 stops", None, "nothing", "finished"),
     "finished-with-failures": ("Phase 1 failed, the fallback passed and stops", None, "nothing", "finished"),
@@ -136,6 +142,15 @@ def build(name: str, path: Path) -> Path:
         knob(repo, "acc", "0.9")
         _next(repo)  # finished
         _next(repo, "--phase", "3")  # the detour: timeout
+        return repo
+    if name in ("detour-after-error", "repeated-error"):
+        knob(repo, "crash", "1")
+        _next(repo)  # Phase 1: error at step 1 (a traceback)
+        if name == "repeated-error":
+            _next(repo)  # resumed: the same error at the same step, nothing changed
+            return repo
+        knob(repo, "slow", "1")
+        _next(repo, "--phase", "2")  # the detour: Phase 2 (where Phase 1's fail leads) times out
         return repo
     _next(repo)  # Phase 1 fail -> Phase 2
     if name == "failed-with-fallback":

@@ -238,7 +238,7 @@ def test_inconclusive_when_metric_missing_then_rerun(tmp_path):
     again = runbook(repo, "next", "--dry-run")
     assert again.returncode == 0 and "was inconclusive: running it again from the top" in again.stdout
     status = json.loads(runbook(repo, "status", "--json").stdout)["result"]
-    assert status["next"]["kind"] == "retry" and status["phases"][0]["state"] == "inconclusive"
+    assert status["next"]["kind"] == "rerun" and status["phases"][0]["state"] == "inconclusive"
 
 
 def test_no_terminal_without_yes_refuses(tmp_path):

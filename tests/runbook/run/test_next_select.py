@@ -106,3 +106,41 @@ def test_needs_and_phase_option():
 def test_real_hash_function_matches_parser():
     p = plan()
     assert phase_text_hash(p.text, p.phases[0]) == phase_text_hash(p.text.replace("[x]", "[ ]"), p.phases[0])
+
+
+def test_a_detour_that_stopped_early_does_not_move_the_plan():
+    # Phase 0 passed, Phase 1 ended error, then Phase 2 (out of order) timed out: the flow is at Phase 1
+    runs = [run(1, "phase-0", "pass"), run(2, "phase-1", "error"), run(3, "phase-2", "timeout")]
+    sel = pick(runs)
+    assert sel.phase.id == "phase-1" and sel.mode == "resume" and sel.last.run_id == "2026-0002"
+    assert sel.detour is not None and sel.detour.run_id == "2026-0003"
+    # on the flow, the latest unfinished run is no detour
+    on_flow = pick([run(1, "phase-0", "pass"), run(2, "phase-1", "timeout")])
+    assert on_flow.phase.id == "phase-1" and on_flow.detour is None
+
+
+def test_an_unfinished_detour_is_resumed_when_the_flow_has_nothing_left():
+    runs = [run(1, "phase-0", "fail"), run(2, "phase-1", "timeout")]  # Phase 0 failed: stop; then a detour
+    sel = pick(runs)
+    assert sel.phase.id == "phase-1" and sel.mode == "resume" and "off the plan's flow" in sel.message
+
+
+def test_the_same_failure_twice_with_nothing_changed_is_held_back():
+    from runbook.run.attempts import from_runs
+
+    runs = [run(1, "phase-0", "error"), run(2, "phase-0", "error")]
+    nothing_changed = from_runs(runs, lambda _run: [])
+    held = pick(runs, attempts=nothing_changed)
+    assert held.phase is None and held.end == "repeated" and held.attempts.count == 2 and not held.blocked
+    # files changed since the first of them: offered, with the count
+    changed = pick(runs, attempts=from_runs(runs, lambda _run: ["train.py"]))
+    assert changed.phase.id == "phase-0" and changed.mode == "resume" and changed.attempts.count == 2
+    # asked for explicitly: it runs
+    assert pick(runs, attempts=nothing_changed, phase_ref="0").phase.id == "phase-0"
+    assert pick(runs, attempts=nothing_changed, restart=True).phase.id == "phase-0"
+    # not the same failure: another verdict, another phase text, an interrupted run between them
+    for other in (run(1, "phase-0", "timeout"), run(1, "phase-0", "error", hash_="older"),
+                  run(1, "phase-0", "interrupted")):
+        mixed = [other, run(2, "phase-0", "error")]
+        sel = pick(mixed, attempts=from_runs(mixed, lambda _run: []))
+        assert sel.phase.id == "phase-0" and sel.attempts.count == 1, other.verdict

@@ -101,6 +101,29 @@ def test_status_dry_run_and_brief_agree(name: str, built: dict[str, Path], monke
     elif name == "detour-timed-out":
         assert states["phase-3"] == "resumable" and "ended timeout" in action["why"]
         assert v["status"]["last_run"]["verdict"] == "timeout"
+    elif name == "detour-after-error":
+        # issue 47: the detour (Phase 2, run with --phase) timed out after Phase 1's error; the plan's position
+        # is still Phase 1, which never produced a verdict, in every reader
+        assert states["phase-1"] == states["phase-2"] == "resumable"
+        assert v["status"]["last_run"]["phase"] == "phase-2" and v["status"]["last_run"]["verdict"] == "timeout"
+        assert summary.endswith("next: Phase 1 (phase-1), resume") and "resume Phase 2" not in summary
+        assert v["dry"]["selected"]["phase"] == "phase-1" and v["dry"]["selected"]["mode"] == "resume"
+        assert action["run_id"] == v["status"]["phases"][1]["run_id"] and action["start_step"] == "step-1"
+        detour = v["status"]["phases"][2]["run_id"]
+        assert f"the plan's latest run ({detour}, Phase 2) ended timeout off the plan's flow, so it waits" in action["why"]
+        assert v["dry_text"].splitlines()[0].endswith("off the plan's flow, so it waits")
+        assert f"runbook forget {detour}" in action["why"] and "runbook next --phase phase-2 --yes" in action["why"]
+        assert "## Next: Phase 1 (`phase-1`): Train (~2 min) — resume" in v["brief_text"]
+        assert [r["id"] for r in v["status"]["phases"] if r["next"]] == ["phase-1"]
+    elif name == "repeated-error":
+        assert states["phase-1"] == "resumable" and action["attempts"] == 2
+        assert summary == "held back: Phase 1 ended the same failure 2 times in a row and nothing changed since"
+        assert "Another identical run would end the same, so it is not offered" in action["why"]
+        assert "runbook next --phase phase-1 --yes" in action["why"]  # forcing it stays possible
+        assert action["look_at"][0].startswith("log state/runs/") and "RuntimeError: boom" in action["look_at"]
+        assert v["dry_text"].startswith("nothing to run: Phase 1 ended error the same way in its last 2 runs")
+        assert "Nothing to run as it is: Phase 1 ended the same failure 2 times" in v["brief_text"]
+        assert "- RuntimeError: boom" in v["brief_text"]
     elif name == "finished":
         assert states == {"phase-0": "passed", "phase-1": "passed", "phase-2": "not_run", "phase-3": "not_run"}
         assert summary == "finished: nothing left to run"
