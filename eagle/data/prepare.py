@@ -333,14 +333,14 @@ class _Tally:
         if len(parts) > 1:
             why = "earlier answers' reasoning is not in later contexts" if sample.split_reasoning else \
                 "the template renders earlier answers otherwise in later contexts"
-            self.change(f"split into one sample per such turn: {why}", line)
+            self.change(f"split: {why}", line)
         for k, (full_ids, full_mask) in enumerate(parts):
             stopped_early = k == len(parts) - 1 and sample.cut  # generation stopped at the length limit
             self.lengths.append((len(full_ids), stopped_early))
             self.cut += len(full_ids) > self.max_len or stopped_early
             ids, mask = full_ids[:self.max_len], full_mask[:self.max_len]
             if not any(mask):
-                self.change("a sample with no assistant tokens within --max-len dropped", line)
+                self.change("a split sample without assistant tokens within --max-len dropped", line)
                 continue
             self.kept_lines.add(line)
             self.rows["input_ids"].append(ids)

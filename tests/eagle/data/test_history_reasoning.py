@@ -22,7 +22,7 @@ from eagle import toy
 from eagle.commands import prepare as prepare_verb
 from eagle.common import EagleError
 from eagle.data import prepare as data
-from eagle.data.turns import Template, recorded_sample
+from eagle.data.turns import ReasoningTags, Template, history_ids, recorded_sample
 
 K25_STYLE = (
     "{%- for m in messages -%}"
@@ -122,7 +122,7 @@ def test_k25_style_two_turns_equal_the_templates_rendering_turn_by_turn(tmp_path
     assert spans(tok, two["input_ids"], two["loss_mask"]) == [["<think>", "hmm", "</think>", "yes", "<|im_end|>"]]
     assert sum(two["loss_mask"][:len(context)]) == 0
     assert info.changed == 1 and info.changed_reasons == {
-        "split into one sample per such turn: earlier answers' reasoning is not in later contexts": 1}
+        "split: earlier answers' reasoning is not in later contexts": 1}
     # empty reproduces the same server; keep and drop do not
     _, empty = prepared(tmp_path / "m", tmp_path, [{"messages": TWO_TURNS}], name="empty", history_reasoning="empty")
     assert empty["input_ids"] == ds["input_ids"] and empty["loss_mask"] == ds["loss_mask"]
@@ -159,6 +159,22 @@ def test_qwen3_style_two_turns_equal_the_templates_rendering_turn_by_turn(tmp_pa
     assert len(plain.samples()) == 1
 
 
+def test_drop_and_empty_edit_the_reasoning_block_opened_in_the_answer_or_in_the_prompt(tmp_path) -> None:
+    tags = ReasoningTags(open_id=1, close_id=2, blank_ids=frozenset({9}))
+    assert history_ids([1, 5, 6, 2, 9, 7, 3], "drop", tags) == [7, 3]
+    assert history_ids([1, 5, 6, 2, 9, 7, 3], "empty", tags) == [1, 2, 9, 7, 3]  # <think></think> answer
+    assert history_ids([5, 6, 2, 7, 3], "empty", tags) == [2, 7, 3]  # <think> was in the generation prompt
+    assert history_ids([7, 3], "empty", tags) == [7, 3] == history_ids([7, 3], "drop", tags)  # no reasoning
+    # the toys' tokenizer has no <think>: it would read it as <unk>; drop and empty refuse, naming the tag
+    src = tmp_path / "d.jsonl"
+    src.write_text(json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})
+                   + "\n")
+    toy_dir = model_dir(tmp_path / "toy", toy.build_tokenizer(64))
+    with pytest.raises(EagleError, match="--history-reasoning empty: '<think>' is not a single token"):
+        data.prepare(toy_dir, src, tmp_path / "o", echo=False, history_reasoning="empty")
+    assert data.prepare(toy_dir, src, tmp_path / "o", echo=False).samples == 1  # template: no tags needed
+
+
 # ---------------------------------------------------------------- counted by reason
 
 
@@ -184,7 +200,7 @@ def test_changed_cut_and_skipped_records_are_counted_by_reason(tmp_path) -> None
     long_len = len(render(tok, long))
     assert info["cut_at_max_len"] == 1 and info["cut_share"] == 0.25 and info["max_len_keep_99"] == long_len
     assert f"25% of samples (1) cut at --max-len 30; --max-len {long_len} keeps 99% whole" in r.stderr
-    assert "1 record(s) changed: split into one sample per such turn" in r.stderr
+    assert "1 record(s) changed: split: earlier answers" in r.stderr
     m = json.loads(metrics.read_text())
     assert m["prepare_skipped"] == 3 and m["prepare_skipped_invalid_json"] == 1 and m["prepare_changed"] == 1
     assert m["prepare_cut_at_max_len"] == 1 and m["prepare_max_len_keep_99"] == long_len
