@@ -453,9 +453,9 @@ def prepare(model: Path, data: Path, out: Path, limit: int | None = None, regene
         changed_reasons={k: len(v) for k, v in sorted(changed.items())},
         accepted_lost_fields=sorted(set(accept_lost_fields)), max_len=max_len,
         cut_share=tally.cut / max(1, len(tally.lengths)),
-        max_len_keep_99=keep_99([n for n, _ in tally.lengths], [c for _, c in tally.lengths]),
+        max_len_keep_99=keep_99([length for length, _ in tally.lengths], [c for _, c in tally.lengths]),
         answers=answers, answers_cut=answers_cut, answers_cut_share=answers_cut / max(1, answers),
-        max_new_tokens_keep_99=keep_99([n for n, _ in tally.answers], [c for _, c in tally.answers])
+        max_new_tokens_keep_99=keep_99([length for length, _ in tally.answers], [c for _, c in tally.answers])
         if answers else None,
     )
     status = write_dataset(Path(out), rows, info)
