@@ -175,6 +175,29 @@ def test_drop_and_empty_edit_the_reasoning_block_opened_in_the_answer_or_in_the_
     assert data.prepare(toy_dir, src, tmp_path / "o", echo=False).samples == 1  # template: no tags needed
 
 
+def test_k25_style_regenerated_turn_two_reads_what_a_k25_server_sends(tmp_path) -> None:
+    """--regenerate under the K2.5-style template: the target's turn-1 answer, returned as a server
+    returns it (reasoning_content apart), is rendered <think></think>answer in turn 2's context;
+    `empty`'s token edit gives the same context."""
+    tok = kimi_tokenizer(K25_STYLE)
+    machine = {"<|im_middle|>": "<think>", "<think>": "hmm", "hmm": "so", "so": "</think>", "</think>": "yes",
+               "yes": "done", "done": "<|im_end|>"}
+    target = rt.build_target(tmp_path / "kimi", tok, machine)
+    answer = tok.convert_tokens_to_ids(["<think>", "hmm", "so", "</think>", "yes", "done", "<|im_end|>"])
+    user = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "x"}, {"role": "user", "content": "again"}]
+    info, ds = prepared(target, tmp_path, [{"messages": user}], regenerate=True)
+    assert info.samples == 2 and info.answers == 2 and info.answers_cut == 0 and info.max_new_tokens_keep_99 == 7
+    assert ds[0]["input_ids"] == render(tok, user[:1], add_generation_prompt=True) + answer
+    served = render(tok, [user[0], {"role": "assistant", "content": "yes done", "reasoning_content": "hmm so"},
+                          user[2]], add_generation_prompt=True)
+    assert tok.convert_ids_to_tokens(served)[5:13] == ["<|im_assistant|>", "assistant", "<|im_middle|>", "<think>",
+                                                       "</think>", "yes", "done", "<|im_end|>"]
+    assert ds[1]["input_ids"] == served + answer and spans(tok, ds[1]["input_ids"], ds[1]["loss_mask"]) == [
+        tok.convert_ids_to_tokens(answer)]
+    _, empty = prepared(target, tmp_path, [{"messages": user}], name="empty", regenerate=True, history_reasoning="empty")
+    assert empty["input_ids"] == ds["input_ids"] and empty["loss_mask"] == ds["loss_mask"]
+
+
 # ---------------------------------------------------------------- counted by reason
 
 
