@@ -223,6 +223,7 @@ class Sample:
     parts: list[Part] = field(default_factory=list)  # samples finished by a split
     split_reasoning: bool = False  # a split came from an answer's reasoning block
     answers: list[tuple[int, bool]] = field(default_factory=list)  # (length, cut at --max-new-tokens) of each answer
+    # that ended on its own or at --max-new-tokens (one stopped by the length limit ends the sample: `cut`)
     lost: list[tuple[int, str]] = field(default_factory=list)  # (message index, field) the template does not render
 
     def __post_init__(self) -> None:
@@ -260,12 +261,12 @@ class Sample:
         start = len(self.ids)
         self.ids += answer.token_ids
         self.mask += [1] * len(answer.token_ids)
-        cut_at_max_tokens = not answer.stopped and not answer.room_cut
-        self.answers.append((len(answer.token_ids), cut_at_max_tokens))
-        self.truncated |= cut_at_max_tokens
         self.turn += 1
-        if answer.room_cut:
+        if answer.room_cut:  # stopped by the length limit: the conversation ends here (counted as cut there)
             self.cut = True
+            return
+        self.answers.append((len(answer.token_ids), not answer.stopped))
+        self.truncated |= not answer.stopped
         if self.turn >= len(self.points):
             return
         following = self.points[self.turn]

@@ -196,6 +196,15 @@ def test_k25_style_regenerated_turn_two_reads_what_a_k25_server_sends(tmp_path) 
         tok.convert_ids_to_tokens(answer)]
     _, empty = prepared(target, tmp_path, [{"messages": user}], name="empty", regenerate=True, history_reasoning="empty")
     assert empty["input_ids"] == ds["input_ids"] and empty["loss_mask"] == ds["loss_mask"]
+    # generation stopped by --max-len: a cut sample whose full length is unknown, no answer cut at --max-new-tokens
+    head = len(render(tok, user[:1], add_generation_prompt=True))
+    info, ds = prepared(target, tmp_path, [{"messages": user}], name="short", regenerate=True, max_len=head + 3)
+    assert info.samples == 1 and ds[0]["input_ids"] == render(tok, user[:1], add_generation_prompt=True) + answer[:3]
+    assert info.cut_at_max_len == 1 and info.cut_share == 1.0 and info.max_len_keep_99 is None
+    assert info.answers_cut == 0 and info.truncated == 0
+    assert data.report_lines(info) == [f"100% of samples (1) cut at --max-len {head + 3}; their full lengths are unknown "
+                                       f"(generation stopped there): --max-len above {head + 3} is needed to keep 99% "
+                                       "whole"]
 
 
 # ---------------------------------------------------------------- counted by reason
