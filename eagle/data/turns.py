@@ -152,6 +152,10 @@ class Template:
         if tags and end:
             start = _after_open(ids, tags.open_id, end - 1)
             message["reasoning_content"] = self.tokenizer.decode(ids[start:end - 1])
+        elif tags and tags.open_id in ids:  # cut while reasoning: all of it is reasoning, no content yet
+            start = _after_open(ids, tags.open_id, len(ids))
+            message["reasoning_content"] = self.tokenizer.decode(ids[start:])
+            end = len(ids)
         message["content"] = self.tokenizer.decode(ids[end:])
         return message
 

@@ -22,7 +22,7 @@ from eagle import toy
 from eagle.commands import prepare as prepare_verb
 from eagle.common import EagleError
 from eagle.data import prepare as data
-from eagle.data.turns import ReasoningTags, Template, history_ids, recorded_sample
+from eagle.data.turns import Answer, ReasoningTags, Template, history_ids, recorded_sample
 
 K25_STYLE = (
     "{%- for m in messages -%}"
@@ -196,6 +196,9 @@ def test_k25_style_regenerated_turn_two_reads_what_a_k25_server_sends(tmp_path) 
         tok.convert_ids_to_tokens(answer)]
     _, empty = prepared(target, tmp_path, [{"messages": user}], name="empty", regenerate=True, history_reasoning="empty")
     assert empty["input_ids"] == ds["input_ids"] and empty["loss_mask"] == ds["loss_mask"]
+    # an answer cut while reasoning is all reasoning (as vLLM's reasoning parsers return it)
+    cut = Template(tok).answer_message(Answer(token_ids=answer[:3], stopped=False), data.reasoning_tags(tok, "<think>,</think>"))
+    assert cut == {"role": "assistant", "reasoning_content": "hmm so", "content": ""}
     # generation stopped by --max-len: a cut sample whose full length is unknown, no answer cut at --max-new-tokens
     head = len(render(tok, user[:1], add_generation_prompt=True))
     info, ds = prepared(target, tmp_path, [{"messages": user}], name="short", regenerate=True, max_len=head + 3)
