@@ -12,7 +12,8 @@ import click
 
 from eagle.commands._options import device_option, dtype_option, finish, json_option, refusals, vllm_options
 from eagle.common import EagleError, fail, quiet_hf
-from eagle.data.prepare import prepare
+from eagle.data.prepare import cut_message, prepare, prepare_metrics
+from eagle.data.turns import CHECKED_FIELDS, HISTORY_MODES
 from eagle.serving.client import Sampling
 from eagle.serving.flags import vllm_flags
 
@@ -39,11 +40,18 @@ from eagle.serving.flags import vllm_flags
               help="Chat template variable enable_thinking (Qwen3-style templates) [default: the template's].")
 @click.option("--chat-template-kwargs", default=None, metavar="JSON",
               help="Other chat template variables as a JSON object, e.g. '{\"reasoning_effort\": \"high\"}'.")
-@click.option("--history-reasoning", type=click.Choice(["keep", "drop"]), default="keep", show_default=True,
-              help="An earlier answer's reasoning block in later contexts: kept as produced, or dropped as "
-                   "Qwen3-style servers do (that answer then gets loss mask 0).")
+@click.option("--history-reasoning", type=click.Choice(list(HISTORY_MODES)), default="template", show_default=True,
+              help="Earlier answers in later contexts: template = as the target's chat template renders them (what "
+                   "a server with it sends: Qwen3-style drops their thinking, Kimi-K2.5-style renders "
+                   "<think></think>answer); keep = as produced; drop = reasoning block removed; empty = "
+                   "<think></think>answer. Where a later context rewrites an earlier answer, the conversation is "
+                   "split: each answer is trained in the context it was written in.")
 @click.option("--reasoning-tags", default="<think>,</think>", show_default=True,
-              help="OPEN,CLOSE tokens of a reasoning block (for --history-reasoning drop).")
+              help="OPEN,CLOSE tokens of a reasoning block (--history-reasoning drop and empty; template uses them "
+                   "to move regenerated reasoning into reasoning_content).")
+@click.option("--accept-lost-field", "accept_lost_fields", multiple=True, type=click.Choice(list(CHECKED_FIELDS)),
+              help="Prepare recorded answers whose FIELD the chat template does not render (it renders the turn the "
+                   "same without it) instead of refusing; such records are counted as changed. Repeatable.")
 @vllm_options
 @click.option("--on-bad-record", type=click.Choice(["skip", "fail"]), default="skip", show_default=True,
               help="Bad records are always reported by line number; skip them or fail the run.")
@@ -58,7 +66,7 @@ from eagle.serving.flags import vllm_flags
 def command(model: Path, data: Path, out: Path, limit: int | None, regenerate: bool, backend: str, max_new_tokens: int,
             temperature: float, top_p: float, top_k: int, n: int, seed: int, batch_size: int, vllm_concurrency: int,
             enable_thinking: bool | None, chat_template_kwargs: str | None, history_reasoning: str,
-            reasoning_tags: str, vllm_args: tuple[str, ...], trust_remote_code: bool, eager: bool | None,
+            reasoning_tags: str, accept_lost_fields: tuple[str, ...], vllm_args: tuple[str, ...], trust_remote_code: bool, eager: bool | None,
             on_bad_record: str, max_len: int, device: str, dtype: str, startup_timeout: float, vllm_url: str | None,
             as_json: bool) -> None:
     """Turn conversations into token ids and an assistant-only loss mask.
@@ -74,8 +82,12 @@ def command(model: Path, data: Path, out: Path, limit: int | None, regenerate: b
     turn; with it, prompt-only records are fine and every user turn is answered by the target.
     Samples are built in token space: the target's answers are kept as the exact token ids it
     produced (reasoning blocks, tool calls and special tokens included, no decode / re-encode), a
-    multi-turn conversation is one sample, and an answer cut at --max-new-tokens is kept as cut
-    (no end-of-turn token it never produced; counted in prepared.json's `truncated`).
+    multi-turn conversation is one sample (split where a later context rewrites an earlier
+    answer, --history-reasoning), and an answer cut at --max-new-tokens is kept as cut (no
+    end-of-turn token it never produced). Every record skipped, changed or cut is counted by
+    reason in the table, --json (prepared.json) and metrics; cuts as a share, with the limit
+    that keeps 99% whole. Recorded answers whose reasoning_content or tool_calls the chat template
+    does not render are refused unless --accept-lost-field names the field.
     The output is speculators' offline format (input_ids, loss_mask, seq_len); `eagle extract`
     adds the hidden states to it.
     """
@@ -92,17 +104,25 @@ def command(model: Path, data: Path, out: Path, limit: int | None, regenerate: b
                        dtype=dtype, backend=backend, n=n, concurrency=vllm_concurrency, vllm_flags=flags,
                        sampling=Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed),
                        template_kwargs=kwargs, history_reasoning=history_reasoning, reasoning_tags_spec=reasoning_tags,
-                       startup_timeout=startup_timeout, vllm_url=vllm_url)
-    finish(info, as_json, table={
+                       accept_lost_fields=accept_lost_fields, startup_timeout=startup_timeout, vllm_url=vllm_url)
+    finish(info, as_json, metrics=prepare_metrics(info), table={
         "out": str(out),
         "records read": info.records,
         "skipped (bad)": info.skipped,
+        **{f"  skipped: {why}": n for why, n in info.skipped_reasons.items()},
+        "changed": info.changed,
+        **{f"  changed: {why}": n for why, n in info.changed_reasons.items()},
         "samples": info.samples,
         "tokens": info.tokens,
         "loss tokens": info.loss_tokens,
         "mean length": round(info.tokens / max(1, info.samples), 1),
+        "history reasoning": info.history_reasoning,
+        "cut at --max-len": cut_message("samples", "--max-len", max_len, info.cut_at_max_len, info.cut_share,
+                                        info.max_len_keep_99) if info.cut_at_max_len else 0,
         "regenerated": f"yes ({info.backend})" if info.regenerated else "no",
-        **({"truncated answers": info.truncated} if info.regenerated else {}),
+        **({"answers cut at --max-new-tokens": cut_message(
+            "answers", "--max-new-tokens", max_new_tokens, info.answers_cut, info.answers_cut_share,
+            info.max_new_tokens_keep_99) if info.answers_cut else 0} if info.regenerated else {}),
     })
 
 

@@ -82,10 +82,22 @@ class PrepareInfo(BaseModel):
     backend: str | None = None  # who answered with --regenerate: hf or vllm
     sampling: dict[str, Any] | None = None  # temperature, top_p, top_k, seed (--regenerate)
     n: int = 1  # samples per conversation
-    truncated: int = 0  # samples holding an answer cut at max_new_tokens (kept without an end-of-turn token)
+    truncated: int = 0  # conversations holding an answer cut at max_new_tokens (kept without an end-of-turn token)
     cut_at_max_len: int = 0  # samples cut at --max-len (or whose later turns found no room)
-    history_reasoning: str = "keep"
+    history_reasoning: str = "keep"  # how earlier answers appear in later contexts: template, keep, drop, empty
     template_kwargs: dict[str, Any] = {}
+    # what prepare skipped, changed and cut, by reason (records; nothing is lost silently)
+    skipped_reasons: dict[str, int] = {}  # reason -> records skipped
+    changed: int = 0  # records kept but changed (split into several samples, a field accepted as lost, ...)
+    changed_reasons: dict[str, int] = {}  # reason -> records
+    accepted_lost_fields: list[str] = []  # --accept-lost-field
+    max_len: int | None = None
+    cut_share: float = 0.0  # cut_at_max_len / samples built
+    max_len_keep_99: int | None = None  # the --max-len that keeps 99% of samples whole; None: unknown, above max_len
+    answers: int = 0  # regenerated answers
+    answers_cut: int = 0  # of them cut at --max-new-tokens
+    answers_cut_share: float = 0.0
+    max_new_tokens_keep_99: int | None = None  # the --max-new-tokens that keeps 99% whole; None: unknown (or not regenerated)
 
 
 # ---------------------------------------------------------------- paths and metadata

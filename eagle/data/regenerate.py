@@ -62,9 +62,10 @@ def request_seed(base: int, sample: int, rnd: int) -> int:
     return (base * 1_000_003 + sample * 1009 + rnd) % (2**63 - 1)
 
 
-def answer_rounds(samples: list[Sample], answer: Answerer, settings: RegenSettings, limit: int) -> dict[int, str]:
-    """Fill every sample's answers, round by round; returns {sample index: why it failed}."""
-    failed: dict[int, str] = {}
+def answer_rounds(samples: list[Sample], answer: Answerer, settings: RegenSettings,
+                  limit: int) -> dict[int, tuple[str, str]]:
+    """Fill every sample's answers, round by round; returns {sample index: (reason, why it failed)}."""
+    failed: dict[int, tuple[str, str]] = {}
     rnd = 0
     while True:
         active: list[int] = []
@@ -81,13 +82,15 @@ def answer_rounds(samples: list[Sample], answer: Answerer, settings: RegenSettin
                                               seed=request_seed(settings.sampling.seed, i, rnd)))
         if not active:
             return failed
-        for i, gen in zip(active, answer(requests, f"generate (turn {rnd + 1})"), strict=True):
+        for i, req, gen in zip(active, requests, answer(requests, f"generate (turn {rnd + 1})"), strict=True):
+            stopped = gen.finish_reason == "stop"
+            room_cut = not stopped and req.max_tokens < settings.max_new_tokens  # the length limit, not max tokens
             try:
-                samples[i].add(Answer(token_ids=gen.token_ids, stopped=gen.finish_reason == "stop"))
+                samples[i].add(Answer(token_ids=gen.token_ids, stopped=stopped, room_cut=room_cut))
             except TurnError as exc:
-                failed[i] = str(exc)
+                failed[i] = (exc.reason, str(exc))
             except Exception as exc:  # noqa: BLE001 - the template itself raised (raise_exception on a role)
-                failed[i] = f"chat template failed: {exc}"
+                failed[i] = ("chat template failed", f"chat template failed: {exc}")
         rnd += 1
 
 
@@ -191,8 +194,8 @@ def vllm_answerer(model_dir: Path, settings: RegenSettings, flags: VllmFlags,
 
 
 def regenerate(model_dir: Path, tokenizer: Any, samples: list[Sample], settings: RegenSettings,
-               flags: VllmFlags | None = None, echo: bool = True) -> dict[int, str]:
-    """Answer every sample's turns with the target; returns {sample index: why it failed}."""
+               flags: VllmFlags | None = None, echo: bool = True) -> dict[int, tuple[str, str]]:
+    """Answer every sample's turns with the target; returns {sample index: (reason, why it failed)}."""
     check_settings(settings)
     flags = flags or VllmFlags()
     if not samples:

@@ -83,8 +83,9 @@ def prepared(target: Path, tmp_path: Path, name: str, records: list[dict], **kw)
 def test_regenerated_ids_are_vllms_own_output_ids(target: Path, server: VllmServer, tmp_path: Path) -> None:
     tok = rt.build_tokenizer()
     answer = tok.convert_tokens_to_ids(rt.ANSWER)
-    info, ds = prepared(target, tmp_path, "greedy", RECORDS, vllm_url=server.url, concurrency=8)
-    assert info.samples == 4 and info.backend == "vllm" and info.truncated == 0
+    info, ds = prepared(target, tmp_path, "greedy", RECORDS, vllm_url=server.url, concurrency=8,
+                        history_reasoning="keep")
+    assert info.samples == 4 and info.backend == "vllm" and info.truncated == 0 and info.answers_cut == 0
     checked = 0
     for row in ds:
         for start, span in spans(row["input_ids"], row["loss_mask"]):
@@ -98,29 +99,40 @@ def test_regenerated_ids_are_vllms_own_output_ids(target: Path, server: VllmServ
         "<|im_start|>") == 4
 
 
-def test_two_turn_reasoning_conversation_keep_and_drop(target: Path, server: VllmServer, tmp_path: Path) -> None:
+def test_two_turn_reasoning_conversation_keep_drop_and_template(target: Path, server: VllmServer,
+                                                               tmp_path: Path) -> None:
     tok = rt.build_tokenizer()
     answer = tok.convert_tokens_to_ids(rt.ANSWER)
     two = [RECORDS[3]]
-    _, keep = prepared(target, tmp_path, "keep", two, vllm_url=server.url)
+    _, keep = prepared(target, tmp_path, "keep", two, vllm_url=server.url, history_reasoning="keep")
     row = keep[0]
     first = list(tok(tok.apply_chat_template(conv(("user", "hello")), tokenize=False, add_generation_prompt=True),
                      add_special_tokens=False)["input_ids"])
     (s1, a1), (s2, a2) = spans(row["input_ids"], row["loss_mask"])
     assert row["input_ids"][:s1] == first and a1 == a2 == answer and s2 + len(a2) == len(row["input_ids"])
     _, drop = prepared(target, tmp_path, "drop", two, vllm_url=server.url, history_reasoning="drop")
-    row = drop[0]
+    assert drop[0]["input_ids"] == first + answer  # turn 1 as written: a sample of its own
+    row = drop[1]
     (start, span), = spans(row["input_ids"], row["loss_mask"])  # turn 1 lost its reasoning: context only
     served = conv(("user", "hello"), ("assistant", "<think>\nhmm so\n</think>\n\nyes done"), ("user", "again"))
     expected = list(tok(tok.apply_chat_template(served, tokenize=False, add_generation_prompt=True),
                         add_special_tokens=False)["input_ids"])
     assert row["input_ids"][:start] == expected and span == answer == vllm_own_ids(server.url, expected, 64)[0]
+    # template (the default): turn 2's context is the template's rendering of turn 1 as the server returns it
+    info, tpl = prepared(target, tmp_path, "template", two, vllm_url=server.url)
+    assert info.samples == 2 and info.changed == 1 and tpl[0]["input_ids"] == first + answer
+    returned = {"role": "assistant", "reasoning_content": tok.decode(answer[1:3]), "content": tok.decode(answer[4:-1])}
+    context = list(tok(tok.apply_chat_template([*conv(("user", "hello")), returned, *conv(("user", "again"))],
+                                               tokenize=False, add_generation_prompt=True),
+                       add_special_tokens=False)["input_ids"])
+    (start, span), = spans(tpl[1]["input_ids"], tpl[1]["loss_mask"])
+    assert tpl[1]["input_ids"][:start] == context and span == vllm_own_ids(server.url, context, 64)[0] == answer
 
 
 def test_cut_answers_and_seeded_sampling(target: Path, server: VllmServer, tmp_path: Path) -> None:
     tok = rt.build_tokenizer()
     info, ds = prepared(target, tmp_path, "cut", RECORDS[:1], vllm_url=server.url, max_new_tokens=4)
-    assert info.truncated == 1
+    assert info.truncated == 1 and info.answers_cut == 1 and info.max_new_tokens_keep_99 is None
     assert ds[0]["input_ids"][-4:] == tok.convert_tokens_to_ids(rt.ANSWER[:4])  # no end-of-turn appended
     hot = Sampling(temperature=2.0, top_p=0.99, seed=11)  # flat enough that samples differ
     info, a = prepared(target, tmp_path, "hot-a", RECORDS[:2], vllm_url=server.url, sampling=hot, n=2,
@@ -142,7 +154,7 @@ def test_cli_starts_and_stops_its_own_vllm(target: Path, server: VllmServer, tmp
                            "4", "--vllm-arg", "max-num-batched-tokens=1024", "--startup-timeout", "900", "--json"],
                           capture_output=True, text=True, timeout=1500, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert json.loads(proc.stdout)["samples"] == 4 and "vLLM healthy" in proc.stderr
+    assert json.loads(proc.stdout)["samples"] == 5 and "vLLM healthy" in proc.stderr  # the two-turn record split
     _, via_url = prepared(target, tmp_path, "url", RECORDS, vllm_url=server.url)
     from datasets import load_from_disk
 

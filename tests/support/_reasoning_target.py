@@ -88,17 +88,22 @@ def build_tokenizer() -> Any:
     return fast
 
 
-def build_target(out: Path) -> Path:
-    """Save the tokenizer and the bigram-machine Qwen3 at `out` (float32, ~100 KB)."""
+def build_target(out: Path, tok: Any = None, successor: dict[str, str] | None = None) -> Path:
+    """Save the tokenizer and the bigram-machine Qwen3 at `out` (float32, ~100 KB): greedy decoding
+    follows `successor` (default SUCCESSOR; every other token -> the eos token). Another word
+    tokenizer (`tok`, at most HIDDEN tokens) makes the same machine under its own chat template."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-    tok = build_tokenizer()
-    ids = {t: i for i, t in enumerate(VOCAB)}
+    tok = tok or build_tokenizer()
+    successor = successor or SUCCESSOR
+    ids = tok.get_vocab()
+    vocab = sorted(ids, key=ids.get)
+    eos, pad = tok.eos_token_id, tok.pad_token_id
     cfg = Qwen3Config(vocab_size=HIDDEN, hidden_size=HIDDEN, intermediate_size=HIDDEN, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=512,
-                      tie_word_embeddings=False, rms_norm_eps=1e-6, eos_token_id=ids["<|im_end|>"],
-                      pad_token_id=ids["<|endoftext|>"], bos_token_id=None)
+                      tie_word_embeddings=False, rms_norm_eps=1e-6, eos_token_id=eos, pad_token_id=pad,
+                      bos_token_id=None)
     model = Qwen3ForCausalLM(cfg).float().eval()
     with torch.no_grad():
         model.model.embed_tokens.weight.copy_(torch.eye(HIDDEN))
@@ -108,10 +113,10 @@ def build_target(out: Path) -> Path:
         model.model.norm.weight.fill_(1.0)
         head = torch.zeros(HIDDEN, HIDDEN)
         for t in range(HIDDEN):
-            nxt = SUCCESSOR.get(VOCAB[t], "<|im_end|>") if t < len(VOCAB) else "<|im_end|>"
-            head[ids[nxt], t] = 1.0
+            nxt = successor.get(vocab[t]) if t < len(vocab) else None
+            head[ids[nxt] if nxt is not None else eos, t] = 1.0
         model.lm_head.weight.copy_(head)
-    model.generation_config = GenerationConfig(eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     tok.save_pretrained(str(out))

@@ -77,8 +77,8 @@ def test_read_records_reports_line_numbers(tmp_path):
     ]) + "\n")
     good, bad = data.read_records(f)
     assert [r.line for r in good] == [1, 5] and [r.fmt for r in good] == ["messages", "conversations"]
-    assert [n for n, _ in bad] == [2, 4]
-    assert "invalid JSON" in bad[0][1] and "unknown role 'robot'" in bad[1][1]
+    assert [(n, reason) for n, reason, _ in bad] == [(2, "invalid JSON"), (4, "unknown role")]
+    assert "invalid JSON (" in bad[0][2] and "unknown role 'robot'" in bad[1][2]
 
 
 def test_a_byte_order_mark_starts_no_record_and_text_parts_are_content(tmp_path):

@@ -69,10 +69,16 @@ def test_two_turn_reasoning_conversation_is_kept_whole_with_the_right_mask(tok) 
     assert masked == [["<think>", "\n", "hmm", "so", "\n", "</think>", "\n\n", "yes", "done", "<|im_end|>"],
                       ["<think>", "\n", "hmm", "\n", "</think>", "\n\n", "yes", "<|im_end|>"]]
     assert toks(tok, sample.ids).count("<|im_start|>") == 4 and "again" in toks(tok, sample.ids)
-    # drop: the context is exactly what the template itself renders for the conversation
-    dropped = recorded_sample(Template(tok), messages, data.reasoning_tags(tok, "<think>,</think>"))
-    assert dropped.ids == render(tok, messages)[:-1]  # (the template's trailing "\n" after the last turn)
-    assert [toks(tok, s) for s in spans(dropped.ids, dropped.mask)] == [masked[1]]  # turn 1 no longer masked
+    # drop: turn 2's context is exactly what the template itself renders for the conversation; turn 1,
+    # as written, is a sample of its own (split), so both answers are trained in their own contexts
+    dropped = recorded_sample(Template(tok), messages, data.reasoning_tags(tok, "<think>,</think>"), "drop")
+    (first, first_mask), (second, second_mask) = dropped.samples()
+    assert first == render(tok, messages[:2])[:-1] and [toks(tok, s) for s in spans(first, first_mask)] == [masked[0]]
+    assert second == render(tok, messages)[:-1]  # (the template's trailing "\n" after the last turn)
+    assert [toks(tok, s) for s in spans(second, second_mask)] == [masked[1]]  # turn 1 is context here
+    tags = data.reasoning_tags(tok, "<think>,</think>")
+    templated = recorded_sample(Template(tok), messages, tags, history="template")  # the template's own rendering
+    assert templated.samples() == dropped.samples() and templated.split_reasoning
     # the same through data.tokenize_conversation, and with the thinking switch
     assert data.tokenize_conversation(tok, messages) == (sample.ids, sample.mask)
     off = recorded_sample(Template(tok, {"enable_thinking": False}), conv(("user", "hello"), ("assistant", "yes")))
@@ -90,18 +96,25 @@ def test_tools_reach_the_template_and_tool_calls_are_masked(tmp_path, target) ->
     src = tmp_path / "tools.jsonl"
     src.write_text(json.dumps(record) + "\n")
     info = data.prepare(target, src, tmp_path / "out", echo=False)
-    assert info.samples == 1 and info.skipped == 0
+    # Qwen3's template renders the tool-calling turn without its empty thinking block once more turns
+    # follow: the final answer's context is that rendering, so the tool call is a sample of its own
+    assert info.samples == 2 and info.skipped == 0 and info.changed == 1
     from datasets import load_from_disk
 
-    row = load_from_disk(str(tmp_path / "out")).with_format(None)[0]
+    call, final = load_from_disk(str(tmp_path / "out")).with_format(None)
     tok = build_tokenizer()
-    words = toks(tok, row["input_ids"])
+    words = toks(tok, final["input_ids"])
     assert words[:8] == ["<|im_start|>", "system", "\n", "#", "Tools", "<tools>", "get_weather", "</tools>"]
-    masked = [toks(tok, s) for s in spans(row["input_ids"], row["loss_mask"])]
     empty_think = ["<think>", "\n\n", "</think>", "\n\n"]  # the template's block for a turn without reasoning
-    assert masked == [empty_think + ["<tool_call>", "\n", "get_weather", "\n", "</tool_call>", "<|im_end|>"],
-                      empty_think + ["sunny", "<|im_end|>"]]
+    assert [toks(tok, s) for s in spans(call["input_ids"], call["loss_mask"])] == [
+        empty_think + ["<tool_call>", "\n", "get_weather", "\n", "</tool_call>", "<|im_end|>"]]
+    assert [toks(tok, s) for s in spans(final["input_ids"], final["loss_mask"])] == [empty_think + ["sunny", "<|im_end|>"]]
+    assert final["input_ids"] == render(tok, record["messages"], tools=record["tools"])[:-1]
     assert words.count("<tool_response>") == 1 and "sunny" in words[: words.index("</tool_response>")]
+    # keep: one sample, both answers as written
+    info = data.prepare(target, src, tmp_path / "keep", echo=False, history_reasoning="keep")
+    row = load_from_disk(str(tmp_path / "keep")).with_format(None)[0]
+    assert info.samples == 1 and len(spans(row["input_ids"], row["loss_mask"])) == 2
 
 
 def test_a_template_that_changes_the_closing_is_reported(tok) -> None:
@@ -136,8 +149,10 @@ def _prepare(target, tmp_path, records, name="o", **kw):
 def test_regenerated_answers_are_the_targets_token_ids_reasoning_and_special_tokens_included(tmp_path, target,
                                                                                               tok) -> None:
     two_turns = {"messages": conv(("user", "hello"), ("assistant", "ignored"), ("user", "again"))}
-    info, ds = _prepare(target, tmp_path, [{"messages": conv(("user", "hello there"))}, two_turns])
+    info, ds = _prepare(target, tmp_path, [{"messages": conv(("user", "hello there"))}, two_turns],
+                        history_reasoning="keep")
     assert info.samples == 2 and info.truncated == 0 and info.backend == "hf"
+    assert info.answers == 3 and info.answers_cut == 0 and info.max_new_tokens_keep_99 == len(ANSWER)
     one, two = ds[0], ds[1]
     assert [toks(tok, s) for s in spans(one["input_ids"], one["loss_mask"])] == [ANSWER]
     assert one["input_ids"] == render(tok, conv(("user", "hello there")), add_generation_prompt=True) + \
@@ -146,20 +161,36 @@ def test_regenerated_answers_are_the_targets_token_ids_reasoning_and_special_tok
     assert [toks(tok, s) for s in spans(two["input_ids"], two["loss_mask"])] == [ANSWER, ANSWER]
     words = toks(tok, two["input_ids"])
     assert words.count("<think>") == 2 and "ignored" not in words and "<unk>" not in words
-    # drop: turn 2 was answered in the context the template would serve (reasoning of turn 1 gone)
+    # drop: turn 2 was answered in the context the template would serve (reasoning of turn 1 gone);
+    # turn 1, as produced, is a sample of its own
     info, ds = _prepare(target, tmp_path, [two_turns], name="drop", history_reasoning="drop")
-    row = ds[0]
+    first, row = ds[0], ds[1]
+    assert first["input_ids"] == render(tok, conv(("user", "hello")), add_generation_prompt=True) + \
+        tok.convert_tokens_to_ids(ANSWER) and sum(first["loss_mask"]) == len(ANSWER)
     assert [toks(tok, s) for s in spans(row["input_ids"], row["loss_mask"])] == [ANSWER]  # only turn 2
     served = render(tok, conv(("user", "hello"), ("assistant", REASONED), ("user", "again")), add_generation_prompt=True)
     assert row["input_ids"] == served + tok.convert_tokens_to_ids(ANSWER)
     assert json.loads((tmp_path / "drop" / "prepared.json").read_text())["history_reasoning"] == "drop"
+    # template (the default): turn 2's context is the template's rendering of turn 1 as a server returns
+    # it (decoded, its reasoning in reasoning_content)
+    info, ds = _prepare(target, tmp_path, [two_turns], name="template")
+    assert info.history_reasoning == "template" and info.samples == 2 and info.changed == 1
+    row = ds[1]
+    answer = tok.convert_tokens_to_ids(ANSWER)
+    returned = {"role": "assistant", "reasoning_content": tok.decode(answer[1:3]), "content": tok.decode(answer[4:-1])}
+    served = render(tok, [*conv(("user", "hello")), returned, *conv(("user", "again"))], add_generation_prompt=True)
+    assert row["input_ids"] == served + answer and "hmm" not in toks(tok, served)
 
 
 def test_a_cut_answer_gets_no_end_of_turn_it_never_produced(tmp_path, target, tok) -> None:
     records = [{"messages": conv(("user", "hello"))},
                {"messages": conv(("user", "hello"), ("assistant", "x"), ("user", "again"))}]
-    info, ds = _prepare(target, tmp_path, records, max_new_tokens=4)
+    info, ds = _prepare(target, tmp_path, records, max_new_tokens=4, history_reasoning="keep")
     assert info.truncated == 2 and info.samples == 2
+    assert info.answers == info.answers_cut == 3 and info.answers_cut_share == 1.0
+    assert info.max_new_tokens_keep_99 is None  # the cut answers' full lengths are unknown
+    assert data.report_lines(info)[-1].startswith("100% of regenerated answers (3) cut at --max-new-tokens 4; their "
+                                                  "full lengths are unknown")
     assert toks(tok, ds[0]["input_ids"])[-4:] == ANSWER[:4] and ds[0]["loss_mask"][-4:] == [1] * 4
     words, mask = toks(tok, ds[1]["input_ids"]), ds[1]["loss_mask"]
     assert [toks(tok, s) for s in spans(ds[1]["input_ids"], mask)] == [ANSWER[:4], ANSWER[:4]]
