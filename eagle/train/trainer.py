@@ -276,9 +276,10 @@ class Trainer:
         if cfg.init_from:
             ck = _init_from_checkpoint(cfg, target, layer_ids)
             model = drafter.init_from(ck, model_dir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=cfg.ttt_steps,
-                                      trust_remote_code=cfg.trust_remote_code)
-            self.say(f"fine-tuning {cfg.init_from} ({ck.layout} layout); {_vocab_change(ck, d2t)}; embedding and "
-                     f"lm_head rows from {model_dir}")
+                                      trust_remote_code=cfg.trust_remote_code, freeze_lm_head=cfg.freeze_lm_head)
+            head = "frozen (--freeze-lm-head)" if cfg.freeze_lm_head else "trained"
+            self.say(f"fine-tuning {cfg.init_from} ({ck.layout} layout); {_vocab_change(ck, d2t)}; embedding from "
+                     f"{model_dir}; lm_head: the drafter's rows (the target's for tokens new to it), {head}")
         else:
             flags: dict[str, Any] = {flag: bool(getattr(cfg, flag)) for flag in TRAIN_NORM_FLAGS}
             model = drafter.build_drafter(model_dir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=cfg.ttt_steps,
