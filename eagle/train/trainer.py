@@ -149,6 +149,11 @@ def _init_from_checkpoint(config: TrainConfig, target: Target, layer_ids: list[i
         fix = "train with --layer-ids" if config.online else "extract the data with --layer-ids"
         problems.append(f"the drafter reads target layers {ck.cfg.layer_ids}, the data holds {layer_ids}: "
                         f"{fix} {','.join(map(str, ck.cfg.layer_ids or []))}")
+        doubt = ck.convention_doubt(target.num_layers)
+        if doubt is not None:
+            problems.append(f"its ids look like SGLang's output-of-layer convention ({doubt}): if they are, "
+                            f"`eagle import-drafter {src} --out DIR --layer-convention output` writes them as "
+                            f"{[i + 1 for i in ck.stored_ids or []]}; fine-tune that copy")
     if ck.cfg.aux_hidden_size != ck.cfg.hidden_size:
         problems.append(f"target_hidden_size {ck.cfg.aux_hidden_size} differs from the drafter's hidden size "
                         f"{ck.cfg.hidden_size}: speculators cannot train such a drafter (vLLM serves it as it is)")

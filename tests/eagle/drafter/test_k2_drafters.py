@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import _layouts as L
+import _train_data as td
 import helpers as H
 import pytest
 import torch
@@ -131,7 +132,7 @@ def test_a_kimi_k2_specforge_drafter_is_imported_evaluated_probed_tuned_exported
 
 
 @pytest.mark.slow
-def test_sglang_output_of_layer_ids_are_detected_and_mapped(toy_target: Path, toy_drafter: Path,
+def test_sglang_output_of_layer_ids_are_detected_and_mapped(toy_target: Path, toy_data: Path, toy_drafter: Path,
                                                            tmp_path: Path) -> None:
     """SpecForge's ids [1, 3, 4] (output of layers 1, 3, 4 = HF hidden_states [2, 4, 5]) are refused until the
     convention is stated; stated, the import reads [2, 4, 5] and decodes as the drafter it came from."""
@@ -145,6 +146,10 @@ def test_sglang_output_of_layer_ids_are_detected_and_mapped(toy_target: Path, to
     proc = run("import-drafter", src, "--out", tmp_path / "refused", "--model", toy_target)
     assert proc.returncode == 2 and "[1, 3, 4]" in proc.stderr and "--layer-convention output" in proc.stderr
     assert not (tmp_path / "refused").exists()
+    proc = run("train", "--model", toy_target, "--data", toy_data, "--out", tmp_path / "tuned", "--init-from", src,
+               "--epochs", "1")
+    assert proc.returncode == 2 and "--layer-convention output` writes them as [2, 4, 5]" in proc.stderr
+    assert not (tmp_path / "tuned").exists()
 
     res = ok(run("import-drafter", src, "--out", tmp_path / "imported", "--model", toy_target,
                  "--layer-convention", "output", "--json"))
@@ -194,6 +199,10 @@ def test_an_mla_drafter_is_refused_with_the_reason(tmp_path: Path) -> None:
                                                    "hidden_size": 64, "num_hidden_layers": 1}))
     with pytest.raises(checkpoint.CheckpointError, match="an MLA drafter .*Eagle3DeepseekV2ForCausalLM"):
         checkpoint.read_drafter(draft)
+    target = td.make_target(tmp_path / "target")
+    proc = run("check-checkpoint", draft, "--model", target)
+    assert proc.returncode == 2 and "an MLA drafter (DeepseekV3ForCausalLMEagle3" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_a_layer_config_is_normalised_to_llama() -> None:
