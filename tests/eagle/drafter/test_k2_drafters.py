@@ -221,3 +221,31 @@ def test_output_convention_hints() -> None:
     assert "N-1 = 7" in (hint([2, 4, 7], 8, "eagle") or "")
     assert hint([2, 4, 7], 8, "speculators") is None  # ours: the input of the last layer
     assert hint([1, 4, 8], 8, "eagle") is None  # 8 = N exists only as an input id
+
+
+@pytest.mark.slow
+def test_what_vllm_cannot_serve_is_refused_before_serving(toy_target: Path, toy_drafter: Path, tmp_path: Path) -> None:
+    """The copy import-drafter wrote before issue 46 (transformer_layer_config.model_type "kimi_k2": vLLM raises
+    "Unsupported model_type") and a SpecForge config typed deepseek_v3 without head_dim (vLLM builds DeepseekV3Config,
+    whose head_dim is qk_rope_head_dim = 64, not the layer's 128 / 4 = 32): each a problem with the reason."""
+    old_copy = L.copy_tree(toy_drafter, tmp_path / "old-import")
+    cfg = json.loads((old_copy / "config.json").read_text())
+    cfg["transformer_layer_config"]["model_type"] = "kimi_k2"
+    (old_copy / "config.json").write_text(json.dumps(cfg))
+    proc = run("check-checkpoint", old_copy, "--model", toy_target)
+    assert proc.returncode == 1, proc.stderr
+    assert "[transformer_layer_config.model_type]: is 'kimi_k2'" in proc.stderr
+    assert "Unsupported model_type kimi_k2 for Eagle3 speculator" in proc.stderr and "import-drafter" in proc.stderr
+    assert accept_len(toy_target, old_copy) == accept_len(toy_target, toy_drafter)  # eagle reads it as the Llama layer
+
+    ds = L.specforge(toy_drafter, tmp_path / "deepseek")
+    cfg = json.loads((ds / "config.json").read_text())
+    cfg["model_type"] = "deepseek_v3"
+    cfg.pop("head_dim", None)
+    (ds / "config.json").write_text(json.dumps(cfg))
+    proc = run("check-checkpoint", ds, "--model", toy_target)
+    assert proc.returncode == 1, proc.stderr
+    assert "[head_dim]: absent: vLLM builds this config as model_type 'deepseek_v3'" in proc.stderr
+    assert "head_dim is 64, while the Llama layer's is hidden_size / heads = 32" in proc.stderr
+    imported = ok(run("import-drafter", ds, "--out", tmp_path / "imported", "--model", toy_target, "--json"))
+    assert ok(run("check-checkpoint", imported["out"], "--model", toy_target, "--json"))["ok"]
