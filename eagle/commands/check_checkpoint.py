@@ -25,8 +25,8 @@ def command(draft: str, model: str, convention: str | None, as_json: bool) -> No
     and EAGLE / SpecForge (LlamaForCausalLMEagle3, midlayer.*). Checks: the config keys vLLM
     needs for its layout, no top-level model_type in a speculators config; layer ids distinct,
     ascending and within the target's layers (null ids: vLLM's default must be valid for this
-    target), and not looking like SGLang's output-of-layer convention (first id 1, SpecForge's
-    default [1, N//2-1, N-4], or in a SpecForge layout a last id of N-1) unless
+    target), and in a SpecForge / SGLang layout not looking like SGLang's output-of-layer
+    convention (first id 1, SpecForge's default [1, N//2-1, N-4], a last id of N-1) unless
     --layer-convention says which; hidden size and vocab equal to the target's; every tensor's
     shape; d2t maps every draft id into the target vocab (and agrees with t2d); every float
     tensor finite, not all zero, not a constant matrix, without the subnormal or huge values of

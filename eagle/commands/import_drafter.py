@@ -18,9 +18,9 @@ from eagle.drafter.import_drafter import import_drafter
 @click.option("--model", type=click.Path(path_type=Path), default=None,
               help="The target: fills in null layer ids (vLLM's default for it), checks the fit, and is "
                    "recorded as the verifier.")
-@layer_convention_option("[default: as written; ids that look like the output convention (first id 1, "
-                         "SpecForge's default [1, N//2-1, N-4], a SpecForge layout's last id N-1) are refused until "
-                         "this says which]. output: the ids are written plus one.")
+@layer_convention_option("[default: as written; in a SpecForge / SGLang layout, ids that look like the output "
+                         "convention (first id 1, SpecForge's default [1, N//2-1, N-4], a last id N-1) are refused "
+                         "until this says which]. output: the ids are written plus one.")
 @json_option()
 def command(src: Path, out: Path, model: Path | None, convention: str | None, as_json: bool) -> None:
     """Write a drafter of any published EAGLE-3 layout in our (speculators / vLLM) format.

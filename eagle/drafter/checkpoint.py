@@ -39,7 +39,8 @@ Aux layer ids come in two conventions (docs/eagle.md, "Aux layer ids"): ours, sp
 vLLM's "input of layer i" = HF hidden_states[i]; SGLang's and SpecForge's "output of layer i" =
 HF hidden_states[i+1]. `read_drafter(..., convention="output")` adds 1 to the stored ids; without
 a stated convention they are taken as written (what vLLM does) and `Checkpoint.convention_doubt`
-says when they look like the other one.
+says when those of an EAGLE / SpecForge layout look like the other one (the speculators format
+defines its ids as input ids).
 
 This module never imports speculators (eagle/drafter/model.py is the only one that does), so readers of a
 checkpoint need only torch + safetensors.
@@ -422,9 +423,9 @@ class Checkpoint:
 
     def convention_doubt(self, target_layers: int | None = None) -> str | None:
         """Why the stored layer ids look like SGLang's output-of-layer convention although they were
-        read as written (input of layer; what vLLM does with them); None when they do not, or when the
-        convention was stated."""
-        if self.stated or self.convention != "input" or not self.stored_ids:
+        read as written (input of layer; what vLLM does with them); None when they do not, when the
+        convention was stated, or in the speculators layout (its format defines them as input ids)."""
+        if self.stated or self.convention != "input" or not self.stored_ids or self.layout != "eagle":
             return None
         return output_convention_hint(self.stored_ids, target_layers, self.layout)
 
