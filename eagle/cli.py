@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve-config": ("eagle.commands.serve_config", "The vLLM and SGLang command lines that serve the drafter."),
     "check-checkpoint": ("eagle.commands.check_checkpoint", "Static checks of a drafter checkpoint against its target."),
     "import-drafter": ("eagle.commands.import_drafter", "A drafter of any published EAGLE-3 layout, written in ours."),
+    "export": ("eagle.commands.export", "A drafter written in a published layout: speculators, SGLang / SpecForge."),
 }
 
 

@@ -74,6 +74,14 @@ def decoder_option(fn: F) -> F:
                              "fast where it implements the target.")(fn)
 
 
+def layer_convention_option(default_help: str) -> Callable[[F], F]:
+    """`--layer-convention input|output` (parameter `convention`; None: what the layout implies)."""
+    return click.option("--layer-convention", "convention", type=click.Choice(["input", "output"]), default=None,
+                        help="How the drafter's aux layer ids count: input (id i = the input of target layer i = "
+                             "HF hidden_states[i]: speculators, vLLM, eagle) or output (id i = the output of layer "
+                             "i = HF hidden_states[i+1]: SGLang, SpecForge). " + default_help)
+
+
 def vllm_options(f: F) -> F:
     """The engine options every vLLM-backed command shares (`vllm_args`, `trust_remote_code`, `eager`;
     serving.flags.vllm_flags turns them into VllmFlags)."""

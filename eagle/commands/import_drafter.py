@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from eagle.commands._options import finish, json_option, refusals
+from eagle.commands._options import finish, json_option, layer_convention_option, refusals
 from eagle.drafter.import_drafter import import_drafter
 
 
@@ -18,8 +18,11 @@ from eagle.drafter.import_drafter import import_drafter
 @click.option("--model", type=click.Path(path_type=Path), default=None,
               help="The target: fills in null layer ids (vLLM's default for it), checks the fit, and is "
                    "recorded as the verifier.")
+@layer_convention_option("[default: as written; in a SpecForge / SGLang layout, ids that look like the output "
+                         "convention (first id 1, SpecForge's default [1, N//2-1, N-4], a last id N-1) are refused "
+                         "until this says which]. output: the ids are written plus one.")
 @json_option()
-def command(src: Path, out: Path, model: Path | None, as_json: bool) -> None:
+def command(src: Path, out: Path, model: Path | None, convention: str | None, as_json: bool) -> None:
     """Write a drafter of any published EAGLE-3 layout in our (speculators / vLLM) format.
 
     \b
@@ -27,8 +30,12 @@ def command(src: Path, out: Path, model: Path | None, as_json: bool) -> None:
     and ones older than the layer-ids key); EAGLE / SpecForge / SGLang ones (top-level llama
     config, architectures ["LlamaForCausalLMEagle3"], eagle_config, weights under midlayer.*);
     any norm flags vLLM serves (norm_before_fc with input_norm, fc_norm, norm_output,
-    norm_before_residual). Writes OUT/config.json + OUT/model.safetensors, tensors as stored.
-    Every other eagle command reads these layouts directly; importing gives one canonical copy.
+    norm_before_residual); a drafter layer config of any model_type (SpecForge's Kimi-K2 config
+    says kimi_k2, DeepSeek-V3 ones deepseek_v3) written as the Llama layer it is. Writes
+    OUT/config.json + OUT/model.safetensors, tensors as stored, layer ids in vLLM's convention,
+    and OUT/eagle_source.json (the source's config and tensor names: `eagle export` gives the
+    source back from it). Every other eagle command reads these layouts directly; importing gives
+    one canonical copy that vLLM and speculators load.
 
     \b
     Example:
@@ -38,7 +45,7 @@ def command(src: Path, out: Path, model: Path | None, as_json: bool) -> None:
     (nothing is written).
     """
     with refusals():
-        res = import_drafter(src, out, model)
+        res = import_drafter(src, out, model, convention)
 
     def notes() -> None:
         for note in res.notes:
@@ -47,7 +54,7 @@ def command(src: Path, out: Path, model: Path | None, as_json: bool) -> None:
     finish(res, as_json, show=notes, table={
         "written": res.out,
         "source layout": {"eagle": "EAGLE / SpecForge (midlayer.*)", "speculators": "speculators (eagle3)"}[res.layout],
-        "layer ids": res.layer_ids,
+        "layer ids": f"{res.layer_ids} (read in the {res.layer_convention} convention)",
         "draft vocab / target vocab": f"{res.draft_vocab_size} / {res.vocab_size}",
         "norm flags": ", ".join(k for k, v in res.norm_flags.items() if v) or "none",
         "weights": ", ".join(res.dtypes),

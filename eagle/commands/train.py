@@ -52,8 +52,13 @@ from eagle.train.config import BUCKET_MULTIPLE, MAX_TTT_STEPS, TrainConfig, summ
 @click.option("--init-from", type=click.Path(path_type=Path), default=None,
               help="Fine-tune this drafter (any published EAGLE-3 layout: speculators / vLLM, EAGLE / SpecForge) "
                    "instead of starting from scratch. Its trainable layers become float32 masters and keep their "
-                   "shape; the embedding and the lm_head rows of DATA's draft vocabulary (old or new) come from "
-                   "--model.")
+                   "shape; the embedding comes from --model. Its lm_head is kept and trained, as SpecForge "
+                   "trains it (the target's row for a token new to DATA's draft vocabulary); --freeze-lm-head "
+                   "keeps it fixed.")
+@click.option("--freeze-lm-head", is_flag=True,
+              help="With --init-from: do not train the drafter's lm_head (speculators and a new eagle drafter keep "
+                   "the target's rows fixed; SpecForge trains its draft lm_head, so published SpecForge drafters "
+                   "carry a trained one) [default: trained].")
 @click.option("--norm-before-residual/--no-norm-before-residual", default=None,
               help="New drafter: the first layer's residual is hidden_norm(h) instead of h [default: off; "
                    "with --init-from: the drafter's].")
@@ -111,7 +116,8 @@ from eagle.train.config import BUCKET_MULTIPLE, MAX_TTT_STEPS, TrainConfig, summ
 @json_option("Print the summary metrics as JSON.")
 def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, ttt_steps: int, loss_decay: float,
             batch_tokens: int, grad_accum: int, val_fraction: float, val_every: int, save_every: int,
-            tensorboard: bool, resume: bool, init_from: Path | None, norm_before_residual: bool | None,
+            tensorboard: bool, resume: bool, init_from: Path | None, freeze_lm_head: bool,
+            norm_before_residual: bool | None,
             norm_before_fc: bool | None, norm_output: bool | None, keep_float32: bool, online: bool,
             partial_data: bool, layer_ids: str | None,
             shape_buckets: bool | None, layout_multiple: int | None, warm_shapes: bool | None,
@@ -143,6 +149,7 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
                          loss_decay=loss_decay, batch_tokens=batch_tokens, grad_accum=grad_accum,
                          val_fraction=val_fraction, val_every=val_every, save_every=save_every,
                          tensorboard=tensorboard, seed=seed, init_from=str(init_from) if init_from else None,
+                         freeze_lm_head=freeze_lm_head,
                          device=device, resume=resume, online=online,
                          layer_ids=None if layer_ids is None else split_layer_ids(layer_ids),
                          shape_buckets=shape_buckets, layout_multiple=layout_multiple, warm_shapes=warm_shapes,

@@ -110,12 +110,19 @@ def _spec_of(ck: Checkpoint) -> DraftSpec:
 
 def _read(draft_dir: str | Path, target_layers: int | None) -> Checkpoint:
     from eagle.common import EagleError
-    from eagle.drafter.checkpoint import read_drafter
+    from eagle.drafter.checkpoint import convention_message, read_drafter
 
     try:
-        return read_drafter(draft_dir, target_layers)
+        ck = read_drafter(draft_dir, target_layers)
     except EagleError as exc:
         raise DraftCheckpointError(str(exc)) from None
+    doubt = ck.convention_doubt(target_layers)
+    if doubt is not None and ck.stored_ids:
+        from eagle.common import warn
+
+        warn(convention_message(ck.stored_ids, doubt, str(ck.source / "config.json")) +
+             "; read here as written (as vLLM does): `eagle import-drafter` records which")
+    return ck
 
 
 def read_draft_spec(draft_dir: str | Path, target_layers: int | None = None) -> DraftSpec:

@@ -212,6 +212,10 @@ def value_problems(cfg: DraftConfig, tensors: dict[str, Any], where: str) -> lis
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
             out.append(Problem(where=f"{where} [{name}]", message=f"{bad} non-finite values (NaN/Inf)"))
+        elif t.is_floating_point():
+            why = uninitialised(t)
+            if why:
+                out.append(Problem(where=f"{where} [{name}]", message=why))
     d2t = tensors.get("d2t")
     if d2t is not None and tuple(d2t.shape) == (cfg.draft_vocab_size,):
         if d2t.is_floating_point():
@@ -231,7 +235,118 @@ def value_problems(cfg: DraftConfig, tensors: dict[str, Any], where: str) -> lis
     return out
 
 
-def check_checkpoint(draft: str | Path, target: str | Path) -> CheckReport:
+# What no initialisation and no training gives a weight (see `uninitialised`).
+HUGE = 1e4
+TINY = 1e-30
+TINY_SHARE = 1e-3
+_UNINIT_FIX = ("the checkpoint was saved from memory never written (torch.empty: speculators' load-and-save round "
+               "trip leaves a missing embed_tokens so); drop the tensor or re-export the drafter from its source")
+
+
+def uninitialised(t: Any) -> str | None:
+    """Why a float tensor cannot be an initialised or trained weight, or None.
+
+    All zeros (a zero weight matrix or norm kills its layer: a never-written tensor from a zeroed page);
+    a 2-D matrix whose values are all equal (no init scheme and no training gives that); more than
+    TINY_SHARE (0.1%) of its nonzero values below TINY = 1e-30 in magnitude (integer or pointer bytes
+    read as bf16/fp32 land there: an int64 token id is three zero words and one of ~1e-38..1e-34; the
+    statistics of torch.empty garbage; the smallest weights of trained networks are many orders of
+    magnitude above); any value beyond HUGE = 1e4 (trained drafter weights stay within a few hundred)."""
+
+    f = t.detach().float()
+    if f.numel() == 0:
+        return None
+    if not bool(f.any()):
+        return f"all {f.numel()} values are zero: never initialised or trained; " + _UNINIT_FIX
+    if f.dim() == 2 and f.numel() > 1 and bool((f == f.flatten()[0]).all()):
+        return f"all {f.numel()} values equal {float(f.flatten()[0]):g}: no initialisation or training gives that; " + \
+            _UNINIT_FIX
+    nonzero = f[f != 0].abs()
+    share = float((nonzero < TINY).float().mean())
+    if share > TINY_SHARE:
+        return (f"{share:.1%} of its nonzero values are below {TINY:g} (denormal range): the statistics of "
+                "uninitialised memory, not of a weight; " + _UNINIT_FIX)
+    peak = float(nonzero.max())
+    if peak > HUGE:
+        return f"values up to {peak:.3g} (beyond {HUGE:g}): uninitialised memory, not a weight; " + _UNINIT_FIX
+    return None
+
+
+def embedding_problems(tensors: dict[str, Any], target: Path, where: str) -> list[Problem]:
+    """An embed_tokens the drafter carries must be the target's: EAGLE-3 trains with the target's embedding
+    frozen (speculators, SpecForge, EAGLE), and vLLM uses the drafter's own when it has one."""
+
+    mine = tensors.get("embed_tokens.weight")
+    if mine is None:
+        return []
+    from eagle.target import open_target
+
+    try:
+        theirs = open_target(target).read_weights(["embed_tokens.weight"])["embed_tokens.weight"]
+    except (EagleError, KeyError):
+        return []
+    if tuple(theirs.shape) != tuple(mine.shape):
+        return []  # shape_problems names it
+    differ = (mine != theirs.to(mine.dtype)).any(dim=1)
+    rows = int(differ.sum())
+    if rows == 0:
+        return []
+    gap = float((mine.float() - theirs.to(mine.dtype).float()).abs().max())
+    return [Problem(where=f"{where} [embed_tokens.weight]", message=(
+        f"{rows} of {mine.shape[0]} rows differ from the target's embedding {target} (max |diff| {gap:.3g}); a "
+        "drafter is trained on the target's frozen embedding and vLLM serves the drafter's own when it has one: "
+        "delete embed_tokens.weight from the weights (vLLM and eagle then take the target's)"))]
+
+
+# The config classes vLLM 0.32 builds for model types transformers does not know (vllm/transformers_utils/config.py).
+_VLLM_CONFIG_ALIASES = {"kimi_k2": "deepseek_v3"}
+
+
+def _config_class_head_dim(raw: dict[str, Any], model_type: str) -> int | None:
+    """The head_dim the config class of `model_type` gives this config (as vLLM builds it), or None."""
+    from transformers import AutoConfig
+
+    keep = {k: v for k, v in raw.items() if k not in ("model_type", "architectures", "eagle_config", "auto_map")}
+    try:
+        cfg = AutoConfig.for_model(_VLLM_CONFIG_ALIASES.get(model_type, model_type), **keep)
+    except Exception:  # a model type transformers does not know, or fields its class refuses
+        return None
+    head_dim = getattr(cfg, "head_dim", None)
+    return int(head_dim) if isinstance(head_dim, int) else None
+
+
+def serving_problems(ck: checkpoint.Checkpoint, raw: dict[str, Any], where: str,
+                     target_layers: int | None) -> list[Problem]:
+    """What the pinned vLLM versions cannot serve as this checkpoint is written (each with the reason)."""
+    out: list[Problem] = []
+    tl = raw.get("transformer_layer_config") if ck.layout == "speculators" else raw
+    model_type = (tl or {}).get("model_type") if isinstance(tl, dict) else None
+    if ck.layout == "speculators" and model_type and model_type not in checkpoint.VLLM_LAYER_TYPES:
+        out.append(Problem(where=f"{where} [transformer_layer_config.model_type]", message=(
+            f"is {model_type!r}: vLLM {'/'.join(VLLM_VERSIONS)} refuse it (\"Unsupported model_type {model_type} for "
+            f"Eagle3 speculator\"; they map only {', '.join(checkpoint.VLLM_LAYER_TYPES)}); the layer is a Llama "
+            "layer: write \"llama\" (`eagle import-drafter` does)")))
+    if ck.layout == "eagle" and model_type and model_type not in checkpoint.VLLM_LAYER_TYPES and "head_dim" not in raw:
+        theirs = _config_class_head_dim(raw, model_type)
+        ours = ck.cfg.head_dim
+        if theirs is not None and theirs != ours:
+            out.append(Problem(where=f"{where} [head_dim]", message=(
+                f"absent: vLLM builds this config as model_type {model_type!r}'s config class, whose head_dim is "
+                f"{theirs}, while the Llama layer's is hidden_size / heads = {ours}; vLLM would build the attention "
+                "with the wrong shape: write \"head_dim\" or serve the `eagle import-drafter` copy")))
+    doubt = ck.convention_doubt(target_layers)
+    if doubt is not None and ck.stored_ids:
+        out.append(Problem(where=f"{where} [eagle_aux_hidden_state_layer_ids]",
+                           message=checkpoint.convention_message(ck.stored_ids, doubt, "").removeprefix(": ")))
+    elif ck.stated and ck.convention == "output":
+        out.append(Problem(where=f"{where} [eagle_aux_hidden_state_layer_ids]", message=(
+            f"{ck.stored_ids} in the output-of-layer convention are HF hidden_states {ck.cfg.layer_ids}, but vLLM "
+            f"reads the stored ids as written (hidden_states {ck.stored_ids}): serve the copy `eagle import-drafter "
+            "--layer-convention output` writes (its ids are vLLM's)")))
+    return out
+
+
+def check_checkpoint(draft: str | Path, target: str | Path, convention: str | None = None) -> CheckReport:
     """Run every check on a drafter of any layout; never raises for a bad checkpoint (problems are
     in the report; `readable` is False when the drafter could not be read at all)."""
     draft, target = Path(draft), Path(target)
@@ -252,13 +367,13 @@ def check_checkpoint(draft: str | Path, target: str | Path) -> CheckReport:
         problems.append(Problem(where=str(cfg_path), message=(
             "not an EAGLE-3 drafter config: it has neither speculators_model_type (speculators / vLLM format) "
             f"nor architectures [\"{EAGLE_ARCHITECTURE}\"] (EAGLE / SpecForge format)")))
-    if raw is not None and tcfg is not None and layout is not None:
+    if raw is not None and tcfg is not None and layout in ("speculators", "eagle"):
         problems += (config_problems if layout == "speculators" else eagle_config_problems)(raw, tcfg, str(cfg_path))
     n_layers = (tcfg or {}).get("num_hidden_layers")
     ck = None
     if layout is not None:
         try:
-            ck = checkpoint.read_drafter(draft, validate=False)
+            ck = checkpoint.read_drafter(draft, validate=False, convention=convention)
         except EagleError as exc:
             where, _, message = str(exc).partition(": ")
             problems.append(Problem(where=where, message=message))
@@ -278,6 +393,9 @@ def check_checkpoint(draft: str | Path, target: str | Path) -> CheckReport:
             ck = None
         else:
             problems += tensor_problems(ck.cfg, tensors, str(ck.weights_file))
+            problems += embedding_problems(tensors, target, str(ck.weights_file))
+            if raw is not None:
+                problems += serving_problems(ck, raw, str(cfg_path), n_layers if isinstance(n_layers, int) else None)
             facts = ck.notes + vllm_facts(ck, n_layers if isinstance(n_layers, int) else None)
     if ck is not None:
         parsed = ck.cfg

@@ -29,6 +29,19 @@ The layouts `read_drafter` reads and normalises (in memory) to the above:
   ["LlamaForCausalLMEagle3"]`, `draft_vocab_size`, `eagle_config.eagle_aux_hidden_state_layer_ids`,
   weights under `midlayer.*` (vLLM renames them to `layers.0.*`), usually bf16, no embedding.
 
+In both, the drafter's decoder layer is a Llama layer whatever `model_type` its config names
+(SpecForge's Kimi-K2 draft config says "kimi_k2", DeepSeek-V3 ones "deepseek_v3"): the reader
+normalises it to "llama" and drops the target-only MLA / MoE keys (`normalize_layer_config`), so
+what the writer writes is a layer config vLLM and speculators accept. MLA drafters (SGLang's
+DeepseekV3ForCausalLMEagle3, vLLM's Eagle3DeepseekV2ForCausalLM) are refused with the reason.
+
+Aux layer ids come in two conventions (docs/eagle.md, "Aux layer ids"): ours, speculators' and
+vLLM's "input of layer i" = HF hidden_states[i]; SGLang's and SpecForge's "output of layer i" =
+HF hidden_states[i+1]. `read_drafter(..., convention="output")` adds 1 to the stored ids; without
+a stated convention they are taken as written (what vLLM does) and `Checkpoint.convention_doubt`
+says when those of an EAGLE / SpecForge layout look like the other one (the speculators format
+defines its ids as input ids).
+
 This module never imports speculators (eagle/drafter/model.py is the only one that does), so readers of a
 checkpoint need only torch + safetensors.
 """
@@ -72,6 +85,22 @@ _DROP_KEYS = ("model_type", "auto_map", "_name_or_path", "transformers_version_s
 # Keys of an EAGLE / SpecForge config that are not the decoder layer's llama config.
 _EAGLE_KEYS = ("architectures", "eagle_config", "draft_vocab_size", "target_hidden_size", *NORM_FLAGS,
                "eagle_aux_hidden_state_layer_ids", "auto_map", "_name_or_path", "torch_dtype", "dtype")
+
+# The layer model types vLLM's EAGLE-3 speculators loader maps to a model (vllm/transformers_utils/
+# configs/speculators/algos.py eagle3_arch_map); any other fails there ("Unsupported model_type").
+VLLM_LAYER_TYPES = ("llama", "qwen3")
+# Keys of a DeepSeek-V3 / Kimi-K2 config that describe the target's MLA attention and MoE, never a
+# Llama drafter layer: dropped when a published draft config carries them.
+_TARGET_ONLY_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                     "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size",
+                     "moe_layer_freq", "first_k_dense_replace", "n_group", "topk_group", "topk_method",
+                     "norm_topk_prob", "routed_scaling_factor", "scoring_func", "ep_size",
+                     "num_nextn_predict_layers", "aux_loss_alpha", "seq_aux")
+# Drafters whose layer is DeepSeek MLA attention (SGLang's and vLLM's names): not a Llama layer.
+MLA_ARCHITECTURES = ("DeepseekV3ForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
+# Aux layer id conventions: "input" of layer i = HF hidden_states[i] (ours, speculators, vLLM);
+# "output" of layer i = HF hidden_states[i+1] (SGLang, SpecForge).
+CONVENTIONS = ("input", "output")
 
 # What the pinned vLLM versions serve, read from their code (vllm/model_executor/models/
 # llama_eagle3.py and transformers_utils/configs/speculators/algos.py; 0.33's loader is
@@ -276,22 +305,47 @@ def read_config_json(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def detect_layout(data: dict[str, Any]) -> str | None:
-    """"speculators", "eagle" or None (neither) for a config.json dict."""
+    """"speculators", "eagle", "mla" (an MLA drafter: read by nothing here) or None (neither) for a
+    config.json dict."""
     if "speculators_model_type" in data or "transformer_layer_config" in data:
         return "speculators"
     archs = data.get("architectures") or []
+    if any(a in MLA_ARCHITECTURES for a in archs):
+        return "mla"
     if EAGLE_ARCHITECTURE in archs or ("eagle_config" in data and "hidden_size" in data):
         return "eagle"
     return None
 
 
+MLA_REFUSAL = ("an MLA drafter ({arch}: its decoder layer is DeepSeek multi-head latent attention, vLLM's "
+               "Eagle3DeepseekV2ForCausalLM): eagle reads, trains, evaluates and imports only drafters whose "
+               "layer is a Llama layer (LlamaForCausalLMEagle3 / speculators eagle3), as the published Kimi-K2, "
+               "Kimi-K2.5 and DeepSeek-V3 EAGLE-3 drafters are; serve this one with the engine it was built for")
+
+
+def normalize_layer_config(layer: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(the drafter layer's config as a Llama layer config, notes): a model_type vLLM's EAGLE-3 loader
+    does not map (kimi_k2, deepseek_v3, ...) becomes "llama", keys of the target's MLA / MoE are dropped.
+    The layer's shape keys (hidden, intermediate, heads, head_dim, rope) are kept as they are."""
+    out, notes = dict(layer), []
+    model_type = out.get("model_type") or "llama"
+    if model_type not in VLLM_LAYER_TYPES:
+        notes.append(f"model_type {model_type!r} of the drafter layer read as 'llama': an EAGLE-3 drafter layer is a "
+                     "Llama layer whatever the target (vLLM's speculators loader refuses other types)")
+        model_type = "llama"
+    out["model_type"] = model_type
+    dropped = [k for k in _TARGET_ONLY_KEYS if k in out]
+    if dropped:
+        notes.append(f"target-only keys dropped from the layer config: {', '.join(dropped)}")
+        out = {k: v for k, v in out.items() if k not in dropped}
+    return out, notes
+
+
 def _from_eagle_layout(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The speculators config.json dict equal in meaning (for vLLM) to an EAGLE / SpecForge one."""
     eagle_cfg = data.get("eagle_config") or {}
-    layer = {k: v for k, v in data.items() if k not in _EAGLE_KEYS}
-    layer.setdefault("model_type", "llama")
+    layer, notes = normalize_layer_config({k: v for k, v in data.items() if k not in _EAGLE_KEYS})
     ids = eagle_cfg.get("eagle_aux_hidden_state_layer_ids", data.get("eagle_aux_hidden_state_layer_ids"))
-    notes = []
     out = {
         "speculators_model_type": "eagle3",
         "transformer_layer_config": layer,
@@ -314,7 +368,9 @@ def _from_eagle_layout(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]
 
 
 def _from_speculators_layout(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    out, notes = dict(data), []
+    out, notes = dict(data), list[str]()
+    if isinstance(out.get("transformer_layer_config"), dict):
+        out["transformer_layer_config"], notes = normalize_layer_config(out["transformer_layer_config"])
     if "eagle_aux_hidden_state_layer_ids" not in out:
         out["eagle_aux_hidden_state_layer_ids"] = None
     if "norm_before_residual" not in out:
@@ -349,6 +405,9 @@ class Checkpoint:
     shapes: dict[str, tuple[int, ...]]  # normalised tensor name -> shape
     dtypes: dict[str, str]  # normalised tensor name -> dtype as stored ("BF16", "F32", ...)
     notes: list[str] = field(default_factory=list)  # what the normalisation did
+    convention: str = "input"  # how the stored layer ids were read: CONVENTIONS
+    stated: bool = False  # the convention was given by the caller, not taken from the layout
+    stored_ids: list[int] | None = None  # the layer ids as the checkpoint writes them
     _where: dict[str, tuple[Path, str]] = field(default_factory=dict, repr=False)  # name -> (file, stored name)
     _loaded: dict[str, Any] = field(default_factory=dict, repr=False)  # pytorch_model.bin tensors
 
@@ -361,6 +420,14 @@ class Checkpoint:
         config = dict(self.config, eagle_aux_hidden_state_layer_ids=ids)
         return replace(self, config=config, cfg=self.cfg.model_copy(update={"layer_ids": ids}),
                        notes=[*self.notes, note])
+
+    def convention_doubt(self, target_layers: int | None = None) -> str | None:
+        """Why the stored layer ids look like SGLang's output-of-layer convention although they were
+        read as written (input of layer; what vLLM does with them); None when they do not, when the
+        convention was stated, or in the speculators layout (its format defines them as input ids)."""
+        if self.stated or self.convention != "input" or not self.stored_ids or self.layout != "eagle":
+            return None
+        return output_convention_hint(self.stored_ids, target_layers, self.layout)
 
     def draft_token_ids(self) -> list[int]:
         """The target token ids of the draft vocabulary (all of them without a d2t)."""
@@ -461,8 +528,48 @@ def _index_weights(files: list[Path]) -> tuple[dict[str, tuple[Path, str]], dict
     return where, shapes, dtypes, loaded
 
 
-def read_drafter(src: str | os.PathLike[str], target_layers: int | None = None, validate: bool = True) -> Checkpoint:
+def output_convention_hint(ids: list[int], target_layers: int | None, layout: str) -> str | None:
+    """Why layer ids read as "input of layer i" look like SGLang's "output of layer i", or None.
+
+    Signs, strongest first: the ids are SpecForge's default [1, N//2-1, N-4] (vLLM's [2, N//2, N-3]
+    minus one); the first id is 1 (SGLang reads a first id of 1 as output-of-layer since sglang#25454:
+    no drafter feeds on the embedding's output); in an EAGLE / SpecForge layout, the last id is N-1
+    (the output of the target's last layer). An id equal to N exists only in the input convention."""
+    if target_layers is not None and max(ids) >= target_layers:
+        return None
+    if target_layers is not None and ids == [i - 1 for i in _default_ids(target_layers)]:
+        return (f"{ids} is SpecForge's default [1, N//2-1, N-4] for a {target_layers}-layer target, written in "
+                "SGLang's output-of-layer convention")
+    if ids[0] == 1:
+        return f"the first id of {ids} is 1, which SGLang reads as the output of layer 1 (its rule since sglang#25454)"
+    if layout == "eagle" and target_layers is not None and ids[-1] == target_layers - 1:
+        return (f"the last id of {ids} is N-1 = {target_layers - 1}: in SGLang's convention the output of the "
+                "target's last layer")
+    return None
+
+
+def convention_message(ids: list[int], why: str, where: str) -> str:
+    """The refusal for ids whose convention is in doubt: what was found, both readings, the fix."""
+    shifted = [i + 1 for i in ids]
+    return (f"{where}: aux layer ids {ids} look like SGLang / SpecForge's output-of-layer convention ({why}). "
+            f"vLLM and eagle read them as the inputs of layers {ids} (HF hidden_states{ids}); SGLang reads them as "
+            f"the outputs, HF hidden_states{shifted}: one of the two is off by one and costs the drafter its "
+            f"acceptance without an error. Say which: --layer-convention output (trained by SpecForge / SGLang: "
+            f"the ids become {shifted}) or --layer-convention input (they are HF hidden_states indices already)")
+
+
+def _default_ids(target_layers: int) -> list[int]:
+    from eagle.target import default_layer_ids
+
+    return default_layer_ids(target_layers)
+
+
+def read_drafter(src: str | os.PathLike[str], target_layers: int | None = None, validate: bool = True,
+                 convention: str | None = None) -> Checkpoint:
     """Read a drafter checkpoint of any layout (see the module docstring) and normalise it.
+
+    `convention` ("input" or "output", None: as written, i.e. "input") says how the stored aux layer
+    ids count; "output" ids are shifted by one to ours (HF hidden_states indices).
 
     With `target_layers` (the target's decoder-layer count), null layer ids become vLLM's default
     for that target; without it they stay None (and `cfg.num_aux` is vLLM's 3). Checks names and
@@ -480,7 +587,17 @@ def read_drafter(src: str | os.PathLike[str], target_layers: int | None = None, 
         raise CheckpointError(
             f"{where_cfg}: not an EAGLE-3 drafter config: it has neither speculators_model_type (speculators / "
             f"vLLM format) nor architectures [\"{EAGLE_ARCHITECTURE}\"] (EAGLE / SpecForge format)")
+    if layout == "mla":
+        raise CheckpointError(f"{where_cfg}: " + MLA_REFUSAL.format(arch=", ".join(raw.get("architectures") or [])))
+    if convention is not None and convention not in CONVENTIONS:
+        raise CheckpointError(f"layer convention {convention!r}: expected one of {', '.join(CONVENTIONS)}")
     config, notes = (_from_eagle_layout if layout == "eagle" else _from_speculators_layout)(raw)
+    stored_ids = config.get("eagle_aux_hidden_state_layer_ids")
+    stored_ids = list(stored_ids) if isinstance(stored_ids, list) else None
+    if convention == "output" and stored_ids:
+        config["eagle_aux_hidden_state_layer_ids"] = [int(i) + 1 for i in stored_ids]
+        notes.append(f"layer ids {stored_ids} in the output-of-layer convention (SGLang / SpecForge) read as "
+                     f"{config['eagle_aux_hidden_state_layer_ids']} (HF hidden_states indices, vLLM's convention)")
     if "model_type" in config:
         notes.append(f"top-level model_type {config['model_type']!r} dropped (vLLM would load a plain model)")
     config = {k: v for k, v in config.items() if k not in _DROP_KEYS}
@@ -494,7 +611,8 @@ def read_drafter(src: str | os.PathLike[str], target_layers: int | None = None, 
         files = sorted({str(f) for f, _ in where.values()}) or [str(src / WEIGHTS_FILE)]
         raise CheckpointError(f"{', '.join(files)}: does not match its config.json: " + "; ".join(problems))
     ck = Checkpoint(source=src, layout=layout, config=config, cfg=cfg, shapes=shapes, dtypes=dtypes,
-                    notes=notes, _where=where, _loaded=loaded)
+                    notes=notes, convention=convention or "input", stated=convention is not None,
+                    stored_ids=stored_ids, _where=where, _loaded=loaded)
     return ck.for_target(target_layers) if target_layers is not None else ck
 
 
@@ -561,7 +679,7 @@ def normalize_config(data: dict[str, Any]) -> dict[str, Any]:
         if out[flag] and not VLLM_SERVES.get(flag):
             raise CheckpointError(f"{flag}=True is served by none of the pinned vLLM versions "
                                   f"({', '.join(VLLM_VERSIONS)}); train with it off")
-    tl = dict(out["transformer_layer_config"])
+    tl, _ = normalize_layer_config(out["transformer_layer_config"])  # a layer type vLLM maps, no MLA/MoE keys
     tl["num_hidden_layers"] = 1
     tl.pop("_attn_implementation", None)
     tl.pop("_name_or_path", None)

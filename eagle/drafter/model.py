@@ -191,11 +191,15 @@ def init_from(
     ttt_steps: int,
     attn_impl: str = ATTN_IMPL,
     trust_remote_code: bool = False,
+    freeze_lm_head: bool = False,
 ) -> Eagle3DraftModel:
     """A drafter to fine-tune on the target `target_dir`: the trainable layers (fc, the decoder
     layer, the final norm, input/fc norms) of `ck` as float32 masters, whatever their stored dtype;
-    its layer shape and norm flags; the embedding and the lm_head rows of the draft vocabulary
-    `d2t`/`t2d` (old or new) from the target, as a fresh drafter has them."""
+    its layer shape and norm flags; the embedding from the target, as a fresh drafter has it.
+
+    The lm_head is the published drafter's (SpecForge trains it; dropping it loses what it learnt):
+    its row of every token of the draft vocabulary `d2t`/`t2d` that the checkpoint's vocabulary
+    also has, the target's lm_head row for a token new to it. It trains unless `freeze_lm_head`."""
     flags: dict[str, Any] = ck.cfg.flags()
     model = build_drafter(target_dir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=ttt_steps,
                           layer_config=checkpoint_layer_config(ck), attn_impl=attn_impl,
@@ -208,6 +212,13 @@ def init_from(
     with torch.no_grad():
         for name, value in stored.items():
             params[name].copy_(value)
+        old_head = ck.tensors(["lm_head.weight"])["lm_head.weight"]
+        old_row = {tid: row for row, tid in enumerate(ck.draft_token_ids())}
+        new_ids = (torch.arange(d2t.shape[0]) + d2t.long()).tolist()
+        for row, tid in enumerate(new_ids):
+            if tid in old_row:
+                model.lm_head.weight[row].copy_(old_head[old_row[tid]])
+    model.lm_head.weight.requires_grad_(not freeze_lm_head)
     return model
 
 

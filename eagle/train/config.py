@@ -16,7 +16,7 @@ from eagle.target import DraftShape
 # Settings a resumed run must share with the run it continues (epochs may grow).
 RESUME_FIELDS = ("model", "data", "ttt_steps", "batch_tokens", "val_fraction", "seed", "lr", "init_from", "world_size",
                  "online", "layer_ids", "draft_shape", "loss_decay", "grad_accum", "norm_before_residual",
-                 "norm_before_fc", "norm_output")
+                 "norm_before_fc", "norm_output", "freeze_lm_head")
 # The drafter's norm flags `eagle train` sets (None: off for a new drafter, the checkpoint's with --init-from).
 TRAIN_NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "norm_output")
 MAX_TTT_STEPS = 7
@@ -39,6 +39,7 @@ class TrainConfig(BaseModel):
     tensorboard: bool = True  # OUT/tensorboard: per-step losses and accuracies
     seed: int = 0
     init_from: str | None = None
+    freeze_lm_head: bool = False  # --init-from: keep the published drafter's lm_head as it is
     device: str = "auto"
     resume: bool = False
     warmup_fraction: float = 0.05
@@ -123,6 +124,9 @@ def check_config(config: TrainConfig) -> None:
         problems.append(f"--lr must be > 0 (got {config.lr:g})")
     if not 0 < config.loss_decay <= 1:
         problems.append(f"--loss-decay must be in (0, 1] (got {config.loss_decay:g})")
+    if config.freeze_lm_head and not config.init_from:
+        problems.append("--freeze-lm-head goes with --init-from (a new drafter's lm_head is the target's rows, "
+                        "never trained)")
     for name in ("grad_accum", "layout_multiple"):
         if getattr(config, name) is not None and getattr(config, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(config, name)})")

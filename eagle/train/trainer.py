@@ -149,6 +149,11 @@ def _init_from_checkpoint(config: TrainConfig, target: Target, layer_ids: list[i
         fix = "train with --layer-ids" if config.online else "extract the data with --layer-ids"
         problems.append(f"the drafter reads target layers {ck.cfg.layer_ids}, the data holds {layer_ids}: "
                         f"{fix} {','.join(map(str, ck.cfg.layer_ids or []))}")
+        doubt = ck.convention_doubt(target.num_layers)
+        if doubt is not None:
+            problems.append(f"its ids look like SGLang's output-of-layer convention ({doubt}): if they are, "
+                            f"`eagle import-drafter {src} --out DIR --layer-convention output` writes them as "
+                            f"{[i + 1 for i in ck.stored_ids or []]}; fine-tune that copy")
     if ck.cfg.aux_hidden_size != ck.cfg.hidden_size:
         problems.append(f"target_hidden_size {ck.cfg.aux_hidden_size} differs from the drafter's hidden size "
                         f"{ck.cfg.hidden_size}: speculators cannot train such a drafter (vLLM serves it as it is)")
@@ -276,9 +281,10 @@ class Trainer:
         if cfg.init_from:
             ck = _init_from_checkpoint(cfg, target, layer_ids)
             model = drafter.init_from(ck, model_dir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=cfg.ttt_steps,
-                                      trust_remote_code=cfg.trust_remote_code)
-            self.say(f"fine-tuning {cfg.init_from} ({ck.layout} layout); {_vocab_change(ck, d2t)}; embedding and "
-                     f"lm_head rows from {model_dir}")
+                                      trust_remote_code=cfg.trust_remote_code, freeze_lm_head=cfg.freeze_lm_head)
+            head = "frozen (--freeze-lm-head)" if cfg.freeze_lm_head else "trained"
+            self.say(f"fine-tuning {cfg.init_from} ({ck.layout} layout); {_vocab_change(ck, d2t)}; embedding from "
+                     f"{model_dir}; lm_head: the drafter's rows (the target's for tokens new to it), {head}")
         else:
             flags: dict[str, Any] = {flag: bool(getattr(cfg, flag)) for flag in TRAIN_NORM_FLAGS}
             model = drafter.build_drafter(model_dir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=cfg.ttt_steps,

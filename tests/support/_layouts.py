@@ -13,6 +13,13 @@ another layout, the way its publishers write it. Imported by name (tests/ is on 
 - `speculators_save`: what speculators 0.9's own `save_pretrained` writes (architectures
   Eagle3DraftModel, auto_map, float32, embedding included); used with a drafter trained with its
   default norm flags (norm_before_fc, norm_output, norm_before_residual).
+- `specforge_kimi_k2`: SpecForge's own Kimi-K2 draft config (configs/kimi-k2-eagle3.json): the
+  `specforge` layout with model_type "kimi_k2" and that file's keys in its order (bos/eos ids,
+  max_window_layers, sliding_window, transformers_version ...);
+- `specforge_output_ids`: the `specforge` layout with its ids in SGLang's output-of-layer
+  convention (ours minus one: [2, 4, 5] -> [1, 3, 4]), as SpecForge writes the ids it trained on;
+- `with_embedding(src, out, embedding)`: ours plus an embed_tokens.weight: `garbage_embedding` (the
+  bytes torch.empty hands back after a buffer of int64 token ids, read as bf16) or all zeros.
 """
 
 from __future__ import annotations
@@ -103,3 +110,41 @@ LAYOUTS: dict[str, Callable[..., Path]] = {
     "null_ids": null_ids,
     "no_ids_key": no_ids_key,
 }
+
+
+def specforge_kimi_k2(src: Path, out: Path) -> Path:
+    specforge(src, out)
+    cfg = json.loads((out / "config.json").read_text())
+    layer = {k: v for k, v in cfg.items() if k not in ("architectures", "eagle_config", "torch_dtype",
+                                                      "draft_vocab_size")}
+    kimi = {"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": cfg["eagle_config"],
+            "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,  # the toy's
+            "head_dim": layer.get("head_dim") or layer["hidden_size"] // layer["num_attention_heads"]}
+    kimi.update({k: v for k, v in layer.items() if k not in kimi})
+    kimi.update({"max_window_layers": 48, "model_type": "kimi_k2", "num_hidden_layers": 1, "rope_scaling": None,
+                 "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+                 "transformers_version": "4.53.2", "use_cache": True, "use_sliding_window": False,
+                 "draft_vocab_size": cfg["draft_vocab_size"]})
+    (out / "config.json").write_text(json.dumps(kimi, indent=2))
+    return out
+
+
+def specforge_output_ids(src: Path, out: Path) -> Path:
+    specforge(src, out)
+    cfg = json.loads((out / "config.json").read_text())
+    ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in ids]
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out
+
+
+def garbage_embedding(vocab: int, hidden: int, seed: int = 0) -> torch.Tensor:
+    """[vocab, hidden] bf16 as torch.empty returns it from memory that last held int64 token ids."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (vocab * hidden // 4,), generator=g, dtype=torch.int64)
+    return ids.view(torch.bfloat16).reshape(vocab, hidden).clone()
+
+
+def with_embedding(src: Path, out: Path, embedding: torch.Tensor) -> Path:
+    cfg, tensors = _ours(src)
+    return _write(out, cfg, {**tensors, "embed_tokens.weight": embedding})

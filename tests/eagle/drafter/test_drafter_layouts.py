@@ -127,14 +127,16 @@ def test_init_from_bf16_gives_float32_masters_and_the_new_targets_rows(layouts, 
     model = drafter.init_from(ck, toy_successor, layer_ids=[2, 4, 5], d2t=d2t, t2d=t2d, ttt_steps=3)
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and {p.dtype for p in trainable.values()} == {torch.float32}
-    stored = ck.tensors(list(trainable))
-    assert set(stored) == set(trainable)
-    assert all(torch.equal(trainable[n].detach(), stored[n].float()) for n in trainable)
+    layers = [n for n in trainable if n != "lm_head.weight"]
+    stored = ck.tensors(layers)
+    assert set(stored) == set(layers)
+    assert all(torch.equal(trainable[n].detach(), stored[n].float()) for n in layers)
     succ = load_file(str(toy_successor / "model.safetensors"))
     assert torch.equal(model.embed_tokens.weight, succ["model.embed_tokens.weight"].float())
+    # no token of the new vocabulary is in the drafter's: every lm_head row is the successor's, and trains
     assert torch.equal(model.lm_head.weight, succ["lm_head.weight"][t2d].float())
     assert torch.equal(model.d2t, d2t)
-    assert not model.lm_head.weight.requires_grad and not model.embed_tokens.weight.requires_grad
+    assert model.lm_head.weight.requires_grad and not model.embed_tokens.weight.requires_grad
     batch = {"hidden_states": torch.randn(1, 8, 3 * 128), "input_ids": torch.randint(0, 2048, (1, 8)),
              "document_ids": torch.zeros(1, 8, dtype=torch.long), "position_ids": torch.arange(1, 9)[None],
              "loss_mask": torch.ones(1, 8, dtype=torch.bool), "verifier_last_hidden_states": torch.randn(1, 8, 128)}
