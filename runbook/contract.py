@@ -247,8 +247,10 @@ class NextAction(Model):
     title: str | None = None
     estimate: str | None = None
     goal: str = ""
-    argv: list[str] | None = None  # the command to run, as an argument list; None: nothing to run now
-    command: str | None = None  # the same, shell-quoted, to paste
+    # the command to run, as an argument list, argv[0] the running runbook by its absolute path (blocked: the
+    # run of the first phase it needs); None: nothing runbook can run now
+    argv: list[str] | None = None
+    command: str | None = None  # the same with a bare `runbook`, shell-quoted, to paste
     outcome: Outcome | None = None  # kind "nothing": why nothing
     start_step: str | None = None  # the first step that will run (resume starts after the done ones)
     steps: list[StepLine] = []

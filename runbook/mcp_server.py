@@ -62,9 +62,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from runbook.cli import COMMANDS, error_info, refusal
 from runbook.commands._output import Output
 from runbook.contract import envelope_json, output_schema
+from runbook.entry import runbook_argv
 from runbook.errors import RunbookError
 from runbook.mcp_stdio import stdio_transport
-from runbook.report.agents import runbook_argv
 
 __all__ = ["TOOLS", "build_server", "serve"]
 

@@ -13,9 +13,10 @@ import click
 from runbook.commands._options import json_option
 from runbook.commands._output import Output
 from runbook.contract import InitResult
+from runbook.entry import runbook_argv
 from runbook.errors import RunbookError, warning
 from runbook.plan.mdtext import detect_newline, ends_with_newline
-from runbook.report.agents import AGENTS_FILE, agents_addition, client_config, runbook_argv
+from runbook.report.agents import AGENTS_FILE, agents_addition, client_config
 
 PLANS_DIR = "plans"
 STATE_DIR = "state"

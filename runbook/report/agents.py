@@ -6,7 +6,6 @@ Light: no MCP SDK here, so `runbook init` does not load it.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +13,6 @@ from runbook.plan.mdtext import detect_newline, ends_with_newline
 
 AGENTS_FILE = "AGENTS.md"
 MARK = "runbook brief"  # an AGENTS.md that mentions it already tells agents about runbook
-
-
-def runbook_argv() -> list[str]:
-    """The `runbook` installed beside this interpreter, as an argument list."""
-    script = Path(sys.executable).with_name("runbook")
-    if script.is_file():
-        return [str(script)]
-    return [sys.executable, "-c", "from runbook.cli import main; main()"]
 
 
 def client_config(root: str | Path | None = None, command: list[str] | None = None) -> dict[str, Any]:

@@ -60,6 +60,7 @@ from runbook.contract import (
     StepLine,
     phase_label,
 )
+from runbook.entry import runbook_executable
 from runbook.formatting import format_took, iso_utc, parse_utc, utc_now
 from runbook.model import Phase, Plan, RunRecord
 from runbook.run.attempts import AttemptsOf, from_runs
@@ -187,7 +188,8 @@ def _action_for(plan: Plan, phase: Phase, kind: NextKind, why: str, argv: list[s
     steps = _steps(plan, phase, start, extra.get("overrides"))
     return NextAction(
         kind=kind, why=why, phase=phase.id, label=phase.display_name, title=phase.title, estimate=phase.estimate,
-        goal=phase.goal.strip(), argv=argv, command=shlex.join(argv) if argv else None,
+        goal=phase.goal.strip(), argv=[runbook_executable(), *argv[1:]] if argv else None,
+        command=shlex.join(argv) if argv else None,
         start_step=phase.steps[start].id if start < len(phase.steps) else None, steps=steps,
         criterion=_criterion(phase), **extra,
     )
@@ -225,7 +227,9 @@ def _next_action(
     if sel.phase is not None:
         return _selected_action(plan, sel, lead, detour, argv, plan_arg, unrecorded)
     if sel.blocked and sel.blocked_phase is not None:
-        return _action_for(plan, sel.blocked_phase, "blocked", lead + _sentence(sel.message), None, 0,
+        # the way out is a run of the first phase it needs: that is the argv (the action's phase stays the blocked one)
+        unblock = next_argv(plan_arg, "--phase", sel.unmet[0]) if sel.unmet else None
+        return _action_for(plan, sel.blocked_phase, "blocked", lead + _sentence(sel.message), unblock, 0,
                            unmet_needs=list(sel.unmet))
     if sel.blocked:
         return NextAction(kind="blocked", why=lead + _sentence(sel.message))

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import helpers as H
 import pytest
 from click.testing import CliRunner
 from helpers import run_record
@@ -195,7 +196,7 @@ def test_status_table_and_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert "next (run): runbook next --yes" in result.stdout
     data = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["result"]
     assert data["next"]["phase"] == "phase-0" and data["next"]["kind"] == "run"
-    assert data["next"]["argv"] == ["runbook", "next", "--yes"]
+    assert data["next"]["argv"] == [H.RUNBOOK_EXE, "next", "--yes"]
     _record_pass(tmp_path, "plans/tiny.md", "phase-0")
     data = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["result"]
     assert data["next"]["phase"] == "write"

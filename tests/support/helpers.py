@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 RUNBOOK = [str(BIN / "runbook")] if (BIN / "runbook").exists() else [sys.executable, "-m", "runbook.cli"]
+# what a next action's argv[0] is: the runbook beside the interpreter running it, by its absolute path
+RUNBOOK_EXE = str((Path(sys.executable).with_name("runbook")).absolute())
 EAGLE = [str(BIN / "eagle")] if (BIN / "eagle").exists() else [sys.executable, "-m", "eagle.cli"]
 
 DEFAULT_FUZZ_EXAMPLES = 200

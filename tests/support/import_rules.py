@@ -24,7 +24,7 @@ WINGS: dict[str, list[tuple[str, list[str]]]] = {
         ("store", ["runbook.store."]),
         ("contract", ["runbook.contract"]),
         ("plan", ["runbook.plan."]),
-        ("ground", ["runbook.errors", "runbook.model", "runbook.formatting", "runbook.files", "runbook.redact",
+        ("ground", ["runbook.errors", "runbook.model", "runbook.formatting", "runbook.files", "runbook.redact", "runbook.entry",
                     "runbook"]),
     ],
     "eagle": [

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import helpers as H
 import pytest
 from click.testing import CliRunner
 from helpers import git, load_test_module
@@ -78,7 +79,7 @@ def test_json_validates_against_the_schema(tmp_path: Path, monkeypatch: pytest.M
     assert (envelope["command"], envelope["ok"], envelope["exit_code"]) == ("brief", True, 0)
     model = Brief.model_validate(envelope["result"])
     assert model.next.label == "Phase 2" and model.next.phase == "phase-2" and model.next.kind == "run"
-    assert model.next.command == "runbook next --yes" and model.next.argv == ["runbook", "next", "--yes"]
+    assert model.next.command == "runbook next --yes" and model.next.argv == [H.RUNBOOK_EXE, "next", "--yes"]
     assert model.last_run is not None and model.last_run.failures == ["✗ accept_len 1.31 >= 1.5"]
     [accept, loss] = model.last_run.comparisons
     assert (accept.metric, accept.op, accept.value, accept.threshold, accept.held) == ("accept_len", ">=", 1.31, 1.5, False)

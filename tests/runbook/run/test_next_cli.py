@@ -163,7 +163,7 @@ def test_single_step_json_and_record_hint(tmp_path):
     assert rec["commit"] == before  # the commit its code ran on
     # where the plan goes next is data too
     assert out["next"]["kind"] == "run" and out["next"]["phase"] == "phase-1"
-    assert out["next"]["argv"] == ["runbook", "next", "--yes"]
+    assert out["next"]["argv"] == [H.RUNBOOK_EXE, "next", "--yes"]
     assert f"runbook record 'Probe: pass' --run {rec['run_id']}" in done.stderr
     # the step's output went to stderr, stdout is only the JSON
     assert rec["steps"][1]["log_path"] == f"state/runs/{rec['run_id']}/step-2.log"
