@@ -72,11 +72,14 @@ def main() -> None:
     import os
 
     from eagle.common import EagleError, fail
+    from eagle.fsutil import SpecialFileError
 
     try:
         cli()
     except EagleError as exc:
         fail(str(exc))
+    except SpecialFileError as exc:  # a directory where a command writes a file (eagle.fsutil.atomic_path)
+        fail(str(exc), code=2)
     except KeyboardInterrupt:
         fail("interrupted", code=130)
     except Exception as exc:

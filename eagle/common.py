@@ -35,11 +35,38 @@ def fail(msg: str | BaseException, code: int | None = None) -> NoReturn:
     sys.exit(code)
 
 
+def check_file(path: Any, what: str = "file", fix: str = "replace it with a regular file",
+               error: type[EagleError] = EagleError) -> bool:
+    """eagle.fsutil.regular_file, its refusal an `error` (exit 2): True for a regular file at `path`, False
+    when nothing is there; a FIFO, a device (a link to /dev/zero), a directory or a socket is refused
+    at once, naming the path, before anything opens it (where a reader would hang or read for ever)."""
+    from eagle.fsutil import SpecialFileError, regular_file
+
+    try:
+        return regular_file(path, what, fix)
+    except SpecialFileError as exc:
+        raise error(str(exc), code=2) from None
+
+
+def check_dir_files(directory: Any, reader: str) -> None:
+    """eagle.fsutil.check_dir_files as an exit-2 EagleError: before `reader` (transformers, datasets) reads
+    `directory` as a whole."""
+    from eagle.fsutil import SpecialFileError
+    from eagle.fsutil import check_dir_files as check
+
+    try:
+        check(directory, reader)
+    except SpecialFileError as exc:
+        raise EagleError(str(exc), code=2) from None
+
+
 def load_safetensors(path: Any, device: Any = "cpu", what: str = "safetensors file") -> dict[str, torch.Tensor]:
     """All tensors of a safetensors file; EagleError naming the file when it is truncated, not a
-    safetensors file at all, or unreadable (safetensors' own errors do not name it)."""
+    safetensors file at all, or unreadable (safetensors' own errors do not name it), or no regular file
+    (a FIFO would block safetensors' open for ever: check_file)."""
     from safetensors.torch import load_file
 
+    check_file(path, what)
     try:
         return load_file(str(path), device=str(device))
     except Exception as e:  # SafetensorError (truncated, random bytes), OSError
@@ -50,9 +77,10 @@ def load_safetensors(path: Any, device: Any = "cpu", what: str = "safetensors fi
 @contextlib.contextmanager
 def open_safetensors(path: Any, device: Any = "cpu", what: str = "safetensors file") -> Iterator[Any]:
     """`safetensors.safe_open` for reading headers or single tensors; EagleError naming the file
-    when it cannot be read (truncated, random bytes)."""
+    when it cannot be read (truncated, random bytes) or is no regular file (check_file)."""
     from safetensors import safe_open
 
+    check_file(path, what)
     try:
         handle = safe_open(str(path), framework="pt", device=str(device))
     except Exception as e:  # SafetensorError, OSError

@@ -20,6 +20,19 @@ A failure or an interrupt removes the temporary and leaves the target as it was.
   file, or a pipe that has a writer (`--data <(zcat data.jsonl.gz)`, a FIFO another process writes);
   a FIFO with no writer, a directory or a device is refused at once (`StreamError`), never a hang.
 
+- `regular_file(path, what)`: the check before any other reader (safetensors, torch.load, a JSONL
+  read, a JSON one) opens a file eagle is handed: True for a regular file, False when nothing is
+  there, `SpecialFileError` naming the path for a FIFO, a device (a link to /dev/zero), a directory or
+  a socket. It only stat()s: opening a FIFO nobody writes blocks (in safetensors' Rust, in pyarrow's C++,
+  beyond any signal), and reading /dev/zero never ends.
+- `check_dir_files(dir, reader)`: the same for a directory a library reads as a whole, opening files
+  whose names eagle does not choose (transformers' loaders): no FIFO, device or socket in it, and no
+  directory named like a file (`tokenizer.json/`); transformers took a FIFO or a directory for a missing
+  file (prepare and evaluate ran with a tokenizer without its tokenizer_config.json, evaluate without
+  the target's generation_config.json).
+- `atomic_path` refuses to write over a directory (`SpecialFileError`, exit 2 in eagle.cli), naming it;
+  a FIFO or a link there is replaced, never opened.
+
 Temporary names are `.tmp-NAME-HOST-PID-THREAD` (hidden, unique per writer, so concurrent writers never
 share one); `remove_dead_temps(dir)` removes those a killed writer of this host left (extract calls it). Imports nothing heavy: eagle/metrics.py uses it in every command.
 """
@@ -92,6 +105,8 @@ def atomic_path(path: str | os.PathLike[str], *, fsync: bool = True) -> Iterator
     is false: data that is cheap to redo, written at disk speed) and rename it over `path`.
     On any exception the temporary is removed and `path` is untouched."""
     path = Path(path)
+    if path.is_dir() and not path.is_symlink():  # os.replace would fail with a bare IsADirectoryError
+        raise SpecialFileError(f"{path}: a directory, where eagle writes a file; remove it or choose another path")
     tmp = temp_name(path)
     try:
         yield tmp
@@ -153,6 +168,54 @@ def _kind(mode: int) -> str:
         if test(mode):
             return name
     return "not a regular file"
+
+
+class SpecialFileError(ValueError):
+    """Something other than a regular file where eagle reads (or writes) one: a FIFO, a device, a directory,
+    a socket. The message names the path, what is there and what to do."""
+
+
+# Names a library opens as files in a directory it reads (a directory of such a name is no file).
+FILE_SUFFIXES = frozenset({".json", ".jsonl", ".jinja", ".safetensors", ".bin", ".pt", ".pth", ".arrow", ".model",
+                           ".txt", ".tiktoken", ".py", ".msgpack", ".h5"})
+
+
+def regular_file(path: str | os.PathLike[str], what: str = "file", fix: str = "replace it with a regular file") -> bool:
+    """Whether a regular file is at `path` (a link followed): False when nothing is there (a dangling link
+    too: the caller's own "not found"); SpecialFileError, naming the path, what is there and `fix`, for a
+    FIFO, a device, a directory or a socket. Nothing is opened (a FIFO's open blocks until a writer comes)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        raise SpecialFileError(f"{path}: cannot read it ({exc.strerror})") from None
+    if stat.S_ISREG(mode):
+        return True
+    raise SpecialFileError(f"{path}: {_kind(mode)}, not a {what}; {fix}")
+
+
+def check_dir_files(directory: str | os.PathLike[str], reader: str = "a loader") -> None:
+    """Before a library reads `directory` as a whole (transformers' from_pretrained): SpecialFileError
+    naming the first entry that is neither a regular file nor a directory (a FIFO, a device, a socket,
+    whatever its name: such a library opens what it finds), or a directory named like a file
+    (`config.json/`, FILE_SUFFIXES). A missing or unreadable directory is left to the reader's own message."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            mode = os.stat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # a dangling link: the reader's own "not found" if it wants it
+        except OSError as exc:
+            raise SpecialFileError(f"{path}: cannot read it ({exc.strerror})") from None
+        if stat.S_ISREG(mode) or (stat.S_ISDIR(mode) and Path(name).suffix.lower() not in FILE_SUFFIXES):
+            continue
+        raise SpecialFileError(f"{path}: {_kind(mode)} in {directory}, whose files {reader} reads; replace it with "
+                               "a regular file, or remove it")
 
 
 class StreamError(ValueError):

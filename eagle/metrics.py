@@ -12,7 +12,7 @@ import math
 import os
 from pathlib import Path
 
-from eagle.fsutil import atomic_write_json
+from eagle.fsutil import atomic_write_json, read_json_file, regular_file
 
 
 def write_metrics(metrics: dict[str, float], path: str | os.PathLike[str] | None = None) -> Path | None:
@@ -30,13 +30,16 @@ def write_metrics(metrics: dict[str, float], path: str | os.PathLike[str] | None
             raise ValueError(f"metric {name!r} is {number}; refusing to record a non-finite value")
         clean[name] = int(number) if isinstance(value, (bool, int)) else number
     target = Path(target)
+    fix = "point $RUNBOOK_METRICS at a regular file"
+    lock_path = target.with_name(target.name + ".lock")
+    regular_file(lock_path, "lock file", fix)  # SpecialFileError (exit 2): a FIFO's open would block
     # Several processes (shards, DDP ranks) may merge into one file: serialise the
     # read-modify-write with a lock file, and replace the file atomically.
-    with open(target.with_name(target.name + ".lock"), "a") as lock:
+    with open(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         current: dict[str, float] = {}
-        if target.exists() and target.stat().st_size > 0:
-            current = json.loads(target.read_text())
+        if regular_file(target, "metrics file", fix) and target.stat().st_size > 0:  # a FIFO, a device: refused
+            current = read_json_file(target)
         current.update(clean)
         atomic_write_json(target, current, sort_keys=True)
     return target

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from eagle.fsutil import SpecialFileError, regular_file
+
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                    "system": "system", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant"}
 
@@ -69,7 +71,11 @@ def _messages(record: object, where: str) -> list[dict[str, str]]:
 def read_prompt_messages(prompts_file: str | Path, limit: int | None = None) -> list[list[dict[str, str]]]:
     """Parse the JSONL file into chat messages (pure apart from reading the file)."""
     path = Path(prompts_file)
-    if not path.is_file():
+    try:
+        there = regular_file(path, "prompts file", "give the path of a JSONL file")
+    except SpecialFileError as exc:  # a FIFO, /dev/zero (read for ever) or a directory
+        raise PromptFileError(str(exc)) from None
+    if not there:
         raise PromptFileError(f"{path}: prompts file not found")
     out: list[list[dict[str, str]]] = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):

@@ -32,7 +32,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from eagle.common import EagleError, open_safetensors, pick_device, pick_dtype, split_layer_ids
+from eagle.common import (
+    EagleError,
+    check_dir_files,
+    check_file,
+    open_safetensors,
+    pick_device,
+    pick_dtype,
+    split_layer_ids,
+)
 from eagle.fsutil import JsonFileError, read_json_file
 
 CONFIG_FILE = "config.json"
@@ -185,10 +193,11 @@ class Target(BaseModel):
         (text config first)."""
         eos = None
         gen = self.dir / "generation_config.json"
-        if gen.is_file():
+        if check_file(gen, "JSON file"):  # a FIFO there is refused, never skipped (it would change the eos ids)
             try:
-                eos = json.loads(gen.read_text()).get("eos_token_id")
-            except (OSError, json.JSONDecodeError):
+                data = read_json_file(gen)
+                eos = data.get("eos_token_id") if isinstance(data, dict) else None
+            except (JsonFileError, json.JSONDecodeError):
                 eos = None
         if eos is None:
             eos = self.text.get("eos_token_id", self.raw.get("eos_token_id"))
@@ -204,6 +213,7 @@ class Target(BaseModel):
         """transformers' config of the whole model (custom code only with trust_remote_code)."""
         from transformers import AutoConfig
 
+        check_dir_files(self.dir, "transformers")
         try:
             return AutoConfig.from_pretrained(self.path, trust_remote_code=self.trust_remote_code)
         except (OSError, ValueError, KeyError) as exc:
@@ -233,6 +243,7 @@ class Target(BaseModel):
             self.weight_bytes(dtype), _gpu_free_bytes()) == "auto"
         if spread:
             kwargs["device_map"] = "auto"
+        check_dir_files(self.dir, "transformers")  # it takes a FIFO for a missing file, or blocks on it
         try:
             try:
                 model = AutoModelForCausalLM.from_pretrained(self.path, **kwargs)
@@ -265,13 +276,13 @@ class Target(BaseModel):
         """Tensor name -> safetensors file (from the index, else the single file's header)."""
 
         index = self.dir / "model.safetensors.index.json"
-        if index.is_file():
+        if check_file(index, "safetensors index"):
             try:
-                return dict(json.loads(index.read_text())["weight_map"])
-            except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+                return dict(read_json_file(index)["weight_map"])
+            except (JsonFileError, json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise EagleError(f"{index}: unreadable safetensors index ({exc})") from None
         single = self.dir / "model.safetensors"
-        if single.is_file():
+        if check_file(single, "weights file"):
             with open_safetensors(single, what="weights file") as fh:
                 return dict.fromkeys(fh.keys(), "model.safetensors")
         raise EagleError(f"{self.dir}: no model.safetensors (or model.safetensors.index.json); eagle reads the "
@@ -412,6 +423,7 @@ def load_tokenizer(path: str | os.PathLike[str], trust_remote_code: bool = False
 
     if not Path(path).is_dir():
         raise _usage(f"--model {path}: no such directory")
+    check_dir_files(path, "transformers")  # it takes a FIFO or a directory for a missing file: a tokenizer without it
     try:
         tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as exc:
@@ -462,7 +474,7 @@ def open_target(path: str | os.PathLike[str], trust_remote_code: bool = False, w
     if not d.is_dir():
         raise _usage(f"{what} {d}: no such directory (give a transformers model directory)")
     file = d / CONFIG_FILE
-    if not file.is_file():
+    if not file.exists():  # a FIFO, a device or a directory there is named by read_json_file
         raise _usage(f"{what} {d}: no config.json (expected a transformers model directory, "
                      "as save_pretrained writes it)")
     try:

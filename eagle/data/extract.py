@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from eagle import distributed
-from eagle.common import EagleError, note, progress, warn
+from eagle.common import EagleError, check_file, note, progress, warn
 from eagle.data import hidden_io
 from eagle.fsutil import remove_dead_temps
 from eagle.target import open_target
@@ -203,6 +203,7 @@ def extract(model: Path, data: Path, out: Path | None = None, layer_ids: str | S
     # resume: keep valid files made with the same target layout
     fingerprint = hidden_io.model_fingerprint(model)
     stale = False
+    check_file(out / hidden_io.META_FILE, "JSON file")  # what is there is read below: a FIFO is refused, not skipped
     try:
         old = hidden_io.read_data_meta(out)
         if (old.layer_ids, old.hidden_size, old.num_layers) != (ids, hidden, num_layers):
@@ -223,7 +224,8 @@ def extract(model: Path, data: Path, out: Path | None = None, layer_ids: str | S
     if not stale:
         for i in mine:
             p = hidden_io.hs_path(out, i)
-            if p.is_file() and not hidden_io.validate_file(p, rows[i], len(ids) + 1, hidden):
+            there = check_file(p, "hidden-state file", fix=hidden_io.HS_FIX)  # a FIFO or a directory: refused
+            if there and not hidden_io.validate_file(p, rows[i], len(ids) + 1, hidden):
                 done.append(i)
     done_set = set(done)
     todo = [i for i in mine if i not in done_set]

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from eagle.common import EagleError
-from eagle.fsutil import atomic_path, atomic_write_text
+from eagle.common import EagleError, check_file
+from eagle.fsutil import JsonFileError, atomic_path, atomic_write_text, read_json_file
 
 if TYPE_CHECKING:
     import torch
@@ -49,14 +49,17 @@ class DataMeta(BaseModel):
 
 
 def model_fingerprint(model_dir: str | os.PathLike[str]) -> str:
-    """A cheap identity of a model directory: config.json and the size, head and tail of each weight file."""
+    """A cheap identity of a model directory: config.json and the size, head and tail of each weight file
+    (each a regular file: check_file refuses a FIFO, whose open would block, naming it)."""
     import hashlib
 
     h = hashlib.sha256()
     d = Path(model_dir)
     cfg = d / "config.json"
-    h.update(cfg.read_bytes() if cfg.is_file() else b"")
+    h.update(cfg.read_bytes() if check_file(cfg, "JSON file") else b"")
     for f in sorted(d.glob("*.safetensors")) + sorted(d.glob("*.bin")):
+        if not check_file(f, "weights file"):
+            continue  # a dangling link: the model's load names it
         size = f.stat().st_size
         h.update(f"{f.name}:{size}".encode())
         with open(f, "rb") as fh:
@@ -117,15 +120,26 @@ def write_data_meta(data_dir: str | os.PathLike[str], meta: DataMeta) -> None:
 
 def read_data_meta(data_dir: str | os.PathLike[str]) -> DataMeta:
     f = Path(data_dir) / META_FILE
-    if not f.is_file():
+    if not check_file(f, "JSON file", fix=f"remove it and run `eagle extract --model TARGET --data {data_dir}`"):
         raise EagleError(f"{f} not found: run `eagle extract --model TARGET --data {data_dir}` first")
     try:
-        return DataMeta.model_validate_json(f.read_text())
-    except ValueError as e:
+        return DataMeta.model_validate(read_json_file(f))
+    except JsonFileError as e:
+        raise EagleError(str(e)) from None
+    except ValueError as e:  # invalid JSON, or fields that are not eagle's
         raise EagleError(f"{f} is not a valid eagle data description: {e}") from None
 
 
 # ---------------------------------------------------------------- the prepared dataset
+
+
+def check_dataset_files(d: Path) -> None:
+    """The files `datasets.load_from_disk` opens in `d` (state.json, dataset_info.json, the arrow files), each
+    a regular file where there is one (check_file: exit 2 naming the first that is a FIFO, a device or a
+    directory; a FIFO arrow file blocked load_from_disk in pyarrow's open, beyond any signal)."""
+    fix = f"make the dataset again with `eagle prepare ... --out {d}`"
+    for name in ("state.json", "dataset_info.json", *sorted(p.name for p in d.glob("*.arrow"))):
+        check_file(d / name, "dataset file", fix=fix)
 
 
 def open_prepared(data_dir: str | os.PathLike[str]) -> Any:
@@ -135,6 +149,7 @@ def open_prepared(data_dir: str | os.PathLike[str]) -> Any:
     d = Path(data_dir)
     if not d.is_dir():
         raise EagleError(f"data directory {d} does not exist; make it with `eagle prepare ... --out {d}`")
+    check_dataset_files(d)  # a FIFO arrow file blocked load_from_disk for ever
     if not (d / "dataset_info.json").is_file() and not (d / "state.json").is_file():
         raise EagleError(f"{d} is not a prepared dataset (no state.json); make it with `eagle prepare ... --out {d}`")
     try:
@@ -221,6 +236,9 @@ def write_sample(data_dir: str | os.PathLike[str], i: int, hidden_states: torch.
     return out
 
 
+HS_FIX = "remove it and run `eagle extract` again (it resumes)"
+
+
 def read_sample_file(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """The tensors of one hs file; a truncated or foreign file raises EagleError."""
     from eagle.common import load_safetensors
@@ -232,7 +250,7 @@ def validate_file(path: str | os.PathLike[str], input_ids: torch.Tensor | list[i
                   num_layers: int | None = None, hidden_size: int | None = None) -> list[str]:
     """Problems with the file at `path` ([] when valid)."""
     p = Path(path)
-    if not p.is_file():
+    if not check_file(p, "hidden-state file", fix=HS_FIX):
         return [f"{p} is missing"]
     try:
         tensors = read_sample_file(p)
@@ -277,7 +295,7 @@ def load_sample(data_dir: str | os.PathLike[str], i: int) -> dict[str, torch.Ten
         raise EagleError(f"sample {i} out of range: {data_dir} has {len(ds)} rows")
     row = ds[i]
     path = hs_path(data_dir, i)
-    if not path.is_file():
+    if not check_file(path, "hidden-state file", fix=HS_FIX):
         raise EagleError(f"{path} is missing: run `eagle extract` on {data_dir}")
     t = read_sample_file(path)
     problems = check_sample(t, row["input_ids"])

@@ -237,6 +237,9 @@ def _same_dataset(out: Path, rows: dict[str, list[Any]]) -> bool:
     try:
         from datasets import load_from_disk
 
+        from eagle.data.hidden_io import check_dataset_files
+
+        check_dataset_files(out)  # a FIFO there would block load_from_disk: "not the same", replaced whole
         old = load_from_disk(str(out)).with_format(None)
         return old["input_ids"] == rows["input_ids"] and old["loss_mask"] == rows["loss_mask"]
     except Exception:  # anything unreadable is simply "not the same"

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from eagle.common import EagleError
+from eagle.common import EagleError, check_file, load_safetensors
 from eagle.data import hidden_io
 from eagle.fsutil import atomic_path, atomic_write_json
 
@@ -119,6 +119,7 @@ def _vocab_size(data: Path, model: Path | None) -> int:
         from eagle.target import open_target
 
         return open_target(model).vocab_size
+    check_file(data / hidden_io.META_FILE, "JSON file")  # a FIFO there is named as such, not as "no eagle_data.json"
     try:
         return hidden_io.read_data_meta(data).vocab_size
     except EagleError:
@@ -204,12 +205,10 @@ def build_vocab(data: Path, draft_vocab: int | None = None, model: Path | None =
 
 def read_vocab(data: Path) -> tuple[Any, Any]:
     """(d2t, t2d) from DATA/vocab.safetensors, checked for consistency."""
-    from safetensors.torch import load_file
-
     f = Path(data) / VOCAB_FILE
-    if not f.is_file():
+    if not check_file(f, "vocabulary file", fix=f"remove it and run `eagle vocab --data {data} --draft-vocab N`"):
         raise EagleError(f"{f} not found: run `eagle vocab --data {data} --draft-vocab N`")
-    t = load_file(str(f))
+    t = load_safetensors(f, what="vocabulary file")
     problems = check_maps(t["d2t"], t["t2d"])
     if problems:
         raise EagleError(f"{f}: " + "; ".join(problems))

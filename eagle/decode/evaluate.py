@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from eagle.common import EagleError, pick_device, pick_dtype, progress
+from eagle.common import EagleError, check_file, pick_device, pick_dtype, progress
 
 if TYPE_CHECKING:
     import torch
@@ -162,7 +162,7 @@ def load_inputs(model: Path, prompts_file: Path, limit: int | None, draft: Path 
 
         require(pick_device(device))
     open_target(model, trust_remote_code)
-    if draft is not None and not (draft / "config.json").is_file():
+    if draft is not None and not check_file(draft / "config.json", "JSON file"):  # a FIFO: named as one
         raise EagleError(f"{draft}: not a drafter checkpoint (no config.json); pass `eagle train --out` DIR")
     try:
         prompts = load_prompt_token_ids(model, prompts_file, limit, trust_remote_code)

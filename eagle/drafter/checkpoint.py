@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from eagle.common import EagleError
+from eagle.common import EagleError, check_file
 from eagle.fsutil import JsonFileError, atomic_path, atomic_write_json, read_json_file
 
 if TYPE_CHECKING:
@@ -473,14 +473,16 @@ def _rename(name: str) -> str:
 
 def _weight_files(src: Path) -> list[Path]:
     index = src / WEIGHTS_INDEX
-    if index.is_file():
+    if check_file(index, "safetensors index", error=CheckpointError):  # a FIFO or a directory: named, never "not found"
         try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            names = sorted(set(read_json_file(index)["weight_map"].values()))
+        except JsonFileError as exc:
+            raise CheckpointError(str(exc)) from None
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointError(f"{index}: not a safetensors index ({exc}); it needs a weight_map") from None
         return [src / n for n in names]
     for name in (WEIGHTS_FILE, TORCH_WEIGHTS):
-        if (src / name).is_file():
+        if check_file(src / name, "weights file", error=CheckpointError):
             return [src / name]
     raise CheckpointError(f"{src / WEIGHTS_FILE}: not found (the checkpoint has a config.json but no weights; "
                           f"expected {WEIGHTS_FILE}, {WEIGHTS_INDEX} or {TORCH_WEIGHTS})")
@@ -496,7 +498,7 @@ def _index_weights(files: list[Path]) -> tuple[dict[str, tuple[Path, str]], dict
     dtypes: dict[str, str] = {}
     loaded: dict[str, Any] = {}
     for file in files:
-        if not file.is_file():
+        if not check_file(file, "weights file", error=CheckpointError):  # safetensors' open of a FIFO never returns
             raise CheckpointError(f"{file}: not found (named in {WEIGHTS_INDEX}); copy the missing shard")
         if file.suffix == ".bin":
             import torch

@@ -14,13 +14,13 @@ silently.
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
 from eagle.common import EagleError
+from eagle.fsutil import JsonFileError, read_json_file
 from eagle.serving.flags import Flag, ServerSpec, merge_flags, render_flags, speculative_config
 
 # vLLM engine flag -> SGLang server flag (same value)
@@ -115,8 +115,10 @@ def deploy_commands(spec: ServerSpec) -> DeployCommands:
 
 
 def from_bench(path: Path) -> DeployCommands:
-    try:
-        report = json.loads(path.read_text())
+    try:  # read_json_file: a FIFO hung here, and /dev/zero was read until memory ran out
+        report = read_json_file(path)
+    except JsonFileError as exc:
+        raise EagleError(str(exc), code=2) from None
     except (OSError, ValueError) as exc:
         raise EagleError(f"{path}: cannot read a serve-bench JSON report ({exc})") from None
     block = report.get("deploy") if isinstance(report, dict) else None

@@ -92,12 +92,13 @@ def read_layer_ids(data_dir: Path) -> list[int]:
 
 def read_vocab(data_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """(d2t int64 [DV], t2d bool [V]) written by `eagle vocab`."""
-    from safetensors.torch import load_file
+    from eagle.common import check_file, load_safetensors
 
     file = data_dir / VOCAB_FILE
-    if not file.exists():
+    fix = f"remove it and run `eagle vocab --data {data_dir} --draft-vocab N`"
+    if not check_file(file, "vocabulary file", fix=fix):  # a FIFO hung safetensors' open, beyond any signal
         raise EagleError(f"{file}: missing; run `eagle vocab --data {data_dir} --draft-vocab N` first")
-    blob = load_file(str(file))
+    blob = load_safetensors(file, what="vocabulary file")
     if "d2t" not in blob or "t2d" not in blob:
         raise EagleError(f"{file}: needs tensors d2t and t2d, has {sorted(blob)}")
     d2t, t2d = blob["d2t"].to(torch.long), blob["t2d"].to(torch.bool)

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from eagle import distributed
-from eagle.common import EagleError, progress, warn
+from eagle.common import EagleError, check_file, progress, warn
 from eagle.fsutil import atomic_dir, atomic_write_text, fsync_file
 from eagle.target import Target, open_target
 from eagle.train import dataset, steps
@@ -109,6 +109,8 @@ def save_epoch_state(out: Path, epoch: int, payload: dict[str, Any]) -> Path:
 
 def read_epoch_state(where: Path) -> dict[str, Any]:
     """An epoch state as save_epoch_state wrote it, or an EagleError naming the file and the way out."""
+    check_file(where / STATE_FILE, "training state", fix=f"delete {where} to resume from the epoch before, or train "
+               "without --resume")  # torch.load of a FIFO blocks in its open
     try:
         payload = torch.load(where / STATE_FILE, map_location="cpu", weights_only=False)
     except Exception as e:  # a truncated or foreign file: zip, pickle or EOF errors
