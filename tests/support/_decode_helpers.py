@@ -18,11 +18,17 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def write_prompts(path: Path, n: int, salt: int = 7) -> Path:
-    """`n` prompt-only records in the toy language (OpenAI `messages`)."""
+def write_prompts(path: Path, n: int, salt: int = 7, words: int | None = None) -> Path:
+    """`n` prompt-only records in the toy language (OpenAI `messages`); with `words`, each user message cut
+    to its first `words` words (a shorter prefill, for tests where every row costs: Triton's interpreter)."""
     from eagle.toy import make_prompts
 
-    path.write_text("".join(json.dumps(r) + "\n" for r in make_prompts(n, salt=salt)))
+    records = make_prompts(n, salt=salt)
+    if words is not None:
+        for record in records:
+            for message in record["messages"]:
+                message["content"] = " ".join(message["content"].split()[:words])
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
 
 

@@ -3,8 +3,10 @@
 Triton decides interpreted vs compiled when it is first imported (its own `tl.max`, `tl.sum`
 are jitted then), so TRITON_INTERPRET=1 must be set before anything in the process imports
 triton; a pytest worker may have imported it already. The test starts
-`python tests/support/_triton_cases.py kernels` (or `ops`, `compile`, or `decoder TARGET DRAFT PROMPTS NEW_TOKENS K`) with the variable set and reads
-one JSON object from stdout: for each case the largest |triton - reference| (or the tokens).
+`python tests/support/_triton_cases.py kernels` (or `ops`, `kernels+ops`, `compile`, or `decoder TARGET DRAFT PROMPTS
+NEW_TOKENS K`) with the variable set and reads one JSON object from stdout: for each case the largest
+|triton - reference| (or the tokens). `kernels+ops` runs both sets of interpreted cases in one process
+({"kernels": ..., "ops": ...}): the same cases, one interpreter start-up (torch and triton imported once).
 """
 
 from __future__ import annotations
@@ -303,6 +305,8 @@ if __name__ == "__main__":
     what = sys.argv[1]
     if what == "kernels":
         result = kernel_cases()
+    elif what == "kernels+ops":
+        result = {"kernels": kernel_cases(), "ops": ops_cases()}
     elif what == "compile":
         result = compile_for_sm90()
     elif what == "ops":

@@ -356,9 +356,19 @@ def _cli_inproc(package: str, script: list[str], cwd: Path, args: tuple[str, ...
                 env: dict[str, str] | None, input: str | None) -> subprocess.CompletedProcess:
     """`package.cli.main` run as the console script `script` would run it, in this process (see runbook_inproc)."""
     import importlib
-    import signal
 
     main = importlib.import_module(f"{package}.cli").main
+    return _main_inproc(main, [*script, *args], script[0] if len(script) == 1 else package, (package,), cwd, args,
+                        timeout, env, input)
+
+
+def _main_inproc(main: Callable[[], object], argv: list[str], argv0: str, packages: tuple[str, ...], cwd: Path,
+                 args: tuple[str, ...], timeout: float, env: dict[str, str] | None,
+                 input: str | None) -> subprocess.CompletedProcess:
+    """`main()` run in this process as a child would run it, with sys.argv `[argv0, *args]` after
+    `packages`' per-process state is forgotten; `argv` names the command in a TimeoutExpired. An int that
+    `main` returns is the exit status, as `sys.exit(main())` makes it."""
+    import signal
 
     class _Overran(BaseException):  # past the verbs' `except Exception`, as a kill would be
         pass
@@ -367,17 +377,19 @@ def _cli_inproc(package: str, script: list[str], cwd: Path, args: tuple[str, ...
         raise _Overran
 
     code: int | str | None = 0
-    argv = [*script, *args]
-    _forget_process_state(package)
+    for package in packages:
+        _forget_process_state(package)
     with _as_child(cwd, cli_env(env), input) as read:
-        sys.argv = [script[0] if len(script) == 1 else package, *args]
+        sys.argv = [argv0, *args]
         alarm = signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
         if alarm:
             signal.signal(signal.SIGALRM, overran)
             # then every half second: a hang in a verb's own cleanup after the first alarm ends too
             signal.setitimer(signal.ITIMER_REAL, timeout, 0.5)
         try:
-            main()
+            returned = main()
+            if isinstance(returned, int):
+                code = returned
         except SystemExit as exc:  # the console script's exit
             code = exc.code
         except _Overran:
@@ -417,6 +429,18 @@ def eagle_inproc(*args: str, cwd: Path = REPO, timeout: float = 600, env: dict[s
     process instead of once per call, ~3-4 s of CPU each); a subprocess stays for signals, torchrun, vLLM's
     own processes and the console script itself."""
     return _cli_inproc("eagle", EAGLE, cwd, args, timeout, env, input)
+
+
+def module_inproc(module: str, *args: str, cwd: Path = REPO, timeout: float = 600, env: dict[str, str] | None = None,
+                  input: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m MODULE ARGS` for a module whose `__main__` block is `sys.exit(main())` (bench.step_times),
+    run as eagle_inproc runs eagle: its `main` in this process, with a child's cwd, environment, stdin and
+    fds 1 and 2, and eagle's and the module's package's per-process caches forgotten first."""
+    import importlib
+
+    main = importlib.import_module(module).main
+    return _main_inproc(main, [sys.executable, "-m", module, *args], module, (module.split(".")[0], "eagle"), cwd,
+                        args, timeout, env, input)
 
 
 def popen_runbook(repo: Path, *args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:

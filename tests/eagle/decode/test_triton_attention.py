@@ -42,8 +42,15 @@ def _child(*args: str, interpret: bool = True, timeout: int = 600) -> dict:
 
 
 @pytest.fixture(scope="module")
-def kernels() -> dict:
-    return _child("kernels")
+def interpreted() -> dict:
+    """The attention kernel's cases and triton_ops' cases (_triton_cases.py kernel_cases, ops_cases), both run
+    in one interpreter child: the same cases as two children ran, torch and triton imported once (~2 s of CPU)."""
+    return _child("kernels+ops")
+
+
+@pytest.fixture(scope="module")
+def kernels(interpreted: dict) -> dict:
+    return interpreted["kernels"]
 
 
 @pytest.mark.parametrize("last", list(cases.LASTS))
@@ -79,8 +86,8 @@ def test_a_layer_over_a_triton_cache_equals_sdpa(kernels: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def ops() -> dict:
-    return _child("ops")
+def ops(interpreted: dict) -> dict:
+    return interpreted["ops"]
 
 
 # triton_ops against torch: fp32 by summation order and FMA only; bf16 within one bf16 step of
@@ -183,14 +190,25 @@ def test_cli_refuses_triton_on_the_cpu_without_the_interpreter(tmp_path: Path,
 
 # -- the whole fast decoder ------------------------------------------------------------------------
 
+@pytest.fixture(scope="module")
+def random_drafter(toy_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained drafter for the toy target, made once for the module's two tests that read it."""
+    return helpers.make_random_drafter(toy_target, tmp_path_factory.mktemp("random-drafter") / "draft")
+
+
 @pytest.mark.slow  # toy_target (trained once per machine)
-def test_fast_decoder_with_triton_attention_equals_sdpa(toy_target: Path, tmp_path: Path) -> None:
+def test_fast_decoder_with_triton_attention_equals_sdpa(toy_target: Path, random_drafter: Path,
+                                                        tmp_path: Path) -> None:
     """Greedy and speculative decoding on the toy target (float32; a random drafter, so verify
     steps of k+1 rows and drafter steps run the kernel too) give the same tokens with either
-    attention kernel."""
-    prompts = helpers.write_prompts(tmp_path / "p.jsonl", 1)
-    draft = helpers.make_random_drafter(toy_target, tmp_path / "draft")
-    out = _child("decoder", str(toy_target), str(draft), str(prompts), "8", "2")
+    attention kernel.
+
+    The prompt is a toy prompt cut to 2 words: 5 tokens with the chat template (the uncut one had 10).
+    Its prefill still takes the kernels, as the 10-token one did (g*t = 10 rows per kv head <= MAX_ROWS;
+    masked rows, ROWS_P 16, and masked slots, T_P 8), at half the interpreted programs: each prefill
+    runs rope_write on t*(hq+2hkv) programs and the combine on hkv*g*t, in all 8 layers and the drafter's."""
+    prompts = helpers.write_prompts(tmp_path / "p.jsonl", 1, words=2)
+    out = _child("decoder", str(toy_target), str(random_drafter), str(prompts), "8", "2")
     assert out["triton"]["attention"] == out["triton"]["cache"] == "triton"
     assert out["sdpa"]["greedy"] == out["sdpa"]["speculative"] and len(out["sdpa"]["greedy"]) == 8
     assert out["triton"]["greedy"] == out["sdpa"]["greedy"]
@@ -224,11 +242,10 @@ def test_auto_runs_triton_only_where_it_compiles(monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.slow  # toy_target
-def test_bench_reports_the_kernels_auto_ran(toy_target: Path, tmp_path: Path) -> None:
+def test_bench_reports_the_kernels_auto_ran(toy_target: Path, random_drafter: Path, tmp_path: Path) -> None:
     """On the CPU the default --attention auto runs sdpa, and the JSON report says so."""
     prompts = helpers.write_prompts(tmp_path / "p.jsonl", 1)
-    draft = helpers.make_random_drafter(toy_target, tmp_path / "draft")
-    res = H.eagle_inproc("bench", "--model", str(toy_target), "--draft", str(draft), "--prompts", str(prompts),
+    res = H.eagle_inproc("bench", "--model", str(toy_target), "--draft", str(random_drafter), "--prompts", str(prompts),
                          "--limit", "1", "--max-new-tokens", "8", "--device", "cpu", "--json")
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads(res.stdout)["attention"] == "sdpa"

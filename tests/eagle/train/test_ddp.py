@@ -1,4 +1,9 @@
-"""`eagle train` under torchrun with 2 CPU processes (gloo): trains, rank 0 writes, result close to 1 process."""
+"""`eagle train` under torchrun with 2 CPU processes (gloo): trains, rank 0 writes, result close to 1 process.
+
+The torchrun runs are processes (torchrun and its two ranks); the single-process runs (`eagle train`,
+`python -m bench.step_times`) run their `main` in the test's process (helpers.eagle_inproc, module_inproc:
+a child's argv, environment, cwd and output, the same CompletedProcess), which has torch, transformers and
+speculators imported already: ~7 s of CPU a run spent on imports in a child."""
 
 from __future__ import annotations
 
@@ -6,20 +11,32 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import _train_data as td
+import helpers as H
 import pytest
 
 from eagle.serving.server import free_port
 
 
-def _train(cmd: list[str], out: Path, metrics: Path) -> dict:
+def _train(cmd: list[str] | Callable[..., subprocess.CompletedProcess], out: Path, metrics: Path) -> dict:
+    """`cmd --out OUT` run as a process, or with `cmd` a function (H.eagle_inproc, a partial of
+    H.module_inproc) in this one; the metrics it wrote."""
     env = {**os.environ, "RUNBOOK_METRICS": str(metrics), "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, env=env, timeout=600)
+    if callable(cmd):
+        res = cmd("--out", str(out), env=env, timeout=600)
+    else:
+        res = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "Traceback" not in res.stderr
     return json.loads(metrics.read_text())
+
+
+def _inproc(run: Callable[..., subprocess.CompletedProcess], *args: str) -> Callable[..., subprocess.CompletedProcess]:
+    """`run(*args, *more, **kw)` later: eagle's or a module's main in this process, `--out` appended by _train."""
+    return lambda *more, **kw: run(*args, *more, **kw)
 
 
 ARGS = ["--epochs", "3", "--batch-tokens", "64", "--val-fraction", "0.2", "--device", "cpu", "--lr", "3e-3"]
@@ -46,7 +63,7 @@ def test_ddp_two_processes_on_cpu(ddp_run: tuple[Path, list[str], dict]) -> None
     from eagle.drafter import checkpoint
 
     tmp_path, args, ddp = ddp_run
-    single = _train([sys.executable, "-m", "eagle.cli", *args], tmp_path / "one", tmp_path / "one.json")
+    single = _train(_inproc(H.eagle_inproc, *args), tmp_path / "one", tmp_path / "one.json")
 
     log = json.loads((tmp_path / "ddp" / "train_log.json").read_text())
     assert log["args"]["world_size"] == 2
@@ -98,7 +115,8 @@ def test_step_times_leave_the_shape_warm_up_out_of_step_one(ddp_run: tuple[Path,
 
     tmp_path, args, _ = ddp_run
     times = tmp_path / "warm-times"
-    cmd = [sys.executable, "-m", "bench.step_times", "--out", str(times), "--", *args, "--shape-buckets", "--warm-shapes"]
+    cmd = _inproc(H.module_inproc, "bench.step_times", "--out", str(times), "--", *args, "--shape-buckets",
+                  "--warm-shapes")
     _train(cmd, tmp_path / "warm", tmp_path / "warm.json")
     assert json.loads((tmp_path / "warm" / "train_log.json").read_text())["warmup"] is not None
     (rows,) = harness.read(times)

@@ -14,6 +14,15 @@ import torch
 from click.testing import CliRunner
 
 
+@pytest.fixture(scope="module")
+def target_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny target and its hidden states on 4 sequences of 24 tokens, made once for the module's two
+    tests that read them (neither writes there)."""
+    root = tmp_path_factory.mktemp("step-graph")
+    target = td.make_target(root / "target")
+    return target, td.make_data(target, root / "data", n=4, length=24)
+
+
 def test_sync_free_accuracy_counts_as_speculators_does() -> None:
     from speculators.models.metrics import compute_accuracy_single_step
 
@@ -34,7 +43,7 @@ def test_sync_free_accuracy_counts_as_speculators_does() -> None:
             assert torch.equal(ours_prev, theirs_prev)  # prev_correct updated in place, as theirs
 
 
-def test_drafter_forward_has_no_data_dependent_operator(tmp_path: Path) -> None:
+def test_drafter_forward_has_no_data_dependent_operator(target_data: tuple[Path, Path]) -> None:
     """speculators' accuracy counts select the masked positions (masked_select: the host reads the
     size back, a sync in every draft step, and a break in the compiled forward); with
     use_sync_free_metrics dynamo finds no such operator in the training forward, and the loss and
@@ -45,8 +54,7 @@ def test_drafter_forward_has_no_data_dependent_operator(tmp_path: Path) -> None:
     from eagle.train import dataset
     from eagle.train.steps import forward, use_doc_attention
 
-    target = td.make_target(tmp_path / "target")
-    data = td.make_data(target, tmp_path / "data", n=4, length=24)
+    target, data = target_data
     d2t, t2d = dataset.read_vocab(data)
     torch.manual_seed(1)
     model = drafter.build_drafter(target, layer_ids=td.LAYER_IDS, d2t=d2t, t2d=t2d, ttt_steps=3)
@@ -175,11 +183,10 @@ def test_cuda_graphs_where_they_cannot_run_are_refused(device: str, update: dict
     assert says in str(err.value) and err.value.code == 2
 
 
-def test_cuda_graphs_on_the_cpu_are_refused_by_the_cli(tmp_path: Path) -> None:
+def test_cuda_graphs_on_the_cpu_are_refused_by_the_cli(target_data: tuple[Path, Path], tmp_path: Path) -> None:
     from eagle.commands.train import command
 
-    target = td.make_target(tmp_path / "target")
-    data = td.make_data(target, tmp_path / "data", n=4, length=24)
+    target, data = target_data
     res = CliRunner().invoke(command, ["--model", str(target), "--data", str(data), "--out", str(tmp_path / "d"),
                                        "--device", "cpu", "--cuda-graphs"])
     assert res.exit_code == 2, res.output
