@@ -406,3 +406,67 @@ def test_a_copy_of_a_repository_with_a_run_in_progress_signals_nothing_of_the_or
     assert got["copy_next"]["code"] == 0, got["copy_next"]
     assert "nothing was signalled" in got["copy_next"]["err"] and "copied repository" in got["copy_next"]["err"]
     assert got["original_code"] == 0 and got["outcomes"] == ["pass"], got
+
+
+# ---- every reader sees the same lock ------------------------------------------------------------
+
+_READERS_BODY = '''
+    REPO = Path(sys.argv[2])
+    RUNBOOK = sys.argv[3]
+
+    def rb(*args):
+        done = subprocess.run([RUNBOOK, *args, "--json"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "RUNBOOK_ENV_PROBE": "0"})
+        return {"code": done.returncode, "doc": json.loads(done.stdout), "stderr": done.stderr}
+
+    keep = sentinel()
+    locks = {
+        "pid 1": {"pid": 1, "host": HOST, "started": "2026-01-01T00:00:00Z", "run_id": "20260101-000000-abcd",
+                  "workspace": os.path.realpath(REPO / "state")},
+        "a live foreign process": {"pid": keep.pid, "host": HOST, "started": "2026-01-01T00:00:00Z",
+                                   "pid_start": proc_start(keep.pid), "step_pgid": keep.pid,
+                                   "step_start": proc_start(keep.pid), "run_id": "20260101-000000-abcd",
+                                   "workspace": os.path.realpath(REPO / "state")},
+        "garbage": None,
+    }
+    seen = {}
+    for name, fields in locks.items():
+        lock = REPO / "state" / "lock"
+        lock.parent.mkdir(exist_ok=True)
+        lock.write_text("garbage{" if fields is None else json.dumps(fields))
+        seen[name] = {verb: rb(*verb.split()) for verb in ("status", "brief", "next --dry-run", "cancel")}
+        lock.unlink(missing_ok=True)
+    report(seen=seen, sentinel_alive=alive(keep))
+'''
+
+
+@needs_namespace
+def test_a_lock_naming_pid_1_a_foreign_process_or_garbage_is_no_run_to_every_reader(tmp_path):
+    """status, brief, next --dry-run and cancel read one lock the same way: a lock naming pid 1 (here
+    the namespace's own first process), a live process that is not runbook's, or garbage is no run in
+    progress (never `running`, never waited for), and cancel signals nothing. In a PID namespace: a
+    wrong answer could signal pid 1."""
+    import helpers as H
+
+    repo = H.make_repo(tmp_path / "repo", "---\nrunbook: 1\ntitle: Locks\n---\n# Locks\n\n## Phase 0: Only\n"
+                       "Steps:\n- [ ] Go: `true`\n")
+    state = tmp_path / "state"
+    state.mkdir()
+    code = PRELUDE + textwrap.dedent(_READERS_BODY)
+    done = subprocess.run(["unshare", "-fp", "--mount-proc", sys.executable, "-c", code, str(state), str(repo),
+                           H.RUNBOOK[0]], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["sentinel_alive"], "cancel signalled a process that is not runbook's"
+    for name, verbs in got["seen"].items():
+        status, brief, dry, cancel = (verbs[v] for v in ("status", "brief", "next --dry-run", "cancel"))
+        assert status["code"] == 0 and status["doc"]["result"]["running"] is None, (name, status)
+        assert status["doc"]["result"]["next"]["kind"] == "run", (name, status["doc"]["result"]["next"])
+        assert brief["code"] == 0 and brief["doc"]["result"]["running"] is None, (name, brief)
+        assert brief["doc"]["result"]["next"] == status["doc"]["result"]["next"], name
+        assert dry["code"] == 0 and dry["doc"]["result"]["next"]["kind"] == "run", (name, dry)
+        assert cancel["code"] == 0 and cancel["doc"]["ok"], (name, cancel)
+        assert "nothing was signalled" in cancel["stderr"] or not cancel["doc"]["result"].get("signalled"), (name, cancel)
+        for verb in verbs.values():  # the hint never tells anyone to kill a pid or delete the lock by hand
+            text = json.dumps(verb["doc"]) + verb["stderr"]
+            assert "kill 1" not in text and "rm state/lock" not in text, (name, text[-500:])
