@@ -381,7 +381,7 @@ KIMI_MEDIA_PROC_CFG = {
     "in_patch_limit_each_frame": 4096, "in_patch_limit_video": None, "sample_fps": 2.0,
     "max_num_frames_each_video": None, "temporal_merge_kernel_size": 4, "timestamp_mode": "hh:mm:ss.fff",
     "config_type": "image"}
-KIMI_LAYOUT = 2  # bump when _original_kimi_layout changes (the kimi_k25 cache key includes it)
+KIMI_LAYOUT = 3  # bump when _original_kimi_layout changes (the kimi_k25 cache key includes it)
 
 
 def _original_kimi_layout(out: Path) -> None:
@@ -389,7 +389,9 @@ def _original_kimi_layout(out: Path) -> None:
     vLLM's native Kimi-K2.5 loads and transformers reads as well: architectures
     KimiK25ForConditionalGeneration; decoder layers `language_model.model.layers.N` (transformers 5.19
     writes `...blocks.N`) and the projector's norm `mm_projector.pre_norm` (it writes
-    `model.mm_projector.pre_norm`); the image processor config."""
+    `model.mm_projector.pre_norm`); `media_placeholder_token_id`, which vLLM's EAGLE-3 path reads from a
+    Kimi-K2.5 target (vllm/v1/spec_decode/llm_base_proposer.py; transformers' config calls it
+    `image_token_id`); the image processor config."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -403,6 +405,7 @@ def _original_kimi_layout(out: Path) -> None:
     save_file(tensors, str(file), metadata=meta)
     cfg = json.loads((out / "config.json").read_text())
     cfg["architectures"] = ["KimiK25ForConditionalGeneration"]
+    cfg["media_placeholder_token_id"] = cfg["image_token_id"]
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     (out / "preprocessor_config.json").write_text(json.dumps({"media_proc_cfg": KIMI_MEDIA_PROC_CFG}, indent=2) + "\n")
 

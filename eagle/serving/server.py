@@ -25,6 +25,7 @@ from typing import Any
 
 from eagle.common import EagleError, note, warn
 from eagle.serving.flags import ServerSpec, server_command
+from eagle.serving.vllm_log import keep_log, root_cause
 
 # Caches a user may keep between server starts by setting them: vLLM's (its model-inspection results, which
 # otherwise cost a vllm import in a subprocess per start, and its torch.compile artefacts) and Inductor's.
@@ -62,7 +63,8 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 class ServerFailed(EagleError):
-    """vLLM exited or did not become healthy; the message carries the log tail."""
+    """vLLM exited, did not become healthy or failed a request; the message leads with the root-cause
+    line of vLLM's log, names the kept copy of the whole log, and carries its tail."""
 
 
 class VllmServer:
@@ -109,11 +111,9 @@ class VllmServer:
             elapsed = time.monotonic() - start
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise ServerFailed(f"vLLM exited with code {self.proc.returncode} during start-up "
-                                   f"(log {self.log_path}):\n{self.log_tail()}")
+                raise self._failure(f"vLLM exited with code {self.proc.returncode} during start-up")
             if elapsed > self.startup_timeout:
-                raise ServerFailed(f"vLLM was not healthy after {self.startup_timeout:.0f} s "
-                                   f"(--startup-timeout); log tail:\n{self.log_tail()}")
+                raise self._failure(f"vLLM was not healthy after {self.startup_timeout:.0f} s (--startup-timeout)")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
                     self.startup_s = elapsed
@@ -158,7 +158,18 @@ class VllmServer:
 
     def failed(self, exc: BaseException) -> ServerFailed:
         """A request failed: the error with vLLM's side of the story."""
-        return ServerFailed(f"{exc}\nvLLM log tail:\n{self.log_tail()}")
+        return self._failure(str(exc))
+
+    def _failure(self, what: str) -> ServerFailed:
+        """`what` went wrong: vLLM's root-cause line beside it, the whole log kept (the scratch folder
+        goes when the server stops) and named, and the log's tail."""
+        text = self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
+        cause = root_cause(text)
+        kept = keep_log(self.log_path, self.scratch.name)
+        lines = [f"{what}: {cause}" if cause else what,
+                 f"vLLM's whole log is kept at {kept}" if kept else "vLLM wrote no log",
+                 "log tail:", self.log_tail()]
+        return ServerFailed("\n".join(lines))
 
 
 @contextlib.contextmanager

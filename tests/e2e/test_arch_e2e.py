@@ -185,7 +185,10 @@ def test_kimi_k25_layout_is_its_text_model(arch_targets, deepseek: dict[str, Pat
     from safetensors.torch import load_file
 
     kimi = arch_targets("kimi_k25")
-    assert "text_config" in json.loads((kimi / "config.json").read_text())
+    config = json.loads((kimi / "config.json").read_text())
+    assert "text_config" in config
+    # what vLLM's EAGLE-3 path reads from a Kimi-K2.5 target (llm_base_proposer.py): Kimi's media token
+    assert config["media_placeholder_token_id"] == config["image_token_id"] < config["text_config"]["vocab_size"]
     data = tmp_path / "data"
     eagle("prepare", "--model", kimi, "--data", PROMPTS, "--out", data, "--limit", "32", "--regenerate",
           "--max-new-tokens", "48", "--batch-size", "32")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -314,11 +315,17 @@ def test_failed_start_shows_the_log_and_leaves_nothing_running(toy_target: Path,
     cfg = json.loads((broken / "config.json").read_text())
     cfg["architectures"] = ["NoSuchModelForCausalLM"]
     (broken / "config.json").write_text(json.dumps(cfg))
+    logs = tmp_path / "kept-logs"
     proc = _run("serve-bench", "--model", str(broken), "--prompts", str(HELDOUT), "--no-draft", "--limit", "1",
-                "--startup-timeout", "600")
+                "--startup-timeout", "600", env={**os.environ, "EAGLE_LOG_DIR": str(logs)})
     assert proc.returncode == 1
-    assert "vLLM exited with code" in proc.stderr and "NoSuchModelForCausalLM" in proc.stderr
     assert "Traceback" not in proc.stderr.split("vLLM exited")[0]
+    # the error line itself names vLLM's root cause, and the whole log it points to is still there
+    error = next(line for line in proc.stderr.splitlines() if line.startswith("error: "))
+    assert error.startswith("error: vLLM exited with code") and "NoSuchModelForCausalLM" in error, error
+    kept = re.search(r"vLLM's whole log is kept at (\S+)", proc.stderr)
+    assert kept is not None and Path(kept.group(1)).parent == logs
+    assert "NoSuchModelForCausalLM" in Path(kept.group(1)).read_text()
     assert _vllm_processes(broken) == []
 
 
