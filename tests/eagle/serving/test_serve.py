@@ -125,6 +125,11 @@ def test_vllm_caches_are_the_scratch_dirs_unless_the_environment_keeps_them(tmp_
     assert kept["TMPDIR"] == str(tmp_path / "s2" / "tmp")  # temp files are always the server's own
     assert sorted(p.name for p in (tmp_path / "s2").iterdir()) == ["tmp"]
     assert (kept["HF_HUB_OFFLINE"], kept["VLLM_NO_USAGE_STATS"]) == ("1", "1")
+    # a CPU host runs the model in the engine-core process; a CUDA host and an explicit choice keep vLLM's way
+    assert server_env(tmp_path / "s3", base={}, cuda=False)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in server_env(tmp_path / "s3", base={}, cuda=True)
+    chosen = server_env(tmp_path / "s3", base={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, cuda=False)
+    assert chosen["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
 
 
 def test_extraction_args_add_the_last_layer(tmp_path: Path) -> None:
