@@ -184,6 +184,8 @@ def run_probe_vllm(model_dir: Path, other_dir: Path, prompts: list[list[int]], l
     from eagle.serving.serve_bench import bench_specs
     from eagle.target import check_layer_ids, open_target
 
+    if not prompts:
+        raise EagleError("--prompts: no prompts to probe with (the file has no records, or --limit cut them all)", code=2)
     flags = flags or VllmFlags()
     _check_pair(model_dir, other_dir, flags.trusts_remote_code)
     target = open_target(model_dir, flags.trusts_remote_code)
