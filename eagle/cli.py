@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("eagle.commands.train", "Train (or fine-tune) the EAGLE-3 drafter."),
     "evaluate": ("eagle.commands.evaluate", "Greedy speculative decoding: acceptance length, exactness."),
     "bench": ("eagle.commands.bench", "tok/s of plain vs speculative decoding, Leviathan bound."),
+    "check-engines": ("eagle.commands.check_engines", "transformers vs vLLM hidden states on the same tokens, against bf16 rounding."),
     "probe": ("eagle.commands.probe", "How alike two targets are; does a drafter carry over?"),
     "serve-bench": ("eagle.commands.serve_bench", "vLLM: the target alone and with the drafter; speedup, acceptance."),
     "serve-config": ("eagle.commands.serve_config", "The vLLM and SGLang command lines that serve the drafter."),

