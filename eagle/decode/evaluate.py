@@ -14,7 +14,13 @@ multimodal wrappers, custom code) through its own transformers forward with a KV
   random drafter must still give 1);
 - generate_match: 1 when every output also equals transformers' own `generate(do_sample=False)`;
   computed in float32 only by default (bf16 rounding flips near-tied logits between two
-  implementations, which would read as failures), or never with --no-check.
+  implementations, which would read as failures), or never with --no-check;
+- with --temperature > 0 (the production sampler: --top-p, --seed), beside the greedy figures:
+  sampled_accept_len and sampled_accept_rate_j from a second, sampled speculative decoding of each
+  prompt (rejection sampling, eagle/decode/sampling.py), each prompt with its own generator seeded
+  from --seed (serving.client.request_seed), so a run is reproducible; sample_temperature and
+  sample_top_p say which sampler. At temperature 0 nothing of this runs: the greedy report is the
+  same with or without the flags.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from eagle.common import EagleError, check_file, pick_device, pick_dtype, progress
+from eagle.serving.client import Sampling, request_seed
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +46,8 @@ class PromptResult(BaseModel):
     first_greedy_mismatch: int | None = None
     matches_reference: bool | None = None  # speculative output == transformers' generate
     first_mismatch: int | None = None
+    sampled_tokens: list[int] | None = None  # the sampled speculative output (--temperature > 0)
+    sampled_accepted: list[int] | None = None  # drafts accepted per verify step of that run
 
 
 class EvalReport(BaseModel):
@@ -51,6 +60,9 @@ class EvalReport(BaseModel):
     accept_rates: list[float]
     greedy_match: int | None
     generate_match: int | None = None
+    sampling: Sampling | None = None  # the sampler of the sampled figures (None: greedy only)
+    sampled_accept_len: float | None = None
+    sampled_accept_rates: list[float] | None = None
     per_prompt: list[PromptResult]
 
     def metrics(self) -> dict[str, float]:
@@ -61,6 +73,11 @@ class EvalReport(BaseModel):
         if self.generate_match is not None:
             out["generate_match"] = self.generate_match
         out["fast_decoder"] = int(self.decoder == "fast")
+        if self.sampling is not None and self.sampled_accept_len is not None:
+            out["sampled_accept_len"] = self.sampled_accept_len
+            out.update({f"sampled_accept_rate_{j}": r for j, r in enumerate(self.sampled_accept_rates or [])})
+            out["sample_temperature"] = self.sampling.temperature
+            out["sample_top_p"] = self.sampling.top_p
         return out
 
 
@@ -110,27 +127,42 @@ def reference_greedy(model_dir: str | Path, prompts: list[list[int]], max_new_to
 
 def run_evaluate(model_dir: str | Path, draft_dir: str | Path, prompts: list[list[int]], k: int,
                  max_new_tokens: int, device: Any, dtype: Any, check: bool | None = True, decoder: str = "auto",
-                 trust_remote_code: bool = False, attention: str = "auto") -> EvalReport:
-    """check: compare with transformers' generate (True), skip it (False), or do it in float32 only (None)."""
+                 trust_remote_code: bool = False, attention: str = "auto",
+                 sampling: Sampling | None = None) -> EvalReport:
+    """check: compare with transformers' generate (True), skip it (False), or do it in float32 only (None).
+    sampling with temperature > 0: also a sampled speculative run of each prompt (module docstring)."""
     import torch
 
     from eagle.decode.factory import load_decoder
     from eagle.decode.interface import required_len
+    from eagle.decode.sampling import Sampler, check_sampling
+
+    if sampling is not None:
+        bad = check_sampling(sampling)
+        if bad is not None:
+            raise EagleError(bad, code=2)
+        if sampling.temperature == 0:
+            sampling = None  # greedy: exactly the run without the flags
 
     longest = max(len(p) for p in prompts)
     dec = load_decoder(model_dir, draft_dir, max_len=required_len(longest, max_new_tokens, k),
                        device=device, dtype=dtype, path=decoder, trust_remote_code=trust_remote_code,
                        attention=attention)
-    outputs, all_accepted, per_prompt = [], [], []
-    for ids in progress(prompts, desc=f"speculative ({dec.path})", unit="prompt"):
+    outputs, all_accepted, per_prompt, sampled_accepted = [], [], [], []
+    for i, ids in enumerate(progress(prompts, desc=f"speculative ({dec.path})", unit="prompt")):
         res = dec.generate_speculative(ids, max_new_tokens, k)
         plain = dec.generate_greedy(ids, max_new_tokens)
         outputs.append(res.tokens)
         all_accepted.extend(res.accepted)
         miss = first_mismatch(res.tokens, plain)
-        per_prompt.append(PromptResult(prompt_tokens=len(ids), new_tokens=len(res.tokens),
-                                       verify_steps=len(res.accepted), accepted=sum(res.accepted),
-                                       matches_greedy=miss is None, first_greedy_mismatch=miss))
+        row = PromptResult(prompt_tokens=len(ids), new_tokens=len(res.tokens), verify_steps=len(res.accepted),
+                           accepted=sum(res.accepted), matches_greedy=miss is None, first_greedy_mismatch=miss)
+        if sampling is not None:
+            sampled = dec.generate_speculative(ids, max_new_tokens, k,
+                                               sampler=Sampler(sampling, dec.device, request_seed(sampling.seed, i)))
+            row.sampled_tokens, row.sampled_accepted = sampled.tokens, sampled.accepted
+            sampled_accepted.extend(sampled.accepted)
+        per_prompt.append(row)
     path, attention = dec.path, dec.attention
     del dec
     generate_match = None
@@ -143,10 +175,14 @@ def run_evaluate(model_dir: str | Path, draft_dir: str | Path, prompts: list[lis
             row.matches_reference = row.first_mismatch is None
         generate_match = int(all(r.matches_reference for r in per_prompt))
     accept_len, rates = acceptance_stats(all_accepted, k)
-    return EvalReport(k=k, prompts=len(prompts), decoder=path, attention=attention, dtype=str(dtype).removeprefix("torch."),
-                      accept_len=accept_len, accept_rates=rates,
-                      greedy_match=int(all(r.matches_greedy for r in per_prompt)), generate_match=generate_match,
-                      per_prompt=per_prompt)
+    report = EvalReport(k=k, prompts=len(prompts), decoder=path, attention=attention,
+                        dtype=str(dtype).removeprefix("torch."), accept_len=accept_len, accept_rates=rates,
+                        greedy_match=int(all(r.matches_greedy for r in per_prompt)), generate_match=generate_match,
+                        per_prompt=per_prompt)
+    if sampling is not None:
+        report.sampling = sampling
+        report.sampled_accept_len, report.sampled_accept_rates = acceptance_stats(sampled_accepted, k)
+    return report
 
 
 def load_inputs(model: Path, prompts_file: Path, limit: int | None, draft: Path | None, trust_remote_code: bool,

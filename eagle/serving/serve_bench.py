@@ -8,6 +8,12 @@ first token percentiles), the speedup, vLLM's acceptance counters for the spec r
 mode (`cuda-graphs`, `compiled` or `eager`), and a warning with the causes it can see when the
 speculative run is the slower one: the story this project retells lost its speedup (60 tok/s
 against an 82.5 tok/s baseline) because verification ran without CUDA graphs.
+
+With a sampler (`--temperature` > 0, `--top-p`, `--seed`: the production sampler; Kimi-K2.5 is
+served at temperature 1.0, top-p 0.95), the last server also runs a `sampled` pass after its
+greedy one: the same prompts, each with vLLM's per-request seed request_seed(seed, i), its own
+acceptance counters and tok/s, reported beside the greedy figures (vllm_sampled_*). At
+temperature 0 nothing of this runs.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel
 
 from eagle.common import EagleError, note
-from eagle.serving.client import RequestResult, acceptance_metrics, run_prompts, spec_counters
+from eagle.serving.client import RequestResult, Sampling, acceptance_metrics, run_prompts, spec_counters
 from eagle.serving.flags import ServerSpec, VllmFlags, engine_mode, host_has_cuda, server_command, server_spec
 from eagle.serving.serve_config import DeployCommands, deploy_commands
 from eagle.serving.server import running_server
@@ -55,7 +61,7 @@ def dist(values: Sequence[float]) -> Dist:
 class RunStats(BaseModel):
     """One server's run over all prompts."""
 
-    name: str  # "plain" | "spec"
+    name: str  # "plain" | "spec" | "sampled" (the last server's pass at the sampler)
     command: list[str]
     startup_s: float
     requests: int
@@ -101,6 +107,8 @@ class BenchReport(BaseModel):
     spec: RunStats | None = None
     speedup: float | None = None  # spec tok/s / plain tok/s
     outputs_equal: int | None = None  # prompts whose spec output equals the plain output
+    sampling: Sampling | None = None  # the sampler of the sampled pass (None: greedy only)
+    sampled: RunStats | None = None  # the last server's pass at that sampler
     warnings: list[str] = []
     deploy: DeployCommands | None = None
     metrics: dict[str, float] = {}
@@ -173,6 +181,14 @@ def flat_metrics(report: BenchReport) -> dict[str, float]:
             m[f"vllm_accept_rate_{i}"] = r
     if report.speedup is not None:
         m["vllm_speedup"] = report.speedup
+    if report.sampled is not None and report.sampling is not None:
+        m |= {"vllm_sampled_tok_s": report.sampled.tok_s, "vllm_sample_temperature": report.sampling.temperature,
+              "vllm_sample_top_p": report.sampling.top_p}
+        if report.sampled.accept_len is not None:
+            m["vllm_sampled_accept_len"] = report.sampled.accept_len
+            m["vllm_sampled_draft_accept_rate"] = report.sampled.draft_accept_rate or 0.0
+            for i, r in enumerate(report.sampled.accept_rates):
+                m[f"vllm_sampled_accept_rate_{i}"] = r
     if report.outputs_equal is not None:
         m["vllm_outputs_equal"] = float(report.outputs_equal)
     return m
@@ -197,41 +213,56 @@ def bench_specs(model: str, draft: str | None, k: int, flags: VllmFlags, cuda: b
 
 
 def run_one(name: str, spec: ServerSpec, prompts: Sequence[list[int]], max_new_tokens: int, concurrency: int,
-            ignore_eos: bool, startup_timeout: float, echo: bool) -> RunStats:
-    """Start one server, send every prompt, read the spec-decode counters around it, stop the server."""
+            ignore_eos: bool, startup_timeout: float, echo: bool,
+            sampling: Sampling | None = None) -> tuple[RunStats, RunStats | None]:
+    """Start one server, send every prompt greedy (then, with `sampling`, again sampled), read the
+    spec-decode counters around each pass, stop the server: (greedy run, sampled run or None)."""
     with running_server(spec, startup_timeout, echo) as server:
-        if echo:
-            note(f"[{name}] sending {len(prompts)} prompts, {concurrency} in flight")
-        before = spec_counters(server.metrics_text()) if spec.draft else None
-        try:
-            results, wall = run_prompts(server.url, prompts, max_new_tokens, concurrency, ignore_eos)
-        except Exception as exc:  # noqa: BLE001 - any failure: show vLLM's side too
-            raise server.failed(exc) from None
-        acceptance = None
-        if before is not None:
-            time.sleep(0.5)  # counters are published by the engine's stats loop
-            delta = spec_counters(server.metrics_text()).minus(before)
-            acceptance = acceptance_metrics(delta) | {"vllm_drafts": delta.drafts}
-        return run_stats(name, server_command(server.spec), server.startup_s, results, wall, acceptance)
+        passes: list[RunStats] = []
+        for label, sampler in [(name, None)] + ([("sampled", sampling)] if sampling is not None else []):
+            if echo:
+                how = "greedy" if sampler is None else f"temperature {sampler.temperature}, top-p {sampler.top_p}"
+                note(f"[{label}] sending {len(prompts)} prompts ({how}), {concurrency} in flight")
+            before = spec_counters(server.metrics_text()) if spec.draft else None
+            try:
+                results, wall = run_prompts(server.url, prompts, max_new_tokens, concurrency, ignore_eos, sampler)
+            except Exception as exc:  # noqa: BLE001 - any failure: show vLLM's side too
+                raise server.failed(exc) from None
+            acceptance = None
+            if before is not None:
+                time.sleep(0.5)  # counters are published by the engine's stats loop
+                delta = spec_counters(server.metrics_text()).minus(before)
+                acceptance = acceptance_metrics(delta) | {"vllm_drafts": delta.drafts}
+            passes.append(run_stats(label, server_command(server.spec), server.startup_s, results, wall, acceptance))
+        return passes[0], (passes[1] if len(passes) > 1 else None)
 
 
 def serve_bench(model: str, prompts: Sequence[list[int]], draft: str | None = None, k: int = 3,
                 max_new_tokens: int = 64, flags: VllmFlags | None = None, concurrency: int = 1, port: int = 0,
                 startup_timeout: float = 300.0, dtype: str | None = None, ignore_eos: bool = False,
-                baseline: bool = True, cuda: bool | None = None, echo: bool = True) -> BenchReport:
-    """Run the plain and the speculative server on `prompts`; both runs, speedup, warnings, deploy lines."""
+                baseline: bool = True, cuda: bool | None = None, echo: bool = True,
+                sampling: Sampling | None = None) -> BenchReport:
+    """Run the plain and the speculative server on `prompts`; both runs, speedup, warnings, deploy
+    lines; with `sampling` (temperature > 0), the last server's sampled pass beside them."""
     if not prompts:
         raise EagleError("no prompts to send")
+    if sampling is not None and sampling.temperature <= 0:
+        sampling = None  # greedy: exactly the run without a sampler
     flags = flags or VllmFlags()
     cuda = host_has_cuda() if cuda is None else cuda
     specs = bench_specs(model, draft, k, flags, cuda, max(len(p) for p in prompts), max_new_tokens, concurrency,
                         dtype, port, baseline)
-    runs = {name: run_one(name, spec, prompts, max_new_tokens, concurrency, ignore_eos, startup_timeout, echo)
-            for name, spec in specs}
+    runs: dict[str, RunStats] = {}
+    sampled = None
+    for i, (name, spec) in enumerate(specs):
+        last = i == len(specs) - 1
+        runs[name], extra = run_one(name, spec, prompts, max_new_tokens, concurrency, ignore_eos, startup_timeout,
+                                    echo, sampling if last else None)
+        sampled = extra if last else sampled
     plain, spec_run = runs.get("plain"), runs.get("spec")
     report = BenchReport(host="cuda" if cuda else "cpu", mode=engine_mode(specs[-1][1], cuda), k=k,
                          concurrency=concurrency, max_new_tokens=max_new_tokens, prompts=len(prompts),
-                         plain=plain, spec=spec_run)
+                         plain=plain, spec=spec_run, sampling=sampling, sampled=sampled)
     if plain and spec_run:
         report.speedup = spec_run.tok_s / plain.tok_s if plain.tok_s > 0 else None
         report.outputs_equal = sum(a == b for a, b in zip(plain.outputs, spec_run.outputs, strict=True))
