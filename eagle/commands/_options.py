@@ -110,6 +110,17 @@ def sampling_options(f: F) -> F:
     return f
 
 
+def suite_format_option(fn: F) -> F:
+    """`--suite-format` of the commands that read `--prompts` as a prompt suite (eagle/prompts.py)."""
+    from eagle.prompts import SUITE_FORMATS
+
+    return click.option("--suite-format", type=click.Choice(list(SUITE_FORMATS)), default="auto", show_default=True,
+                        help="The --prompts file's format: chat (messages / conversations / prompt), mt-bench "
+                             "(FastChat question.jsonl), speed-bench (NVIDIA SPEED-Bench, JSONL or Parquet), gsm8k, "
+                             "humaneval (JSONL or .jsonl.gz); auto tells it from the first record. Acceptance is "
+                             "reported per suite and per category.")(fn)
+
+
 def sampling_of(temperature: float, top_p: float, seed: int) -> Sampling | None:
     """The sampler the flags ask for; None at temperature 0 (greedy only, as without the flags)."""
     return Sampling(temperature=temperature, top_p=top_p, seed=seed) if temperature > 0 else None

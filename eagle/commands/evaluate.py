@@ -18,17 +18,19 @@ from eagle.commands._options import (
     refusals,
     sampling_of,
     sampling_options,
+    suite_format_option,
     trust_remote_code_option,
 )
 from eagle.common import quiet_hf, warn
-from eagle.decode.evaluate import load_inputs, run_evaluate
+from eagle.decode.evaluate import load_suite_inputs, run_evaluate
 
 
 @click.command("evaluate")
 @click.option("--model", "model", type=click.Path(path_type=Path), required=True, help="Target model dir.")
 @click.option("--draft", "draft", type=click.Path(path_type=Path), required=True, help="Drafter checkpoint dir.")
 @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), required=True,
-              help="Prompts JSONL (OpenAI `messages`, ShareGPT `conversations` or `prompt`).")
+              help="Prompts: JSONL (OpenAI `messages`, ShareGPT `conversations` or `prompt`) or a standard suite "
+                   "(MT-Bench question.jsonl, SPEED-Bench, GSM8K, HumanEval; see --suite-format).")
 @click.option("-k", "k", type=click.IntRange(1, 16), default=3, show_default=True, help="Draft tokens per step.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--limit", type=click.IntRange(1), default=None, help="Use only the first N prompts.")
@@ -41,10 +43,11 @@ from eagle.decode.evaluate import load_inputs, run_evaluate
 @attention_option
 @trust_remote_code_option
 @sampling_options
+@suite_format_option
 @json_option("Print the full report as JSON.")
 def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens: int, limit: int | None,
             device: str, dtype: str, check: bool | None, decoder: str, attention: str, trust_remote_code: bool,
-            temperature: float, top_p: float, seed: int, as_json: bool) -> None:
+            temperature: float, top_p: float, seed: int, suite_format: str, as_json: bool) -> None:
     """Greedy speculative decoding: acceptance length, per-position acceptance, exactness.
 
     \b
@@ -61,6 +64,10 @@ def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens
     sample_temperature, sample_top_p. The same --seed gives the same numbers.
 
     \b
+    Standard suites (MT-Bench, SPEED-Bench, GSM8K, HumanEval files in their published formats)
+    add accept_len_suite_<suite> and accept_len_cat_<category> per category (sampled_... too).
+
+    \b
     Examples:
       eagle evaluate --model work/target --draft work/draft --prompts plans/data/prompts.jsonl -k 3
       eagle evaluate --model work/target --draft work/draft --prompts plans/data/prompts.jsonl -k 3 \\
@@ -68,10 +75,12 @@ def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens
     """
     quiet_hf()
     with refusals(ValueError, FileNotFoundError):
-        prompts, dev, dt = load_inputs(model, prompts_file, limit, draft, trust_remote_code, device, dtype, attention)
-        report = run_evaluate(model, draft, prompts, k, max_new_tokens, dev, dt, check=check,
+        suite, dev, dt = load_suite_inputs(model, prompts_file, limit, draft, trust_remote_code, device, dtype,
+                                           attention, suite_format)
+        report = run_evaluate(model, draft, suite.token_ids, k, max_new_tokens, dev, dt, check=check,
                               decoder=decoder, trust_remote_code=trust_remote_code, attention=attention,
-                              sampling=sampling_of(temperature, top_p, seed))
+                              sampling=sampling_of(temperature, top_p, seed), categories=suite.categories,
+                              suite=suite.format)
 
     def mismatches() -> None:
         if report.greedy_match == 0:

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import click
 
-from eagle.commands._options import finish, json_option, refusals, sampling_of, sampling_options, vllm_options
+from eagle.commands._options import (
+    finish,
+    json_option,
+    refusals,
+    sampling_of,
+    sampling_options,
+    suite_format_option,
+    vllm_options,
+)
 from eagle.common import fail, print_table, warn
 from eagle.serving.flags import vllm_flags
 from eagle.serving.serve_bench import BenchReport, load_prompts, serve_bench
@@ -36,11 +44,13 @@ from eagle.serving.serve_bench import BenchReport, load_prompts, serve_bench
 @click.option("--ignore-eos", is_flag=True,
               help="Generate exactly --max-new-tokens even past EOS (default: stop at EOS, as evaluate does).")
 @sampling_options
+@suite_format_option
 @json_option("Print the whole report (both runs, outputs, deploy lines) as JSON.")
 def command(model: str, draft: str | None, prompts_file: str, k: int, max_new_tokens: int, limit: int | None,
             port: int, concurrency: int, no_draft: bool, no_baseline: bool, startup_timeout: float,
             vllm_args: tuple[str, ...], trust_remote_code: bool, eager: bool | None, dtype: str | None,
-            ignore_eos: bool, temperature: float, top_p: float, seed: int, as_json: bool) -> None:
+            ignore_eos: bool, temperature: float, top_p: float, seed: int, suite_format: str,
+            as_json: bool) -> None:
     """Serve the target alone and with the drafter in vLLM; tok/s, latency, speedup and acceptance.
 
     Two runs on the same prompt token ids `eagle evaluate` uses (greedy, the same
@@ -65,6 +75,11 @@ def command(model: str, draft: str | None, prompts_file: str, k: int, max_new_to
     beside the greedy vllm_accept_len.
 
     \b
+    Standard suites (MT-Bench, SPEED-Bench, GSM8K, HumanEval in their published formats): each
+    category's prompts go as one group, the counters read around it: vllm_accept_len_cat_<category>
+    and vllm_accept_len_suite_<suite> (vllm_sampled_... too).
+
+    \b
     Examples:
       eagle serve-bench --model work/target --draft work/draft --prompts plans/data/prompts.jsonl -k 3 --limit 4
       eagle serve-bench --model /models/big --draft /ckpt/draft --prompts chats.jsonl --concurrency 8 \\
@@ -77,7 +92,7 @@ def command(model: str, draft: str | None, prompts_file: str, k: int, max_new_to
         fail("--no-draft and --no-baseline together leave nothing to run", code=2)
     with refusals(interrupted="interrupted; the vLLM server was stopped"):
         flags = vllm_flags(vllm_args, trust_remote_code, eager)
-        prompts = load_prompts(model, prompts_file, limit, flags.trusts_remote_code)
+        prompts = load_prompts(model, prompts_file, limit, flags.trusts_remote_code, suite_format)
         report = serve_bench(model, prompts, draft=None if no_draft else draft, k=k, max_new_tokens=max_new_tokens,
                              flags=flags, concurrency=concurrency, port=port, startup_timeout=startup_timeout,
                              dtype=dtype, ignore_eos=ignore_eos, baseline=not no_baseline, echo=not as_json,

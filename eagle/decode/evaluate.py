@@ -20,17 +20,23 @@ multimodal wrappers, custom code) through its own transformers forward with a KV
   prompt (rejection sampling, eagle/decode/sampling.py), each prompt with its own generator seeded
   from --seed (serving.client.request_seed), so a run is reproducible; sample_temperature and
   sample_top_p say which sampler. At temperature 0 nothing of this runs: the greedy report is the
-  same with or without the flags.
+  same with or without the flags;
+- per suite and category (eagle/prompts.py reads MT-Bench, SPEED-Bench, GSM8K and HumanEval files
+  besides chat files): accept_len_suite_<suite> for a standard suite, accept_len_cat_<category>
+  for each category its prompts carry (and sampled_accept_len_suite_ / _cat_ with a sampler);
+  the report's `by_category` has each category's prompts, verify steps and acceptance.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from eagle.common import EagleError, check_file, pick_device, pick_dtype, progress
+from eagle.prompts import TokenizedSuite, metric_key
 from eagle.serving.client import Sampling, request_seed
 
 if TYPE_CHECKING:
@@ -50,6 +56,15 @@ class PromptResult(BaseModel):
     sampled_accepted: list[int] | None = None  # drafts accepted per verify step of that run
 
 
+class CategoryAcceptance(BaseModel):
+    """One category's share of a run (or the whole suite's): prompts, verify steps, acceptance."""
+
+    prompts: int
+    verify_steps: int
+    accept_len: float
+    sampled_accept_len: float | None = None
+
+
 class EvalReport(BaseModel):
     k: int
     prompts: int
@@ -63,6 +78,8 @@ class EvalReport(BaseModel):
     sampling: Sampling | None = None  # the sampler of the sampled figures (None: greedy only)
     sampled_accept_len: float | None = None
     sampled_accept_rates: list[float] | None = None
+    suite: str | None = None  # the prompt file's format (eagle/prompts.py): chat, mt-bench, gsm8k, ...
+    by_category: dict[str, CategoryAcceptance] = {}  # the prompts' categories, where they carry one
     per_prompt: list[PromptResult]
 
     def metrics(self) -> dict[str, float]:
@@ -78,7 +95,31 @@ class EvalReport(BaseModel):
             out.update({f"sampled_accept_rate_{j}": r for j, r in enumerate(self.sampled_accept_rates or [])})
             out["sample_temperature"] = self.sampling.temperature
             out["sample_top_p"] = self.sampling.top_p
+        groups = [(f"suite_{metric_key(self.suite)}", self.sampled_accept_len, self.accept_len)] \
+            if self.suite not in (None, "chat") else []
+        groups += [(f"cat_{metric_key(name)}", c.sampled_accept_len, c.accept_len)
+                   for name, c in self.by_category.items()]
+        for key, sampled, greedy in groups:
+            out[f"accept_len_{key}"] = greedy
+            if sampled is not None and self.sampling is not None:
+                out[f"sampled_accept_len_{key}"] = sampled
         return out
+
+
+def by_category(categories: Sequence[str | None], rows: Sequence[PromptResult], k: int) -> dict[str, CategoryAcceptance]:
+    """Each category's acceptance (greedy, and sampled where the rows carry it), in first-seen order;
+    prompts without a category are left out."""
+    out: dict[str, CategoryAcceptance] = {}
+    for name in dict.fromkeys(c for c in categories if c is not None):
+        mine = [r for c, r in zip(categories, rows, strict=True) if c == name]
+        steps = sum(r.verify_steps for r in mine)
+        sampled = [m for r in mine for m in (r.sampled_accepted or [])]
+        out[name] = CategoryAcceptance(
+            prompts=len(mine), verify_steps=steps,
+            accept_len=1.0 + sum(r.accepted for r in mine) / steps if steps else float("nan"),
+            sampled_accept_len=acceptance_stats(sampled, k)[0] if any(r.sampled_accepted is not None for r in mine)
+            else None)
+    return out
 
 
 def acceptance_stats(accepted_per_step: list[int], k: int) -> tuple[float, list[float]]:
@@ -128,9 +169,11 @@ def reference_greedy(model_dir: str | Path, prompts: list[list[int]], max_new_to
 def run_evaluate(model_dir: str | Path, draft_dir: str | Path, prompts: list[list[int]], k: int,
                  max_new_tokens: int, device: Any, dtype: Any, check: bool | None = True, decoder: str = "auto",
                  trust_remote_code: bool = False, attention: str = "auto",
-                 sampling: Sampling | None = None) -> EvalReport:
+                 sampling: Sampling | None = None, categories: Sequence[str | None] | None = None,
+                 suite: str | None = None) -> EvalReport:
     """check: compare with transformers' generate (True), skip it (False), or do it in float32 only (None).
-    sampling with temperature > 0: also a sampled speculative run of each prompt (module docstring)."""
+    sampling with temperature > 0: also a sampled speculative run of each prompt (module docstring).
+    categories (one per prompt) and suite: the acceptance per category and the suite's name."""
     import torch
 
     from eagle.decode.factory import load_decoder
@@ -178,19 +221,31 @@ def run_evaluate(model_dir: str | Path, draft_dir: str | Path, prompts: list[lis
     report = EvalReport(k=k, prompts=len(prompts), decoder=path, attention=attention,
                         dtype=str(dtype).removeprefix("torch."), accept_len=accept_len, accept_rates=rates,
                         greedy_match=int(all(r.matches_greedy for r in per_prompt)), generate_match=generate_match,
-                        per_prompt=per_prompt)
+                        per_prompt=per_prompt, suite=suite)
     if sampling is not None:
         report.sampling = sampling
         report.sampled_accept_len, report.sampled_accept_rates = acceptance_stats(sampled_accepted, k)
+    if categories is not None:
+        report.by_category = by_category(categories, per_prompt, k)
     return report
 
 
 def load_inputs(model: Path, prompts_file: Path, limit: int | None, draft: Path | None, trust_remote_code: bool,
-                device: str, dtype: str, attention: str = "auto") -> tuple[list[list[int]], torch.device, torch.dtype]:
+                device: str, dtype: str, attention: str = "auto",
+                suite_format: str = "auto") -> tuple[list[list[int]], torch.device, torch.dtype]:
     """The shared inputs of evaluate / bench / probe: the prompts' token ids, the device and the dtype,
     after checking the attention kernel can run on the device (first: it needs no file), the target
     and the drafter; raises EagleError with a fix."""
-    from eagle.prompts import PromptFileError, load_prompt_token_ids
+    suite, dev, dt = load_suite_inputs(model, prompts_file, limit, draft, trust_remote_code, device, dtype, attention,
+                                       suite_format)
+    return suite.token_ids, dev, dt
+
+
+def load_suite_inputs(model: Path, prompts_file: Path, limit: int | None, draft: Path | None,
+                      trust_remote_code: bool, device: str, dtype: str, attention: str = "auto",
+                      suite_format: str = "auto") -> tuple[TokenizedSuite, torch.device, torch.dtype]:
+    """load_inputs with the whole suite (its format and the prompts' categories besides the ids)."""
+    from eagle.prompts import PromptFileError, load_prompt_suite
     from eagle.target import open_target
 
     if attention == "triton":
@@ -201,8 +256,8 @@ def load_inputs(model: Path, prompts_file: Path, limit: int | None, draft: Path 
     if draft is not None and not check_file(draft / "config.json", "JSON file"):  # a FIFO: named as one
         raise EagleError(f"{draft}: not a drafter checkpoint (no config.json); pass `eagle train --out` DIR")
     try:
-        prompts = load_prompt_token_ids(model, prompts_file, limit, trust_remote_code)
+        suite = load_prompt_suite(model, prompts_file, limit, trust_remote_code, suite_format)
     except PromptFileError as exc:
         raise EagleError(str(exc)) from exc
     dev = pick_device(device)
-    return prompts, dev, pick_dtype(dtype, dev)
+    return suite, dev, pick_dtype(dtype, dev)

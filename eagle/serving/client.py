@@ -167,13 +167,15 @@ def complete(url: str, prompt_ids: list[int], max_tokens: int, ignore_eos: bool 
 
 
 def run_prompts(url: str, prompts: Sequence[list[int]], max_tokens: int, concurrency: int = 1,
-                ignore_eos: bool = False, sampling: Sampling | None = None) -> tuple[list[RequestResult], float]:
-    """Send all prompts (`concurrency` in flight), greedy or with `sampling` (prompt i with the seed
-    request_seed(sampling.seed, i): reproducible whatever the batching); return results in prompt
-    order and the wall time."""
+                ignore_eos: bool = False, sampling: Sampling | None = None,
+                positions: Sequence[int] | None = None) -> tuple[list[RequestResult], float]:
+    """Send all prompts (`concurrency` in flight), greedy or with `sampling` (prompt i, at `positions[i]`
+    in its suite, with the seed request_seed(sampling.seed, position): the same whatever the batching
+    or grouping); return results in prompt order and the wall time."""
     start = time.perf_counter()
     results: list[RequestResult | None] = [None] * len(prompts)
-    seeds = [request_seed(sampling.seed, i) if sampling is not None else None for i in range(len(prompts))]
+    where = list(positions) if positions is not None else list(range(len(prompts)))
+    seeds = [request_seed(sampling.seed, where[i]) if sampling is not None else None for i in range(len(prompts))]
 
     def send(i: int) -> RequestResult:
         return complete(url, prompts[i], max_tokens, ignore_eos, sampling=sampling, seed=seeds[i])

