@@ -124,6 +124,12 @@ def print_report(report: BenchReport) -> None:
                                                     " / ".join(f"{a:.3f}" for a in s.accept_rates))]
         click.echo("\nsampled pass (same server, same prompts):")
         print_table(rows)
+    greedy = report.spec.category_accept_len if report.spec is not None else {}
+    if greedy:
+        sampled = report.sampled.category_accept_len if report.sampled is not None else {}
+        click.echo(f"\naccept_len per category ({report.suite}):")
+        print_table([(name, value, sampled.get(name, "-")) for name, value in greedy.items()],
+                    headers=["category", "greedy", "sampled"])
     tail = {"host / mode": f"{report.host} / {report.mode}", "k": report.k, "concurrency": report.concurrency}
     if report.speedup is not None:
         tail["speedup (spec / plain tok/s)"] = f"{report.speedup:.3f}x"

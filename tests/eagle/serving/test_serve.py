@@ -258,9 +258,10 @@ def test_a_slower_speculative_run_is_flagged_with_the_causes_in_sight() -> None:
     assert "CPU host" in cpu_w[0] and "-k" not in cpu_w[0] and "differ from the plain ones on 1 of 2" in cpu_w[1]
 
 
-def test_the_sampled_pass_has_its_own_metric_names_and_leaves_the_greedy_ones() -> None:
+def test_the_sampled_pass_has_its_own_metric_names_and_leaves_the_greedy_ones(capsys: pytest.CaptureFixture) -> None:
+    from eagle.commands.serve_bench import print_report
     from eagle.serving.client import Sampling
-    from eagle.serving.serve_bench import flat_metrics
+    from eagle.serving.serve_bench import category_groups, flat_metrics
 
     greedy = BenchReport(host="cpu", mode="eager", k=3, concurrency=1, max_new_tokens=64, prompts=2,
                          plain=_stats("plain", 80.0), spec=_stats("spec", 100.0, accept_len=3.1))
@@ -270,6 +271,18 @@ def test_the_sampled_pass_has_its_own_metric_names_and_leaves_the_greedy_ones() 
     assert {k: s[k] for k in g} == g and not any("sampl" in k for k in g)
     assert s["vllm_sampled_accept_len"] == 1.4 and s["vllm_accept_len"] == 3.1
     assert (s["vllm_sampled_tok_s"], s["vllm_sample_temperature"], s["vllm_sample_top_p"]) == (90.0, 1.0, 0.95)
+    # a suite: per-category figures under their own names, and in the table
+    spec = _stats("spec", 100.0, accept_len=3.1).model_copy(update={"category_accept_len": {"Math Reasoning": 2.5}})
+    cats = sampled.model_copy(update={"suite": "mt-bench", "spec": spec, "sampled": sampled.sampled.model_copy(
+        update={"category_accept_len": {"Math Reasoning": 1.2}})})
+    c = flat_metrics(cats)
+    assert (c["vllm_accept_len_cat_math_reasoning"], c["vllm_sampled_accept_len_cat_math_reasoning"]) == (2.5, 1.2)
+    assert c["vllm_accept_len_suite_mt_bench"] == 3.1 and c["vllm_sampled_accept_len_suite_mt_bench"] == 1.4
+    print_report(cats)
+    shown = capsys.readouterr().out
+    assert "accept_len per category (mt-bench)" in shown and "Math Reasoning" in shown
+    assert category_groups(["a", None, "a", "b"], 4) == [("a", [0, 2]), (None, [1]), ("b", [3])]
+    assert category_groups(None, 3) == [(None, [0, 1, 2])]
 
 
 # ---------------------------------------------------------------- fast: serve-config
