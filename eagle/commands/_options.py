@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from eagle.common import ATTENTION_CHOICES, DTYPES, EagleError, fail, print_kv
 from eagle.metrics import write_metrics
+from eagle.serving.client import Sampling
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -93,6 +94,36 @@ def vllm_options(f: F) -> F:
                      help="Any vLLM engine flag, repeatable: tensor-parallel-size=8, gpu-memory-utilization=0.9, "
                           "quantization=fp8, enable-expert-parallel, max-model-len=8192 ...")(f)
     return f
+
+
+def sampling_options(f: F) -> F:
+    """`--temperature`, `--top-p`, `--seed` of evaluate and serve-bench: acceptance at the production
+    sampler, beside the greedy figures (parameters `temperature`, `top_p`, `seed`; `sampling_of`)."""
+    f = click.option("--seed", default=0, show_default=True, type=int,
+                     help="Base seed of the sampled run: each prompt gets its own seed from it "
+                          "(serving.client.request_seed), so two runs with one seed are equal.")(f)
+    f = click.option("--top-p", "top_p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+                     help="Nucleus sampling of the sampled run (Kimi-K2.5 is served at 0.95).")(f)
+    f = click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0),
+                     help="> 0: also decode each prompt sampled at this temperature and report its acceptance "
+                          "beside the greedy one (Kimi-K2.5 is served at 1.0); 0: greedy only.")(f)
+    return f
+
+
+def suite_format_option(fn: F) -> F:
+    """`--suite-format` of the commands that read `--prompts` as a prompt suite (eagle/prompts.py)."""
+    from eagle.prompts import SUITE_FORMATS
+
+    return click.option("--suite-format", type=click.Choice(list(SUITE_FORMATS)), default="auto", show_default=True,
+                        help="The --prompts file's format: chat (messages / conversations / prompt), mt-bench "
+                             "(FastChat question.jsonl), speed-bench (NVIDIA SPEED-Bench, JSONL or Parquet), gsm8k, "
+                             "humaneval (JSONL or .jsonl.gz); auto tells it from the first record. Acceptance is "
+                             "reported per suite and per category.")(fn)
+
+
+def sampling_of(temperature: float, top_p: float, seed: int) -> Sampling | None:
+    """The sampler the flags ask for; None at temperature 0 (greedy only, as without the flags)."""
+    return Sampling(temperature=temperature, top_p=top_p, seed=seed) if temperature > 0 else None
 
 
 # ---------------------------------------------------------------- errors and the ending

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import click
 
-from eagle.commands._options import finish, json_option, refusals, vllm_options
+from eagle.commands._options import (
+    finish,
+    json_option,
+    refusals,
+    sampling_of,
+    sampling_options,
+    suite_format_option,
+    vllm_options,
+)
 from eagle.common import fail, print_table, warn
 from eagle.serving.flags import vllm_flags
 from eagle.serving.serve_bench import BenchReport, load_prompts, serve_bench
@@ -35,11 +43,14 @@ from eagle.serving.serve_bench import BenchReport, load_prompts, serve_bench
 @click.option("--dtype", default=None, help="vLLM --dtype (default: float32 on CPU to match `eagle evaluate`, else auto).")
 @click.option("--ignore-eos", is_flag=True,
               help="Generate exactly --max-new-tokens even past EOS (default: stop at EOS, as evaluate does).")
+@sampling_options
+@suite_format_option
 @json_option("Print the whole report (both runs, outputs, deploy lines) as JSON.")
 def command(model: str, draft: str | None, prompts_file: str, k: int, max_new_tokens: int, limit: int | None,
             port: int, concurrency: int, no_draft: bool, no_baseline: bool, startup_timeout: float,
             vllm_args: tuple[str, ...], trust_remote_code: bool, eager: bool | None, dtype: str | None,
-            ignore_eos: bool, as_json: bool) -> None:
+            ignore_eos: bool, temperature: float, top_p: float, seed: int, suite_format: str,
+            as_json: bool) -> None:
     """Serve the target alone and with the drafter in vLLM; tok/s, latency, speedup and acceptance.
 
     Two runs on the same prompt token ids `eagle evaluate` uses (greedy, the same
@@ -57,10 +68,23 @@ def command(model: str, draft: str | None, prompts_file: str, k: int, max_new_to
     vllm_cuda_graphs (1 or 0), vllm_eager, vllm_outputs_equal, vllm_startup_s.
 
     \b
+    At the production sampler: --temperature T > 0 (with --top-p, --seed) adds a sampled pass on
+    the last server after its greedy one (vLLM's per-request seed from --seed: the same seed gives
+    the same outputs and counts): vllm_sampled_accept_len, vllm_sampled_accept_rate_0..k-1,
+    vllm_sampled_draft_accept_rate, vllm_sampled_tok_s, vllm_sample_temperature, vllm_sample_top_p,
+    beside the greedy vllm_accept_len.
+
+    \b
+    Standard suites (MT-Bench, SPEED-Bench, GSM8K, HumanEval in their published formats): each
+    category's prompts go as one group, the counters read around it: vllm_accept_len_cat_<category>
+    and vllm_accept_len_suite_<suite> (vllm_sampled_... too).
+
+    \b
     Examples:
       eagle serve-bench --model work/target --draft work/draft --prompts plans/data/prompts.jsonl -k 3 --limit 4
       eagle serve-bench --model /models/big --draft /ckpt/draft --prompts chats.jsonl --concurrency 8 \\
-          --trust-remote-code --vllm-arg tensor-parallel-size=8 --vllm-arg enable-expert-parallel
+          --trust-remote-code --vllm-arg tensor-parallel-size=8 --vllm-arg enable-expert-parallel \\
+          --temperature 1.0 --top-p 0.95 --seed 0
     """
     if not no_draft and not draft:
         fail("give --draft DIR (the drafter to serve), or --no-draft for the baseline", code=2)
@@ -68,10 +92,11 @@ def command(model: str, draft: str | None, prompts_file: str, k: int, max_new_to
         fail("--no-draft and --no-baseline together leave nothing to run", code=2)
     with refusals(interrupted="interrupted; the vLLM server was stopped"):
         flags = vllm_flags(vllm_args, trust_remote_code, eager)
-        prompts = load_prompts(model, prompts_file, limit, flags.trusts_remote_code)
+        prompts = load_prompts(model, prompts_file, limit, flags.trusts_remote_code, suite_format)
         report = serve_bench(model, prompts, draft=None if no_draft else draft, k=k, max_new_tokens=max_new_tokens,
                              flags=flags, concurrency=concurrency, port=port, startup_timeout=startup_timeout,
-                             dtype=dtype, ignore_eos=ignore_eos, baseline=not no_baseline, echo=not as_json)
+                             dtype=dtype, ignore_eos=ignore_eos, baseline=not no_baseline, echo=not as_json,
+                             sampling=sampling_of(temperature, top_p, seed))
     for w in report.warnings:
         warn(w)
     finish(report, as_json, metrics=report.metrics, show=lambda: print_report(report))
@@ -90,6 +115,21 @@ def print_report(report: BenchReport) -> None:
         rows.append(("accept rate per position", *(["-"] if report.plain else []),
                      " / ".join(f"{a:.3f}" for a in report.spec.accept_rates)))
     print_table(rows, headers=["", *[r.name for r in runs]])
+    if report.sampled is not None and report.sampling is not None:
+        s = report.sampled
+        rows = [("temperature / top-p / seed", f"{report.sampling.temperature} / {report.sampling.top_p} / "
+                 f"{report.sampling.seed}"), ("tok/s", s.tok_s)]
+        if s.accept_len is not None:
+            rows += [("accept_len", s.accept_len), ("accept rate per position",
+                                                    " / ".join(f"{a:.3f}" for a in s.accept_rates))]
+        click.echo("\nsampled pass (same server, same prompts):")
+        print_table(rows)
+    greedy = report.spec.category_accept_len if report.spec is not None else {}
+    if greedy:
+        sampled = report.sampled.category_accept_len if report.sampled is not None else {}
+        click.echo(f"\naccept_len per category ({report.suite}):")
+        print_table([(name, value, sampled.get(name, "-")) for name, value in greedy.items()],
+                    headers=["category", "greedy", "sampled"])
     tail = {"host / mode": f"{report.host} / {report.mode}", "k": report.k, "concurrency": report.concurrency}
     if report.speedup is not None:
         tail["speedup (spec / plain tok/s)"] = f"{report.speedup:.3f}x"

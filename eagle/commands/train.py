@@ -48,7 +48,13 @@ from eagle.train.config import BUCKET_MULTIPLE, MAX_TTT_STEPS, TrainConfig, summ
 @click.option("--tensorboard/--no-tensorboard", default=True, show_default=True,
               help="Write per-step losses, accuracies and the learning rate to OUT/tensorboard "
                    "(`tensorboard --logdir OUT/tensorboard`).")
-@click.option("--resume", is_flag=True, help="Continue from the last OUT/checkpoints/epoch-N (exactly: same losses).")
+@click.option("--save-every-steps", default=0, show_default=True, type=int,
+              help="Optimizer steps between resumable states OUT/checkpoints/step-state.pt (weights, AdamW, "
+                   "schedule, the epoch's pack order and position, random states; written to a temp file and "
+                   "renamed): a run killed mid-epoch resumes there with --resume; 0: at epoch ends only.")
+@click.option("--resume", is_flag=True,
+              help="Continue from the latest state: OUT/checkpoints/epoch-N or, when newer, the step state of "
+                   "--save-every-steps (exactly: the same per-step losses as a run never stopped).")
 @click.option("--init-from", type=click.Path(path_type=Path), default=None,
               help="Fine-tune this drafter (any published EAGLE-3 layout: speculators / vLLM, EAGLE / SpecForge) "
                    "instead of starting from scratch. Its trainable layers become float32 masters and keep their "
@@ -116,7 +122,7 @@ from eagle.train.config import BUCKET_MULTIPLE, MAX_TTT_STEPS, TrainConfig, summ
 @json_option("Print the summary metrics as JSON.")
 def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, ttt_steps: int, loss_decay: float,
             batch_tokens: int, grad_accum: int, val_fraction: float, val_every: int, save_every: int,
-            tensorboard: bool, resume: bool, init_from: Path | None, freeze_lm_head: bool,
+            save_every_steps: int, tensorboard: bool, resume: bool, init_from: Path | None, freeze_lm_head: bool,
             norm_before_residual: bool | None,
             norm_before_fc: bool | None, norm_output: bool | None, keep_float32: bool, online: bool,
             partial_data: bool, layer_ids: str | None,
@@ -148,6 +154,7 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
         config = TrainConfig(model=str(model), data=str(data), out=str(out), epochs=epochs, lr=lr, ttt_steps=ttt_steps,
                          loss_decay=loss_decay, batch_tokens=batch_tokens, grad_accum=grad_accum,
                          val_fraction=val_fraction, val_every=val_every, save_every=save_every,
+                         save_every_steps=save_every_steps,
                          tensorboard=tensorboard, seed=seed, init_from=str(init_from) if init_from else None,
                          freeze_lm_head=freeze_lm_head,
                          device=device, resume=resume, online=online,

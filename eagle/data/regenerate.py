@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from eagle.common import EagleError, progress
 from eagle.data.turns import Answer, Sample, TurnError
-from eagle.serving.client import Generation, GenerationRequest, Sampling
+from eagle.serving.client import Generation, GenerationRequest, Sampling, request_seed
 from eagle.serving.flags import VllmFlags
 
 Answerer = Callable[[list[GenerationRequest], str], list[Generation]]
@@ -55,11 +55,6 @@ def check_settings(s: RegenSettings) -> None:
         raise EagleError("--temperature must be >= 0 and --top-p in (0, 1]")
     if s.backend == "vllm" and s.sampling.temperature > 2:
         raise EagleError(f"--temperature {s.sampling.temperature}: vLLM accepts 0 to 2")
-
-
-def request_seed(base: int, sample: int, rnd: int) -> int:
-    """A distinct, reproducible seed per (sample, round)."""
-    return (base * 1_000_003 + sample * 1009 + rnd) % (2**63 - 1)
 
 
 def answer_rounds(samples: list[Sample], answer: Answerer, settings: RegenSettings,

@@ -14,17 +14,30 @@ multimodal wrappers, custom code) through its own transformers forward with a KV
   random drafter must still give 1);
 - generate_match: 1 when every output also equals transformers' own `generate(do_sample=False)`;
   computed in float32 only by default (bf16 rounding flips near-tied logits between two
-  implementations, which would read as failures), or never with --no-check.
+  implementations, which would read as failures), or never with --no-check;
+- with --temperature > 0 (the production sampler: --top-p, --seed), beside the greedy figures:
+  sampled_accept_len and sampled_accept_rate_j from a second, sampled speculative decoding of each
+  prompt (rejection sampling, eagle/decode/sampling.py), each prompt with its own generator seeded
+  from --seed (serving.client.request_seed), so a run is reproducible; sample_temperature and
+  sample_top_p say which sampler. At temperature 0 nothing of this runs: the greedy report is the
+  same with or without the flags;
+- per suite and category (eagle/prompts.py reads MT-Bench, SPEED-Bench, GSM8K and HumanEval files
+  besides chat files): accept_len_suite_<suite> for a standard suite, accept_len_cat_<category>
+  for each category its prompts carry (and sampled_accept_len_suite_ / _cat_ with a sampler);
+  the report's `by_category` has each category's prompts, verify steps and acceptance.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from eagle.common import EagleError, check_file, pick_device, pick_dtype, progress
+from eagle.prompts import TokenizedSuite, metric_key
+from eagle.serving.client import Sampling, request_seed
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +52,17 @@ class PromptResult(BaseModel):
     first_greedy_mismatch: int | None = None
     matches_reference: bool | None = None  # speculative output == transformers' generate
     first_mismatch: int | None = None
+    sampled_tokens: list[int] | None = None  # the sampled speculative output (--temperature > 0)
+    sampled_accepted: list[int] | None = None  # drafts accepted per verify step of that run
+
+
+class CategoryAcceptance(BaseModel):
+    """One category's share of a run (or the whole suite's): prompts, verify steps, acceptance."""
+
+    prompts: int
+    verify_steps: int
+    accept_len: float
+    sampled_accept_len: float | None = None
 
 
 class EvalReport(BaseModel):
@@ -51,6 +75,11 @@ class EvalReport(BaseModel):
     accept_rates: list[float]
     greedy_match: int | None
     generate_match: int | None = None
+    sampling: Sampling | None = None  # the sampler of the sampled figures (None: greedy only)
+    sampled_accept_len: float | None = None
+    sampled_accept_rates: list[float] | None = None
+    suite: str | None = None  # the prompt file's format (eagle/prompts.py): chat, mt-bench, gsm8k, ...
+    by_category: dict[str, CategoryAcceptance] = {}  # the prompts' categories, where they carry one
     per_prompt: list[PromptResult]
 
     def metrics(self) -> dict[str, float]:
@@ -61,7 +90,36 @@ class EvalReport(BaseModel):
         if self.generate_match is not None:
             out["generate_match"] = self.generate_match
         out["fast_decoder"] = int(self.decoder == "fast")
+        if self.sampling is not None and self.sampled_accept_len is not None:
+            out["sampled_accept_len"] = self.sampled_accept_len
+            out.update({f"sampled_accept_rate_{j}": r for j, r in enumerate(self.sampled_accept_rates or [])})
+            out["sample_temperature"] = self.sampling.temperature
+            out["sample_top_p"] = self.sampling.top_p
+        groups = [(f"suite_{metric_key(self.suite)}", self.sampled_accept_len, self.accept_len)] \
+            if self.suite not in (None, "chat") else []
+        groups += [(f"cat_{metric_key(name)}", c.sampled_accept_len, c.accept_len)
+                   for name, c in self.by_category.items()]
+        for key, sampled, greedy in groups:
+            out[f"accept_len_{key}"] = greedy
+            if sampled is not None and self.sampling is not None:
+                out[f"sampled_accept_len_{key}"] = sampled
         return out
+
+
+def by_category(categories: Sequence[str | None], rows: Sequence[PromptResult], k: int) -> dict[str, CategoryAcceptance]:
+    """Each category's acceptance (greedy, and sampled where the rows carry it), in first-seen order;
+    prompts without a category are left out."""
+    out: dict[str, CategoryAcceptance] = {}
+    for name in dict.fromkeys(c for c in categories if c is not None):
+        mine = [r for c, r in zip(categories, rows, strict=True) if c == name]
+        steps = sum(r.verify_steps for r in mine)
+        sampled = [m for r in mine for m in (r.sampled_accepted or [])]
+        out[name] = CategoryAcceptance(
+            prompts=len(mine), verify_steps=steps,
+            accept_len=1.0 + sum(r.accepted for r in mine) / steps if steps else float("nan"),
+            sampled_accept_len=acceptance_stats(sampled, k)[0] if any(r.sampled_accepted is not None for r in mine)
+            else None)
+    return out
 
 
 def acceptance_stats(accepted_per_step: list[int], k: int) -> tuple[float, list[float]]:
@@ -110,27 +168,44 @@ def reference_greedy(model_dir: str | Path, prompts: list[list[int]], max_new_to
 
 def run_evaluate(model_dir: str | Path, draft_dir: str | Path, prompts: list[list[int]], k: int,
                  max_new_tokens: int, device: Any, dtype: Any, check: bool | None = True, decoder: str = "auto",
-                 trust_remote_code: bool = False, attention: str = "auto") -> EvalReport:
-    """check: compare with transformers' generate (True), skip it (False), or do it in float32 only (None)."""
+                 trust_remote_code: bool = False, attention: str = "auto",
+                 sampling: Sampling | None = None, categories: Sequence[str | None] | None = None,
+                 suite: str | None = None) -> EvalReport:
+    """check: compare with transformers' generate (True), skip it (False), or do it in float32 only (None).
+    sampling with temperature > 0: also a sampled speculative run of each prompt (module docstring).
+    categories (one per prompt) and suite: the acceptance per category and the suite's name."""
     import torch
 
     from eagle.decode.factory import load_decoder
     from eagle.decode.interface import required_len
+    from eagle.decode.sampling import Sampler, check_sampling
+
+    if sampling is not None:
+        bad = check_sampling(sampling)
+        if bad is not None:
+            raise EagleError(bad, code=2)
+        if sampling.temperature == 0:
+            sampling = None  # greedy: exactly the run without the flags
 
     longest = max(len(p) for p in prompts)
     dec = load_decoder(model_dir, draft_dir, max_len=required_len(longest, max_new_tokens, k),
                        device=device, dtype=dtype, path=decoder, trust_remote_code=trust_remote_code,
                        attention=attention)
-    outputs, all_accepted, per_prompt = [], [], []
-    for ids in progress(prompts, desc=f"speculative ({dec.path})", unit="prompt"):
+    outputs, all_accepted, per_prompt, sampled_accepted = [], [], [], []
+    for i, ids in enumerate(progress(prompts, desc=f"speculative ({dec.path})", unit="prompt")):
         res = dec.generate_speculative(ids, max_new_tokens, k)
         plain = dec.generate_greedy(ids, max_new_tokens)
         outputs.append(res.tokens)
         all_accepted.extend(res.accepted)
         miss = first_mismatch(res.tokens, plain)
-        per_prompt.append(PromptResult(prompt_tokens=len(ids), new_tokens=len(res.tokens),
-                                       verify_steps=len(res.accepted), accepted=sum(res.accepted),
-                                       matches_greedy=miss is None, first_greedy_mismatch=miss))
+        row = PromptResult(prompt_tokens=len(ids), new_tokens=len(res.tokens), verify_steps=len(res.accepted),
+                           accepted=sum(res.accepted), matches_greedy=miss is None, first_greedy_mismatch=miss)
+        if sampling is not None:
+            sampled = dec.generate_speculative(ids, max_new_tokens, k,
+                                               sampler=Sampler(sampling, dec.device, request_seed(sampling.seed, i)))
+            row.sampled_tokens, row.sampled_accepted = sampled.tokens, sampled.accepted
+            sampled_accepted.extend(sampled.accepted)
+        per_prompt.append(row)
     path, attention = dec.path, dec.attention
     del dec
     generate_match = None
@@ -143,18 +218,34 @@ def run_evaluate(model_dir: str | Path, draft_dir: str | Path, prompts: list[lis
             row.matches_reference = row.first_mismatch is None
         generate_match = int(all(r.matches_reference for r in per_prompt))
     accept_len, rates = acceptance_stats(all_accepted, k)
-    return EvalReport(k=k, prompts=len(prompts), decoder=path, attention=attention, dtype=str(dtype).removeprefix("torch."),
-                      accept_len=accept_len, accept_rates=rates,
-                      greedy_match=int(all(r.matches_greedy for r in per_prompt)), generate_match=generate_match,
-                      per_prompt=per_prompt)
+    report = EvalReport(k=k, prompts=len(prompts), decoder=path, attention=attention,
+                        dtype=str(dtype).removeprefix("torch."), accept_len=accept_len, accept_rates=rates,
+                        greedy_match=int(all(r.matches_greedy for r in per_prompt)), generate_match=generate_match,
+                        per_prompt=per_prompt, suite=suite)
+    if sampling is not None:
+        report.sampling = sampling
+        report.sampled_accept_len, report.sampled_accept_rates = acceptance_stats(sampled_accepted, k)
+    if categories is not None:
+        report.by_category = by_category(categories, per_prompt, k)
+    return report
 
 
 def load_inputs(model: Path, prompts_file: Path, limit: int | None, draft: Path | None, trust_remote_code: bool,
-                device: str, dtype: str, attention: str = "auto") -> tuple[list[list[int]], torch.device, torch.dtype]:
+                device: str, dtype: str, attention: str = "auto",
+                suite_format: str = "auto") -> tuple[list[list[int]], torch.device, torch.dtype]:
     """The shared inputs of evaluate / bench / probe: the prompts' token ids, the device and the dtype,
     after checking the attention kernel can run on the device (first: it needs no file), the target
     and the drafter; raises EagleError with a fix."""
-    from eagle.prompts import PromptFileError, load_prompt_token_ids
+    suite, dev, dt = load_suite_inputs(model, prompts_file, limit, draft, trust_remote_code, device, dtype, attention,
+                                       suite_format)
+    return suite.token_ids, dev, dt
+
+
+def load_suite_inputs(model: Path, prompts_file: Path, limit: int | None, draft: Path | None,
+                      trust_remote_code: bool, device: str, dtype: str, attention: str = "auto",
+                      suite_format: str = "auto") -> tuple[TokenizedSuite, torch.device, torch.dtype]:
+    """load_inputs with the whole suite (its format and the prompts' categories besides the ids)."""
+    from eagle.prompts import PromptFileError, load_prompt_suite
     from eagle.target import open_target
 
     if attention == "triton":
@@ -165,8 +256,8 @@ def load_inputs(model: Path, prompts_file: Path, limit: int | None, draft: Path 
     if draft is not None and not check_file(draft / "config.json", "JSON file"):  # a FIFO: named as one
         raise EagleError(f"{draft}: not a drafter checkpoint (no config.json); pass `eagle train --out` DIR")
     try:
-        prompts = load_prompt_token_ids(model, prompts_file, limit, trust_remote_code)
+        suite = load_prompt_suite(model, prompts_file, limit, trust_remote_code, suite_format)
     except PromptFileError as exc:
         raise EagleError(str(exc)) from exc
     dev = pick_device(device)
-    return prompts, dev, pick_dtype(dtype, dev)
+    return suite, dev, pick_dtype(dtype, dev)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -54,6 +54,9 @@ from eagle.decode.llama_ops import (
     rope_inv_freq,
 )
 from eagle.target import check_layer_ids
+
+if TYPE_CHECKING:
+    from eagle.decode.sampling import Sampler
 
 
 class TargetModel(nn.Module):
@@ -191,6 +194,7 @@ class Decoder:
         hidden = proposer.hidden_size if proposer is not None else 1
         self.feat = torch.zeros(1, hidden, device=device, dtype=target.lm_head.weight.dtype)
         self._steps: dict[str, Callable[[], None]] = {}
+        self._sampler: Sampler | None = None  # set during a sampled generate_speculative (eagle/decode/sampling.py)
 
     def _drafting(self) -> tuple[Proposer, KVCache]:
         """The drafter and its cache: the stages below run only when decoding speculatively."""
@@ -224,8 +228,11 @@ class Decoder:
     @torch.inference_mode()
     def _verify(self, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """-> (greedy g0..gk, aux states; None without a drafter) of the target over tokens[:k+1]
-        at pos[:k+1]."""
+        at pos[:k+1]; with a sampler, its rejection-sampled tokens instead of g (their prefix equal
+        to the drafts is the accepted count, as with greedy)."""
         logits, aux, _ = self.target(self.tokens[: k + 1], self.pos[: k + 1], self.cache, self.layer_ids)
+        if self._sampler is not None:
+            return self._sampler.verify(logits, self.tokens[1: k + 1]), aux
         return logits.argmax(-1), aux
 
     @torch.inference_mode()
@@ -244,11 +251,11 @@ class Decoder:
         accept(self.tokens, self.pos, greedy, ids, feats, self.state, self.counter, self.hist_m, self.hist_n,
                self.feat)
 
-    def _stage(self, name: str, fn: Callable[[], None]) -> Callable[[], None]:
+    def _stage(self, name: str, fn: Callable[[], None], graph: bool = True) -> Callable[[], None]:
         if name not in self._steps:
             saved = self.n.clone()
             self.n.zero_()
-            self._steps[name] = _graphed(fn, self.use_graphs)
+            self._steps[name] = _graphed(fn, self.use_graphs and graph)
             self.n.copy_(saved)
             self.counter.zero_()
         return self._steps[name]
@@ -263,7 +270,7 @@ class Decoder:
         self.seq[:p].copy_(ids)
         aux_ids = self.layer_ids if speculative else ()
         logits, aux, _ = self.target(ids, self.arange[:p], self.cache, aux_ids, last_only=True)
-        self.seq[p:p + 1].copy_(logits.argmax(-1))
+        self.seq[p:p + 1].copy_(logits.argmax(-1) if self._sampler is None else self._sampler.sample(logits))
         self.n.fill_(p)
         self.counter.zero_()
         if speculative:
@@ -338,8 +345,11 @@ class Decoder:
         self.prefill(prompt_ids, speculative=False)
         return self._run(step, p, max_new_tokens, max_new_tokens - 1)
 
-    def generate_speculative(self, prompt_ids: Sequence[int], max_new_tokens: int, k: int) -> SpecResult:
-        """Greedy speculative decoding with chain drafts of length k; identical output to greedy."""
+    def generate_speculative(self, prompt_ids: Sequence[int], max_new_tokens: int, k: int,
+                             sampler: Sampler | None = None) -> SpecResult:
+        """Greedy speculative decoding with chain drafts of length k; identical output to greedy.
+        With a sampler: the first token sampled and every verify step rejection-sampled
+        (eagle/decode/sampling.py); those cycles run eagerly, never as CUDA graphs."""
         if self.proposer is None:
             raise ValueError("generate_speculative needs a drafter")
         if k < 1:
@@ -347,10 +357,17 @@ class Decoder:
         p = len(prompt_ids)
         self._room(p, max_new_tokens, k)
         self._spec_rows(k)
-        cycle = self._stage(f"cycle{k}", lambda: self._spec_cycle(k))
-        self._t_start = time.perf_counter()
-        self.prefill(prompt_ids, speculative=True)
-        new = self._run(cycle, p, max_new_tokens, max_new_tokens - 1)
+        if sampler is None:
+            cycle = self._stage(f"cycle{k}", lambda: self._spec_cycle(k))
+        else:
+            cycle = self._stage(f"sampled{k}", lambda: self._spec_cycle(k), graph=False)
+        self._sampler = sampler
+        try:
+            self._t_start = time.perf_counter()
+            self.prefill(prompt_ids, speculative=True)
+            new = self._run(cycle, p, max_new_tokens, max_new_tokens - 1)
+        finally:
+            self._sampler = None
         cycles = int(self.counter.item())
         ms = self.hist_m[:cycles].tolist()
         starts = self.hist_n[:cycles].tolist()

@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from eagle.decode.interface import Proposer, SpecResult, required_len, synchronize, time_call
 from eagle.target import check_layer_ids, input_device
+
+if TYPE_CHECKING:
+    from eagle.decode.sampling import Sampler
 
 
 class GenericDecoder:
@@ -146,8 +149,11 @@ class GenericDecoder:
         self.last_timing = {"prefill_s": t1 - t0, "decode_s": time.perf_counter() - t1}
         return new
 
-    def generate_speculative(self, prompt_ids: Sequence[int], max_new_tokens: int, k: int) -> SpecResult:
-        """Greedy speculative decoding with chain drafts of length k; output = greedy decoding's."""
+    def generate_speculative(self, prompt_ids: Sequence[int], max_new_tokens: int, k: int,
+                             sampler: Sampler | None = None) -> SpecResult:
+        """Greedy speculative decoding with chain drafts of length k; output = greedy decoding's.
+        With a sampler: the first token sampled and every verify step rejection-sampled
+        (eagle/decode/sampling.py)."""
         if self.proposer is None:
             raise ValueError("generate_speculative needs a drafter")
         if k < 1:
@@ -163,7 +169,7 @@ class GenericDecoder:
         # 1. prefill: the target's greedy token after the prompt, and the drafter's first proposal
         logits, aux = self.forward(prompt_ids, cache, self.layer_ids)
         assert aux is not None  # the drafter's layers were asked for
-        seq = list(prompt_ids) + [int(logits[-1].argmax())]
+        seq = list(prompt_ids) + [int(logits[-1].argmax() if sampler is None else sampler.sample(logits[-1:])[0])]
         with torch.inference_mode():
             ids, feats = self.proposer.propose_rows(aux, torch.tensor(seq[1:p + 1], **long),
                                                     torch.arange(p, **long), dcache)
@@ -184,7 +190,9 @@ class GenericDecoder:
             # 3. verify all k drafts in one forward
             logits, aux = self.forward([seq[n]] + draft_ids, cache, self.layer_ids)
             assert aux is not None
-            greedy = logits.argmax(-1).tolist()
+            picked = (logits.argmax(-1) if sampler is None
+                      else sampler.verify(logits, torch.tensor(draft_ids, dtype=torch.long, device=logits.device)))
+            greedy = picked.tolist()  # (sampled: the drafts' accepted prefix, then the drawn token)
             m = 0
             while m < k and draft_ids[m] == greedy[m]:
                 m += 1

@@ -19,6 +19,7 @@ import torch
 
 if TYPE_CHECKING:
     from eagle.decode.llama_ops import KVCache
+    from eagle.decode.sampling import Sampler
 
 
 class Proposer(Protocol):
@@ -62,8 +63,10 @@ class SpeculativeDecoder(Protocol):
         """The target's own greedy answer (up to max_new_tokens, stopping at an EOS id)."""
         ...
 
-    def generate_speculative(self, prompt_ids: Sequence[int], max_new_tokens: int, k: int) -> SpecResult:
-        """The same answer, drafted k tokens at a time and verified in one target forward."""
+    def generate_speculative(self, prompt_ids: Sequence[int], max_new_tokens: int, k: int,
+                             sampler: Sampler | None = None) -> SpecResult:
+        """The same answer, drafted k tokens at a time and verified in one target forward; with a
+        sampler (eagle/decode/sampling.py), sampled: the drafts accepted by rejection sampling."""
         ...
 
     def aux_states(self, ids: Sequence[int], layer_ids: Sequence[int]) -> torch.Tensor:

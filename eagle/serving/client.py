@@ -108,6 +108,21 @@ def in_flight(work: Callable[[Any], Any], items: Sequence[Any], concurrency: int
                 yield pos, result
 
 
+class Sampling(BaseModel):
+    """Sampling settings for regeneration; temperature 0 is greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int = 0
+
+
+def request_seed(base: int, sample: int, rnd: int = 0) -> int:
+    """A distinct, reproducible seed per (sample, round) from a base --seed: vLLM's per-request
+    `seed` (prepare --regenerate, serve-bench) and eagle evaluate's per-prompt generator."""
+    return (base * 1_000_003 + sample * 1009 + rnd) % (2**63 - 1)
+
+
 class RequestResult(BaseModel):
     prompt_tokens: int
     output_token_ids: list[int]
@@ -117,12 +132,17 @@ class RequestResult(BaseModel):
 
 
 def complete(url: str, prompt_ids: list[int], max_tokens: int, ignore_eos: bool = False,
-             timeout: float = 600.0) -> RequestResult:
-    """One greedy streamed completion with a token-id prompt; returns the output ids and timings."""
+             timeout: float = 600.0, sampling: Sampling | None = None, seed: int | None = None) -> RequestResult:
+    """One streamed completion with a token-id prompt, greedy or with `sampling` (vLLM's per-request
+    `seed`: `seed`, else sampling.seed); returns the output ids and timings."""
     import httpx
 
-    body = {"model": SERVED_NAME, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0.0,
-            "stream": True, "ignore_eos": ignore_eos, "return_token_ids": True, "skip_special_tokens": False}
+    body: dict[str, Any] = {"model": SERVED_NAME, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0.0,
+                            "stream": True, "ignore_eos": ignore_eos, "return_token_ids": True,
+                            "skip_special_tokens": False}
+    if sampling is not None and sampling.temperature > 0:
+        body |= {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                 "seed": sampling.seed if seed is None else seed}
     start = time.perf_counter()
     ttft = None
     ids: list[int] = []
@@ -147,22 +167,22 @@ def complete(url: str, prompt_ids: list[int], max_tokens: int, ignore_eos: bool 
 
 
 def run_prompts(url: str, prompts: Sequence[list[int]], max_tokens: int, concurrency: int = 1,
-                ignore_eos: bool = False) -> tuple[list[RequestResult], float]:
-    """Send all prompts (`concurrency` in flight); return results in prompt order and the wall time."""
+                ignore_eos: bool = False, sampling: Sampling | None = None,
+                positions: Sequence[int] | None = None) -> tuple[list[RequestResult], float]:
+    """Send all prompts (`concurrency` in flight), greedy or with `sampling` (prompt i, at `positions[i]`
+    in its suite, with the seed request_seed(sampling.seed, position): the same whatever the batching
+    or grouping); return results in prompt order and the wall time."""
     start = time.perf_counter()
     results: list[RequestResult | None] = [None] * len(prompts)
-    for pos, res in in_flight(lambda p: complete(url, p, max_tokens, ignore_eos), list(prompts), concurrency):
+    where = list(positions) if positions is not None else list(range(len(prompts)))
+    seeds = [request_seed(sampling.seed, where[i]) if sampling is not None else None for i in range(len(prompts))]
+
+    def send(i: int) -> RequestResult:
+        return complete(url, prompts[i], max_tokens, ignore_eos, sampling=sampling, seed=seeds[i])
+
+    for pos, res in in_flight(send, list(range(len(prompts))), concurrency):
         results[pos] = res
     return [r for r in results if r is not None], time.perf_counter() - start
-
-
-class Sampling(BaseModel):
-    """Sampling settings for regeneration; temperature 0 is greedy."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int = 0
 
 
 class Generation(BaseModel):

