@@ -60,7 +60,7 @@ def command(model: Path, prompts_file: Path, limit: int | None, layer_ids: str |
         from eagle.target import open_target
 
         open_target(model, trust_remote_code)
-        rows = load_prompts(str(model), str(prompts_file), limit, trust_remote_code)
+        rows = load_prompts(str(model), str(prompts_file), limit, trust_remote_code).token_ids
         report = check_engines(model, rows, layer_ids, dtype, tolerance, flags, trust_remote_code,
                                vllm_concurrency, echo=not as_json)
 

@@ -132,6 +132,6 @@ def _probe_vllm(model: Path, other: Path, prompts_file: Path, draft: Path | None
     if draft is not None and not (draft / "config.json").is_file():
         raise EagleError(f"{draft}: not a drafter checkpoint (no config.json); pass `eagle train --out` DIR")
     flags = vllm_flags(vllm_args, trust_remote_code, eager)
-    prompts = load_prompts(str(model), str(prompts_file), limit, trust_remote_code)
+    prompts = load_prompts(str(model), str(prompts_file), limit, trust_remote_code).token_ids
     return run_probe_vllm(model, other, prompts, parse_layer_ids(layer_ids), draft, k, max_new_tokens,
                           None if dtype == "auto" else dtype, flags, concurrency, keep_states, echo=not as_json)
