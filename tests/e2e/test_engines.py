@@ -48,7 +48,7 @@ def test_deepseek_engine_check_agrees_with_the_cpu_rope_workaround(arch_targets)
     from eagle.serving.serve_bench import load_prompts
 
     target = arch_targets("deepseek_v3")
-    rows = load_prompts(str(target), str(HELDOUT), 6)
+    rows = load_prompts(str(target), str(HELDOUT), 6).token_ids
     report = check_engines(target, rows, None, "bfloat16", echo=False)
     print(f"\n[deepseek_v3 bf16] {[(s.layer, round(s.rel_diff, 5), round(s.bf16_rel_diff, 5), round(s.cos_sim, 6)) for s in report.layers]}")
     assert any('"-rotary_embedding"' in f for f in report.vllm_flags)
@@ -113,7 +113,7 @@ def test_probe_through_vllm_matches_the_hf_probe_one_target_at_a_time(toy_target
     from eagle.decode.probe_vllm import group_alive, run_probe_vllm
     from eagle.serving.serve_bench import load_prompts
 
-    prompts = load_prompts(str(toy_target), str(HELDOUT), 4)
+    prompts = load_prompts(str(toy_target), str(HELDOUT), 4).token_ids
     served = run_probe_vllm(toy_target, toy_successor, prompts, None, toy_drafter, 3, 24, keep_states=tmp_path,
                             echo=False)
     hf = run_probe(toy_target, toy_successor, prompts, None, toy_drafter, 3, 24, torch.device("cpu"), torch.float32)
