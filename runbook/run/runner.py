@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from runbook.errors import RunbookError
 from runbook.files import atomic_write_text
 from runbook.formatting import format_value, iso, parse_iso, utc_now
-from runbook.model import Expr, Metrics, Phase, Plan, RunRecord, merge_metrics
+from runbook.model import Expr, Metrics, Phase, Plan, RunRecord, Trial, merge_metrics
 from runbook.plan import writeback
 from runbook.plan.mdtext import to_lf
 from runbook.redact import redact_credentials
@@ -179,6 +179,7 @@ class RunOptions:
     supervisor_log: str | None = None  # repo-relative
     on_started: Callable[[LiveRun], None] | None = None  # a run's live state exists (the detach handshake)
     overrides: dict[str, str] = field(default_factory=dict)  # `--set NAME=VALUE` for this run
+    trial: Trial | None = None  # the run is a sweep's point (runbook/run/sweep.py): it decides nothing by itself
 
 
 @dataclass
@@ -203,7 +204,14 @@ def _carried(sel: Selection, step_id: str) -> Metrics:
 def commit_message(record: RunRecord, metric_names: list[str]) -> str:
     shown = [f"{n}={format_value(record.metrics[n])}" for n in metric_names if n in record.metrics]
     detail = ", ".join(shown) if shown else " ".join(record.reason.split())[:80]
-    return f"runbook: {record.phase} {record.verdict}" + (f" ({detail})" if detail else "")
+    subject = f"runbook: {record.phase} {record.verdict}" + (f" ({detail})" if detail else "")
+    if record.trial is not None:
+        point = " ".join(f"{k}={v}" for k, v in record.trial.point.items())
+        subject += f" [trial {record.trial.index}/{record.trial.of} of sweep {record.trial.sweep}: {point}]"
+    elif record.decision is not None:
+        subject = (f"runbook: {record.phase} {record.verdict} decided by run {record.decision.run} "
+                   f"({record.decision.why})")
+    return subject
 
 
 def _commit_plan_edits_first(
@@ -303,6 +311,7 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
                  for s in specs],
         supervisor_log=opts.supervisor_log, resources=resources, sbatch_args=sbatch_args,
         vars=used_vars(phase, plan.vars), overrides=[name for name in opts.overrides if name in written.vars],
+        trial=opts.trial,
     )
     return _execute(ws, live, specs, lock, opts, started_from=plan_text,
                     criterion=phase.criterion.expr if phase.criterion else None)
@@ -409,6 +418,7 @@ def _execute(ws: Workspace, live: LiveRun, specs: list[StepSpec], lock: RunLock,
         overrides=list(live.overrides),
         ref_metrics=refs.values,
         ref_runs=refs.runs,
+        trial=live.trial,
     )
     writer.update(record=record, step=None)  # judged: a runbook killed from here on is recorded as judged
     result = record_run(ws, record, live.metric_names, opts, started_from=started_from)
@@ -539,7 +549,7 @@ def record_run(
             history, earlier = ws.ledger().runs(ws.plan_rel, record.phase, limit=writeback.RESULTS_ROWS)
             try:
                 new_text = writeback.apply_run(text, current, record.phase, record, history, file=ws.plan_rel,
-                                               earlier=earlier)
+                                               earlier=earlier, decides=record.trial is None)
             except writeback.HandEdited as exc:
                 result.plan_written = False
                 result.problems.append(f"{exc} The run is recorded in {ws.rel(ledger_path)}.")

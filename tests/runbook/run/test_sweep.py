@@ -1,0 +1,176 @@
+"""`runbook sweep` and `runbook choose`: a grid of trials that decide nothing until one is picked or
+chosen, then decides the phase and routes the plan; a sweep killed with -9 goes on with the points it
+had not run. Real git, real steps; the CLI in process where only output and files are checked, a real
+subprocess for the kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import helpers as H
+
+PLAN = """\
+---
+runbook: 1
+title: Sweep a fit
+vars:
+  lr: "0.1"
+  hidden: "8"
+---
+
+## Phase 1: Fit (~1 min)
+
+Steps:
+- [ ] Fit: `[ ! -f nap ] || [ {hidden} != 40 ] || sleep 60; python3 -c "import sys; lr=float(sys.argv[1]); h=int(sys.argv[2]); print('{\\"acc\\": %g}' % (0.5 + lr + h/100))" {lr} {hidden} > "$RUNBOOK_METRICS"`
+
+Pass: acc >= 0.7
+On pass: Phase 2
+On fail: Phase 3
+
+## Phase 2: Use the fit
+
+Steps:
+- [ ] Use: `true`
+
+## Phase 3: Fallback
+
+Steps:
+- [ ] Fallback: `true`
+"""
+
+GRID = ("--set", "lr=0.01,0.3", "--set", "hidden=1,2,40")  # 2x3; acc = 0.5 + lr + hidden/100
+
+
+def ok(result, code: int = 0) -> dict:
+    assert result.returncode == code, (result.returncode, result.stdout[-2000:], result.stderr[-3000:])
+    return json.loads(result.stdout) if result.stdout.lstrip().startswith("{") else {}
+
+
+def records(repo: Path) -> list[dict]:
+    return sorted((json.loads(p.read_text()) for p in (repo / "state" / "runs").glob("*.json")),
+                  key=lambda r: (r["started"], r["run_id"]))
+
+
+def trials(repo: Path) -> list[dict]:
+    return [r for r in records(repo) if r.get("trial")]
+
+
+def test_a_grid_of_trials_decides_nothing_until_picked_then_routes_from_the_pick(tmp_path: Path) -> None:
+    repo = H.make_repo(tmp_path / "repo", PLAN)
+    ok(H.runbook_inproc(repo, "next", "--yes"), 1)  # the plan's own values: acc 0.68, fail -> Phase 3
+    before = ok(H.runbook_inproc(repo, "status", "--json"))["result"]
+    assert before["phases"][0]["state"] == "failed" and before["next"]["phase"] == "phase-3"
+
+    swept = ok(H.runbook_inproc(repo, "sweep", "1", *GRID, "--yes", "--json"))["result"]
+    assert len(swept["ran"]) == 6 and swept["pending"] == 0 and swept["chosen"] is None
+    assert [p["point"] for p in swept["points"]] == [
+        {"lr": lr, "hidden": h} for lr in ("0.01", "0.3") for h in ("1", "2", "40")]
+    assert [p["run"]["verdict"] for p in swept["points"]] == ["fail", "fail", "pass", "pass", "pass", "pass"]
+    # six trials recorded and committed, each with its point; one commit for the sweep's spec
+    made = trials(repo)
+    assert len(made) == 6 and {r["trial"]["sweep"] for r in made} == {swept["sweep_id"]}
+    assert [r["vars"]["lr"] + "/" + r["vars"]["hidden"] for r in made] == [
+        "0.01/1", "0.01/2", "0.01/40", "0.3/1", "0.3/2", "0.3/40"]
+    log = H.git(repo, "log", "--format=%s")
+    assert log.count("[trial ") == 6 and f"sweep {swept['sweep_id']} of phase-1 (6 points)" in log
+    assert not H.git(repo, "status", "--porcelain", "--", "state", "plans")
+    # ... and the phase's verdict is still its own run's: failed, On fail -> Phase 3
+    status = ok(H.runbook_inproc(repo, "status", "--json"))["result"]
+    row = status["phases"][0]
+    assert (row["state"], row["verdict"], row["decided_how"]) == ("failed", "fail", "last run")
+    assert row["decided_by"] == row["run_id"] == before["phases"][0]["run_id"]
+    assert status["next"]["phase"] == "phase-3"
+    plan_text = (repo / "plans" / "plan.md").read_text()
+    assert "**Status:** fail" in plan_text and plan_text.count("(trial ") == 6  # in the results table
+    history = ok(H.runbook_inproc(repo, "history", "1", "--metric", "acc", "--json"))["result"]
+    assert sum(1 for r in history["runs"] if r["trial"]) == 6
+
+    # --pick on the finished sweep: the best passing trial (lr 0.3, hidden 40: acc 1.2) decides
+    picked = ok(H.runbook_inproc(repo, "sweep", "--resume", "--pick", "best:acc", "--yes", "--json"))["result"]
+    assert picked["ran"] == [] and picked["sweep_id"] == swept["sweep_id"]
+    best = swept["points"][5]["run"]["run_id"]
+    assert picked["chosen"]["decision"]["run"] == best and picked["chosen"]["verdict"] == "pass"
+    assert picked["next"]["phase"] == "phase-2"  # routed from the pick: On pass
+    status = ok(H.runbook_inproc(repo, "status", "--json"))["result"]
+    row = status["phases"][0]
+    assert (row["state"], row["decided_by"]) == ("passed", best)
+    assert row["decided_how"].startswith("picked by best:acc: max acc 1.2 of 4 passing trials")
+    text = H.runbook_inproc(repo, "status").stdout
+    assert f"decided by run {best}, picked by best:acc" in text
+    brief = ok(H.runbook_inproc(repo, "brief", "--json"))["result"]
+    assert brief["phases"][0]["decided_by"] == best and brief["next"]["phase"] == "phase-2"
+    assert f"{best} (picked by best:acc" in H.runbook_inproc(repo, "brief").stdout
+    assert f"decided by run {best}" in (repo / "plans" / "plan.md").read_text()
+
+    # `runbook choose` another trial: it decides now, and the plan routes from its verdict (fail -> Phase 3)
+    worst = swept["points"][0]["run"]["run_id"]
+    chose = ok(H.runbook_inproc(repo, "choose", worst, "--json"))["result"]
+    assert chose["chosen"]["run_id"] == worst and chose["record"]["decision"]["by"] == "choose"
+    assert chose["next"]["phase"] == "phase-3"
+    row = ok(H.runbook_inproc(repo, "status", "--json"))["result"]["phases"][0]
+    assert (row["state"], row["decided_by"], row["decided_how"]) == ("failed", worst, "chosen by `runbook choose`")
+
+
+def test_refusals_name_the_fix_and_run_nothing(tmp_path: Path) -> None:
+    repo = H.make_repo(tmp_path / "repo", PLAN)
+    head = H.git(repo, "rev-parse", "HEAD")
+    for args, words in [
+        (("sweep", "1", "--set", "lrr=1,2", "--yes"), "did you mean lr"),
+        (("sweep", "1", "--set", "lr=", "--yes"), "NAME=V1,V2"),
+        (("sweep", "1", "--yes"), "a sweep needs points"),
+        (("sweep", "1", "--set", "lr=1,2", "--pick", "best:hidden", "--yes"), "--pick max:hidden or --pick min:hidden"),
+        (("sweep", "1", "--set", "lr=1,2", "--pick", "top:acc", "--yes"), "best:METRIC"),
+        (("sweep", "1", "--set", "lr=1,2"), "pass --yes"),
+        (("sweep", "--resume", "--yes"), "no unfinished sweep"),
+        (("choose", "nope"), "nope"),
+    ]:
+        done = H.runbook_inproc(repo, *args)
+        assert done.returncode == 2 and words in done.stderr, (args, done.stderr)
+        H.assert_no_traceback(done)
+    assert H.git(repo, "rev-parse", "HEAD") == head and not (repo / "state" / "runs").exists()
+
+
+def test_a_sweep_killed_with_minus_9_after_two_trials_goes_on_with_the_other_four(tmp_path: Path) -> None:
+    repo = H.make_repo(tmp_path / "repo", PLAN)
+    args = ("sweep", "1", *GRID, "--yes")
+    env = {"RUNBOOK_ENV_PROBE": "0"}
+    (repo / "nap").write_text("")  # while it is there, a trial with hidden=40 (the third) sleeps a minute
+    proc = H.popen_runbook(repo, *args, env=env)
+    try:
+        H.wait_for(lambda: len(trials(repo)) >= 2, timeout=60, message="two trials recorded")
+        os.kill(proc.pid, signal.SIGKILL)  # the runbook this test started, nothing else
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    (repo / "nap").unlink()
+    assert sorted(r["trial"]["index"] for r in trials(repo)) == [1, 2]
+    again = ok(H.runbook_inproc(repo, *args, "--json", env=env))["result"]  # the same command again
+    assert again["resumed"] is True and again["pending"] == 0 and len(again["ran"]) == 4
+    ran_now = [r["trial"]["index"] for r in trials(repo) if r["run_id"] in again["ran"]]
+    assert ran_now == [3, 4, 5, 6]  # only the points not yet run
+    interrupted = [r for r in trials(repo) if r["verdict"] == "interrupted"]
+    assert [r["trial"]["index"] for r in interrupted] in ([], [3])  # the killed trial 3, if it had started
+    finished = [r for r in trials(repo) if r["verdict"] != "interrupted"]
+    assert sorted(r["trial"]["index"] for r in finished) == [1, 2, 3, 4, 5, 6]
+    status = ok(H.runbook_inproc(repo, "status", "--json"))["result"]
+    assert status["phases"][0]["state"] == "not_run"  # trials, the killed one too, decide nothing
+    assert not H.git(repo, "status", "--porcelain", "--", "state", "plans")  # all committed
+
+
+def test_the_mcp_sweep_tool_runs_the_same_command_line() -> None:
+    import importlib
+
+    from runbook.cli import COMMANDS
+    from runbook.mcp_server import SweepArgs
+
+    argv = SweepArgs(phase="1", grid={"lr": ["0.1", "0.3"]}, points=[{"lr": "1", "hidden": "2"}], pick="best:acc",
+                     jobs=2).argv()
+    assert argv == ["sweep", "1", "--yes", "--json", "--set", "lr=0.1,0.3", "--point", "lr=1,hidden=2",
+                    "--pick", "best:acc", "--jobs", "2"]
+    command = importlib.import_module(COMMANDS["sweep"][0]).command
+    assert {a for a in argv if a.startswith("--")} <= {opt for param in command.params for opt in param.opts}
