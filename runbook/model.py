@@ -201,6 +201,8 @@ class Phase(BaseModel):
     executor: Literal["local", "slurm"] | None = None  # `Executor:`; None -> local
     resources: dict[str, str] = {}  # `Resources:` words (runbook/plan/resources.py), in order
     columns: list[str] = []  # `Columns:`: more metrics (or vars) for the results table than `Pass:` reads
+    outputs: list[str] = []  # `Outputs:`: files / folders its runs make (repo-relative, `{var}` allowed)
+    inputs: list[str] = []  # `Inputs:`: other phases' outputs it reads (checked against their deciding run)
     status: PhaseStatus | None = None
     blocks: dict[str, Block] = {}
     span: Span  # heading line to the byte before the next phase heading (or end of file)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from runbook.errors import RunbookError
 from runbook.files import atomic_write_text
 from runbook.formatting import format_value, iso, parse_iso, utc_now
-from runbook.model import Expr, Metrics, Phase, Plan, RunRecord, Trial, merge_metrics
+from runbook.model import Expr, Metrics, OutputInfo, Phase, Plan, RunRecord, Trial, merge_metrics
 from runbook.plan import writeback
 from runbook.plan.mdtext import to_lf
 from runbook.redact import redact_credentials
@@ -277,6 +277,7 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
 
     `opts.overrides` (`--set`) replace plan vars for this run; `plan` is the plan as written."""
     from runbook.plan.criteria import metric_names as names_in
+    from runbook.plan.outputs import output_paths
     from runbook.plan.overrides import effective, used_vars
     from runbook.run.envprint import fingerprint
     from runbook.store.live import PlannedStep, new_live
@@ -285,6 +286,10 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
     assert phase is not None
     written = plan
     plan = effective(plan, opts.overrides)
+    if phase.inputs:
+        from runbook.run.inputs import refuse_stale_inputs
+
+        refuse_stale_inputs(ws, plan, phase)  # before anything is written: a stale input refuses the run
     run_id, opts.run_id = opts.run_id or ledger.new_run_id(), None
     lock.set_run(run_id)
     lock.note(plan=ws.plan_rel, phase=phase.id, step=None)
@@ -311,7 +316,7 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
                  for s in specs],
         supervisor_log=opts.supervisor_log, resources=resources, sbatch_args=sbatch_args,
         vars=used_vars(phase, plan.vars), overrides=[name for name in opts.overrides if name in written.vars],
-        trial=opts.trial,
+        trial=opts.trial, outputs=output_paths(phase.outputs, plan.vars),
     )
     return _execute(ws, live, specs, lock, opts, started_from=plan_text,
                     criterion=phase.criterion.expr if phase.criterion else None)
@@ -420,11 +425,28 @@ def _execute(ws: Workspace, live: LiveRun, specs: list[StepSpec], lock: RunLock,
         ref_runs=refs.runs,
         trial=live.trial,
     )
+    if live.outputs:
+        record.outputs = _outputs(ws, record, live.outputs, opts)
     writer.update(record=record, step=None)  # judged: a runbook killed from here on is recorded as judged
     result = record_run(ws, record, live.metric_names, opts, started_from=started_from)
     result.reattached = reattach
     writer.remove()
     return result
+
+
+def _outputs(ws: Workspace, record: RunRecord, paths: list[str], opts: RunOptions) -> list[OutputInfo]:
+    """The run's `Outputs:` as it left them (size, mtime, hash); copies kept under `keep_outputs`
+    (runbook.toml) for a judged run, so that `runbook choose` can put them back."""
+    from runbook.store import outputs
+
+    found = [outputs.identity(ws.root, path) for path in paths]
+    folder = ws.config.keep_outputs
+    if folder and record.verdict in ("pass", "fail", "inconclusive"):
+        try:
+            outputs.keep(ws.root, folder, record.run_id, found)
+        except OSError as exc:
+            opts.warn(f"the outputs of run {record.run_id} were not kept under {folder}/: {exc.strerror or exc}")
+    return found
 
 
 def _refs(ws: Workspace, phase_id: str, expr: Expr | None) -> Refs:

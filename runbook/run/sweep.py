@@ -203,6 +203,7 @@ def choose_run(ws: Workspace, run: RunRecord, opts: RunOptions, *, by: str = "ch
     if run.verdict not in CHOOSABLE:
         raise RunbookError(f"run {run.run_id} ended {run.verdict}: only a judged run (pass, fail, inconclusive) "
                            "can decide its phase", "usage", hint=f"runbook history {phase.id} --json lists its runs")
+    _restore_outputs(ws, run, opts)
     now = iso(utc_now())
     copy = run.model_copy(deep=True, update={
         "run_id": ledger.new_run_id(), "started": now, "finished": now, "trial": None, "series": [], "commit": None,
@@ -212,6 +213,27 @@ def choose_run(ws: Workspace, run: RunRecord, opts: RunOptions, *, by: str = "ch
     })
     names = metric_names(phase.criterion.expr) if phase.criterion else []
     return record_run(ws, copy, names, opts)
+
+
+def _restore_outputs(ws: Workspace, run: RunRecord, opts: RunOptions) -> None:
+    """Put `run`'s `Outputs:` back in place from the copies kept for it (`keep_outputs`), unless
+    what is there is already its; say so when they were not kept."""
+    from runbook.store import outputs
+
+    made = [o for o in run.outputs if o.kind != "missing"]
+    if not made or all(outputs.identity(ws.root, o.path).hash == o.hash for o in made):
+        return
+    if not all(o.kept for o in made):
+        opts.warn(f"the outputs of run {run.run_id} ({', '.join(o.path for o in made)}) were not kept "
+                  "(keep_outputs in runbook.toml), and what is in place now is another run's: a phase that reads "
+                  "them (`Inputs:`) refuses to run until they are made again")
+        return
+    try:
+        done = outputs.restore(ws.root, run)
+    except (ValueError, OSError) as exc:
+        raise RunbookError(f"cannot put back the outputs of run {run.run_id}: {exc}", "io",
+                           hint=f"make them again: runbook next --phase {run.phase} --restart --yes") from None
+    opts.say(f"restored the outputs of run {run.run_id}: {', '.join(done)}")
 
 
 # ---- the sweep -----------------------------------------------------------------------------------

@@ -140,6 +140,7 @@ class LiveRun(BaseModel):
     vars: dict[str, str] = {}  # the vars its commands use, with their values (runbook/plan/overrides.py)
     overrides: list[str] = []  # those set with `runbook next --set`
     trial: Trial | None = None  # a sweep's point (`runbook sweep`): recorded as a trial whatever ends it
+    outputs: list[str] = []  # the phase's `Outputs:`, vars resolved: their identity goes into the record
 
     def job_for(self, step_id: str) -> JobRef | None:
         found = None

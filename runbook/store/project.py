@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -58,7 +58,20 @@ class Config(BaseModel):
     # "prepend" (runbook's wins), "off" (PATH as the user has it)
     runbook_bin: Literal["append", "prepend", "off"] = "append"
     slurm: SlurmConfig = SlurmConfig()
-    source: str | None = None  # the file the config came from; None for defaults
+    # a folder (relative to the root; gitignore it) where each judged run's `Outputs:` are copied,
+    # `<folder>/<run-id>/<path>`, so that `runbook choose RUN` puts RUN's outputs back; None: not kept
+    keep_outputs: str | None = None
+    source: str | None = None
+
+    @field_validator("keep_outputs")
+    @classmethod
+    def _relative(cls, value: str | None) -> str | None:
+        from runbook.plan.outputs import check_path
+
+        problem = check_path(value) if value is not None else None
+        if problem:
+            raise ValueError(f"keep_outputs: {problem}; give a folder relative to the repository root")
+        return value.rstrip("/") if value else value  # the file the config came from; None for defaults
 
 
 def find_repo_root(path: str | os.PathLike[str] | None = None) -> Path:

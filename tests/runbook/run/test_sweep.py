@@ -174,3 +174,62 @@ def test_the_mcp_sweep_tool_runs_the_same_command_line() -> None:
                     "--pick", "best:acc", "--jobs", "2"]
     command = importlib.import_module(COMMANDS["sweep"][0]).command
     assert {a for a in argv if a.startswith("--")} <= {opt for param in command.params for opt in param.opts}
+
+
+OUTPUTS_PLAN = """\
+---
+runbook: 1
+title: A model, then its evaluation
+vars:
+  lr: "0.1"
+---
+
+## Phase 1: Train (~1 min) {#train}
+
+Steps:
+- [ ] Train: `mkdir -p work && echo "model lr={lr}" > work/model.txt && echo '{"score": '"$(python3 -c "print(1 - abs(0.3 - {lr}))")"'}' > "$RUNBOOK_METRICS"`
+
+Pass: score >= 0.5
+Outputs: work/model.txt
+
+## Phase 2: Evaluate what Phase 1 decided (~1 min)
+
+Steps:
+- [ ] Evaluate: `grep -o 'lr=.*' work/model.txt > work/evaluated.txt && echo '{"ok": 1}' > "$RUNBOOK_METRICS"`
+
+Pass: ok == 1
+Inputs: work/model.txt
+"""
+
+
+def test_a_consumer_refuses_outputs_of_another_run_until_the_chosen_trials_are_in_place(tmp_path: Path) -> None:
+    repo = H.make_repo(tmp_path / "repo", OUTPUTS_PLAN)
+    H.commit_files(repo, {"runbook.toml": 'keep_outputs = "work/kept"\n', ".gitignore": "work/\n"}, "keep outputs")
+    first = ok(H.runbook_inproc(repo, "next", "--yes", "--json"))["result"]["runs"][0]
+    [made] = first["outputs"]  # the hash, size and mtime are in the run record
+    assert made["path"] == "work/model.txt" and made["kind"] == "file" and made["size"] == len("model lr=0.1\n")
+    assert made["hash"].startswith("xxh128:") and len(made["hash"]) == len("xxh128:") + 32 and made["mtime"]
+    assert made["kept"] == f"work/kept/{first['run_id']}/work/model.txt"
+
+    swept = ok(H.runbook_inproc(repo, "sweep", "train", "--set", "lr=0.2,0.3,0.5", "--yes", "--json"))["result"]
+    trial_ids = [p["run"]["run_id"] for p in swept["points"]]
+    hashes = [p["run"]["outputs"][0]["hash"] for p in swept["points"]]
+    assert len(set(hashes + [made["hash"]])) == 4  # each trial's model is its own
+    assert (repo / "work" / "model.txt").read_text() == "model lr=0.5\n"  # the last trial's
+    # the deciding run is still the first; the file is the last trial's: the consumer refuses, naming both
+    refused = H.runbook_inproc(repo, "next", "--yes")
+    assert refused.returncode == 2, refused.stderr
+    assert (f"work/model.txt was made by run {trial_ids[2]} (trial 3/3 of sweep {swept['sweep_id']}), not by run "
+            f"{first['run_id']}, which decides Phase 1 (last run" in refused.stderr)
+    assert f"runbook choose {trial_ids[2]}" in refused.stderr and f"runbook choose {first['run_id']}" in refused.stderr
+    H.assert_no_traceback(refused)
+    assert not (repo / "work" / "evaluated.txt").exists()
+    assert ok(H.runbook_inproc(repo, "status", "--json"))["result"]["phases"][1]["state"] == "not_run"
+
+    # pick the best trial (lr=0.3, not the last one run): its kept model goes back in place, and the consumer runs
+    picked = ok(H.runbook_inproc(repo, "sweep", "--resume", "--pick", "best:score", "--yes", "--json"))["result"]
+    assert picked["chosen"]["decision"]["run"] == trial_ids[1]
+    assert (repo / "work" / "model.txt").read_text() == "model lr=0.3\n"
+    evaluated = ok(H.runbook_inproc(repo, "next", "--yes", "--json"))["result"]["runs"][0]
+    assert (evaluated["phase"], evaluated["verdict"]) == ("phase-2", "pass")
+    assert (repo / "work" / "evaluated.txt").read_text() == "lr=0.3\n"
