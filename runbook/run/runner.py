@@ -180,6 +180,7 @@ class RunOptions:
     on_started: Callable[[LiveRun], None] | None = None  # a run's live state exists (the detach handshake)
     overrides: dict[str, str] = field(default_factory=dict)  # `--set NAME=VALUE` for this run
     trial: Trial | None = None  # the run is a sweep's point (runbook/run/sweep.py): it decides nothing by itself
+    together: bool = False  # other runs of this process write the plan while it runs (`runbook sweep --jobs N`)
 
 
 @dataclass
@@ -318,7 +319,8 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
         vars=used_vars(phase, plan.vars), overrides=[name for name in opts.overrides if name in written.vars],
         trial=opts.trial, outputs=output_paths(phase.outputs, plan.vars),
     )
-    return _execute(ws, live, specs, lock, opts, started_from=plan_text,
+    # trials of a sweep run together write the plan back while this one runs: those are not a person's edits
+    return _execute(ws, live, specs, lock, opts, started_from=None if opts.together else plan_text,
                     criterion=phase.criterion.expr if phase.criterion else None)
 
 

@@ -35,6 +35,7 @@ from runbook.errors import RunbookError
 from runbook.model import JUDGED, Decision, Expr, Phase, Plan, RunRecord, Trial
 
 if TYPE_CHECKING:
+    from runbook.run.executor import Interrupts
     from runbook.run.runner import RunOptions, RunResult
     from runbook.run.session import Talk
     from runbook.store.lock import RunLock
@@ -415,26 +416,39 @@ def run_sweep(req: SweepRequest, talk: Talk) -> SweepRun:
                         gitops.commit_paths(ws.root, [ws.rel(path)], f"runbook: sweep {spec.sweep_id} of {spec.phase} "
                                             f"({len(spec.points)} points)")
             done = trials_of(ws, spec)
-            for i, point in enumerate(spec.points, 1):
-                if i in done:
-                    continue
-                if interrupts.signum is not None:
-                    out.interrupted = True
-                    break
-                current = ws.load_plan()
-                Session.refuse_hand_edits(ws, current)
-                sel = runner.select(ws, current, phase_ref=spec.phase, restart=True, overrides=point)
+            todo = [(i, p) for i, p in enumerate(spec.points, 1) if i not in done]
+            jobs = max(1, req.jobs)
+
+            def run_point(i: int, point: dict[str, str], here: Workspace, echo: bool) -> RunRecord:
+                current = here.load_plan()
+                Session.refuse_hand_edits(here, current)
+                sel = runner.select(here, current, phase_ref=spec.phase, restart=True, overrides=point)
                 if sel.phase is None:
                     raise RunbookError(sel.message, "blocked", hint="run the phases it needs first")
                 talk.say(f"\n── trial {i}/{len(spec.points)} of sweep {spec.sweep_id}: {_point_text(point)} ──")
                 trial = Trial(sweep=spec.sweep_id, point=point, index=i, of=len(spec.points))
-                result = runner.run_selected(ws, current, sel, lock, options(point, trial))
-                record = result.record
-                out.ran.append(record)
+                opts = options(point, trial)
+                if not echo:
+                    opts.echo = None  # several at once: their output goes to their logs only
+                    opts.together = True
+                record = runner.run_selected(here, current, sel, lock, opts).record
                 talk.say(f"trial {i}/{len(spec.points)}: {record.verdict} · {record.reason} · run {record.run_id}")
-                if record.verdict == "interrupted" or interrupts.signum is not None:
-                    out.interrupted = True
-                    break
+                return record
+
+            if jobs == 1 or len(todo) <= 1:
+                for i, point in todo:
+                    if interrupts.signum is not None:
+                        out.interrupted = True
+                        break
+                    record = run_point(i, point, ws, True)
+                    out.ran.append(record)
+                    if record.verdict == "interrupted" or interrupts.signum is not None:
+                        out.interrupted = True
+                        break
+            else:
+                out.ran += _run_together(todo, jobs, lambda i, p: run_point(i, p, Workspace.open(req.plan_opt), False),
+                                         interrupts)
+                out.interrupted = interrupts.signum is not None or any(r.verdict == "interrupted" for r in out.ran)
             ws.ledger_changed()
             done = trials_of(ws, spec)
             out.trials = [done[i] for i in sorted(done)]
@@ -449,6 +463,37 @@ def run_sweep(req: SweepRequest, talk: Talk) -> SweepRun:
     finally:
         interrupts.__exit__(None, None, None)
     return out
+
+
+def _run_together(todo: list[tuple[int, dict[str, str]]], jobs: int, run_point: Callable[[int, dict[str, str]], RunRecord],
+                  interrupts: Interrupts) -> list[RunRecord]:
+    """Run the points `jobs` at a time (threads: each trial's steps are subprocesses or cluster jobs,
+    its recording serialised by the write lock), each judged and committed as it finishes; no new
+    trial starts once a signal came. The trials in the order they finished."""
+    import concurrent.futures as cf
+
+    finished: list[RunRecord] = []
+    failure: BaseException | None = None
+    queue = list(todo)
+    with cf.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="trial") as pool:
+        running: set[cf.Future[RunRecord]] = set()
+        while queue or running:
+            while queue and len(running) < jobs and interrupts.signum is None and failure is None:
+                i, point = queue.pop(0)
+                running.add(pool.submit(run_point, i, point))
+            if not running:
+                break
+            done, running = cf.wait(running, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+            for future in done:
+                try:
+                    finished.append(future.result())
+                except BaseException as exc:  # noqa: BLE001 - raised once the others ended
+                    failure = failure or exc
+            if interrupts.signum is not None or failure is not None:
+                queue.clear()
+    if failure is not None:
+        raise failure
+    return finished
 
 
 def exit_code(run: SweepRun) -> int:

@@ -233,3 +233,35 @@ def test_a_consumer_refuses_outputs_of_another_run_until_the_chosen_trials_are_i
     evaluated = ok(H.runbook_inproc(repo, "next", "--yes", "--json"))["result"]["runs"][0]
     assert (evaluated["phase"], evaluated["verdict"]) == ("phase-2", "pass")
     assert (repo / "work" / "evaluated.txt").read_text() == "lr=0.3\n"
+
+
+TOGETHER_PLAN = """\
+---
+runbook: 1
+title: Trials at once
+vars:
+  lr: "0.1"
+---
+
+## Phase 1: Fit
+
+Steps:
+- [ ] Fit: `python3 -c "import json, os, sys, time; t0 = time.time(); time.sleep(1); json.dump({'t0': t0, 't1': time.time(), 'acc': float(sys.argv[1])}, open(os.environ['RUNBOOK_METRICS'], 'w'))" {lr}`
+
+Pass: acc >= 0.2
+"""
+
+
+def test_jobs_runs_local_trials_at_once_and_one_after_another_without_it(tmp_path: Path) -> None:
+    repo = H.make_repo(tmp_path / "repo", TOGETHER_PLAN)
+
+    def spans(result: dict) -> list[tuple[float, float]]:
+        return [(p["run"]["metrics"]["t0"], p["run"]["metrics"]["t1"]) for p in result["points"]]
+
+    (a0, a1), (b0, b1) = spans(ok(H.runbook_inproc(repo, "sweep", "1", "--set", "lr=0.3,0.5", "--yes", "--json"))["result"])
+    assert a1 <= b0  # one after another
+    together = ok(H.runbook_inproc(repo, "sweep", "1", "--set", "lr=0.7,0.9", "--jobs", "2", "--yes", "--json"))
+    (a0, a1), (b0, b1) = spans(together["result"])
+    assert a0 < b1 and b0 < a1  # at once
+    assert len(trials(repo)) == 4 and not H.git(repo, "status", "--porcelain", "--", "state", "plans")
+    assert (repo / "plans" / "plan.md").read_text().count("(trial ") == 4  # each written back, none lost
