@@ -61,7 +61,20 @@ class Config(BaseModel):
     # a folder (relative to the root; gitignore it) where each judged run's `Outputs:` are copied,
     # `<folder>/<run-id>/<path>`, so that `runbook choose RUN` puts RUN's outputs back; None: not kept
     keep_outputs: str | None = None
+    # commit runs on this branch instead of the checked-out one (`{branch}`: its name), e.g.
+    # "runbook/{branch}"; merge it when you choose (runbook/store/gitops.py). None: the current branch
+    run_branch: str | None = None
     source: str | None = None
+
+    @field_validator("run_branch")
+    @classmethod
+    def _branch_name(cls, value: str | None) -> str | None:
+        import re
+
+        if value is not None and (not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/{}-]*", value) or ".." in value
+                                  or value.endswith((".", "/", ".lock")) or "//" in value):
+            raise ValueError(f"run_branch: {value!r} is not a branch name git takes (e.g. \"runbook/{{branch}}\")")
+        return value
 
     @field_validator("keep_outputs")
     @classmethod
