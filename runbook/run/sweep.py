@@ -408,6 +408,16 @@ def run_sweep(req: SweepRequest, talk: Talk) -> SweepRun:
 
             Session.refuse_hand_edits(ws, ws.load_plan())
             runner.settle_orphans(ws, lock, options())  # a trial killed with -9 is recorded as interrupted
+            # refused before the sweep's file is written: Needs: unmet, Inputs: not the deciding runs'
+            current = ws.load_plan()
+            first = runner.select(ws, current, phase_ref=spec.phase, restart=True, overrides=spec.points[0])
+            if first.phase is None:
+                raise RunbookError(first.message, "blocked", hint="run the phases it needs first")
+            if first.phase.inputs:
+                from runbook.plan.overrides import effective
+                from runbook.run.inputs import refuse_stale_inputs
+
+                refuse_stale_inputs(ws, effective(current, spec.points[0]), first.phase)
             path = sweeps.sweep_path(ws.state, spec.sweep_id)
             if not path.exists():
                 with write_lock(ws.state):

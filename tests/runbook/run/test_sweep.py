@@ -44,9 +44,21 @@ Steps:
 GRID = ("--set", "lr=0.01,0.3", "--set", "hidden=1,2,40")  # 2x3; acc = 0.5 + lr + hidden/100
 
 
+SCHEMAS = Path(__file__).resolve().parents[3] / "docs" / "schemas"
+
+
 def ok(result, code: int = 0) -> dict:
+    """The envelope of a --json call (checked against docs/schemas/), or {} for text."""
     assert result.returncode == code, (result.returncode, result.stdout[-2000:], result.stderr[-3000:])
-    return json.loads(result.stdout) if result.stdout.lstrip().startswith("{") else {}
+    if not result.stdout.lstrip().startswith("{"):
+        return {}
+    doc = json.loads(result.stdout)
+    import jsonschema
+
+    schema = json.loads((SCHEMAS / f"{doc['command']}.schema.json").read_text())
+    jsonschema.validate(doc, schema, cls=jsonschema.Draft202012Validator)
+    assert doc["exit_code"] == code
+    return doc
 
 
 def records(repo: Path) -> list[dict]:
@@ -224,6 +236,9 @@ def test_a_consumer_refuses_outputs_of_another_run_until_the_chosen_trials_are_i
     assert f"runbook choose {trial_ids[2]}" in refused.stderr and f"runbook choose {first['run_id']}" in refused.stderr
     H.assert_no_traceback(refused)
     assert not (repo / "work" / "evaluated.txt").exists()
+    swept_consumer = H.runbook_inproc(repo, "sweep", "2", "--point", "lr=0.9", "--yes")  # a sweep of it too
+    assert swept_consumer.returncode == 2 and "was made by run" in swept_consumer.stderr
+    assert len(list((repo / "state" / "sweeps").glob("*.json"))) == 1  # and nothing of it was written
     assert ok(H.runbook_inproc(repo, "status", "--json"))["result"]["phases"][1]["state"] == "not_run"
 
     # pick the best trial (lr=0.3, not the last one run): its kept model goes back in place, and the consumer runs
