@@ -38,6 +38,8 @@ Examples:
   runbook sweep 1 --point 'lr=0.01,hidden=8' --point 'lr=0.1,hidden=64' --yes
   runbook sweep 1 --set lr=0.003,0.01,0.03 --pick best:val_acc --yes  # and decide the phase
   runbook sweep --resume --yes                                        # go on after a kill
+  runbook sweep --resume --pick best:val_acc --yes                    # pick in the latest sweep, after the fact
+  runbook sweep 1 --set lr=0.003,0.01 --jobs 4 --yes                  # Executor: slurm: 4 jobs at once
   runbook choose 20261204-081500-ab12                                 # this trial decides
 """
 
