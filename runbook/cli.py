@@ -38,6 +38,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("runbook.commands.logs", "Print or follow a step's output (the run in progress by default)."),
     "cancel": ("runbook.commands.cancel", "Stop the run in progress; it is recorded as interrupted."),
     "wait": ("runbook.commands.wait", "Wait for a run to end (at most --timeout s); print its state."),
+    "sweep": ("runbook.commands.sweep", "Run a phase over a grid of var values as trials; --pick one."),
+    "choose": ("runbook.commands.choose", "Make one run (a sweep's trial) its phase's verdict."),
     "history": ("runbook.commands.history", "List past runs with verdicts and metrics."),
     "diff": ("runbook.commands.diff", "Compare two runs: vars, commands, metrics, verdicts, code, environment."),
     "plot": ("runbook.commands.plot", "Draw a metric's series or its values across runs as PNG and SVG."),

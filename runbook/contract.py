@@ -31,7 +31,17 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from runbook.formatting import iso_utc
-from runbook.model import Problem, RunRecord, SeriesInfo, StepResult, Verdict, criterion_display
+from runbook.model import (
+    Decision,
+    OutputInfo,
+    Problem,
+    RunRecord,
+    SeriesInfo,
+    StepResult,
+    Trial,
+    Verdict,
+    criterion_display,
+)
 from runbook.plan.criteria import Comparison
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -162,6 +172,9 @@ class RunView(Model):
     executor: str = "local"  # where its steps ran: local or slurm
     detached: bool = False  # run by a supervisor (`runbook next --detach`)
     pending: bool = False  # not in the ledger yet: its runbook died; the next `runbook next` records it
+    trial: Trial | None = None  # a sweep's point (`runbook sweep`): shown, never the phase's verdict by itself
+    decision: Decision | None = None  # the record of a choice: the run chosen (`runbook choose`, `--pick`)
+    outputs: list[OutputInfo] = []  # the phase's `Outputs:` as the run left them (size, mtime, hash)
 
     @classmethod
     def of(cls, record: RunRecord, recorded_in: str | None = None, pending: bool = False) -> RunView:
@@ -175,7 +188,7 @@ class RunView(Model):
             vars=dict(record.vars), overrides=list(record.overrides), ref_runs=dict(record.ref_runs),
             series=list(record.series),
             steps=[StepView.of(s) for s in record.steps], executor=record.executor, detached=record.detached,
-            pending=pending,
+            pending=pending, trial=record.trial, decision=record.decision, outputs=list(record.outputs),
         )
 
 
@@ -280,6 +293,10 @@ class PhaseView(Model):
     steps_total: int = 0
     note: str | None = None  # why stale, a status block the ledger does not back, ...
     next: bool = False  # the next action acts on this phase
+    # the run whose verdict this is, and why that one: "last run" (its latest run), "chosen by
+    # `runbook choose`", "picked by best:acc ..." (a sweep's trial); run_id is then the record of the choice
+    decided_by: str | None = None
+    decided_how: str | None = None
 
 
 class PlanStateView(Model):
@@ -585,6 +602,37 @@ class ResetResult(Model):
     commit: str | None
 
 
+class SweepPoint(Model):
+    index: int  # 1-based
+    point: dict[str, str]  # the values this trial runs with (`--set`)
+    run: RunView | None = None  # its latest trial that ran to an end; None: still to run
+
+
+class SweepResult(Model):
+    """`runbook sweep --json`: the sweep, each point and its trial, and the choice `--pick` made."""
+
+    sweep_id: str
+    plan: str
+    phase: str
+    spec: str  # the sweep's file, repo-relative (state/sweeps/<id>.json)
+    resumed: bool  # an unfinished sweep was continued (--resume, or the same command again)
+    interrupted: bool  # a signal or an interrupted trial stopped it; run it again to go on
+    points: list[SweepPoint]
+    ran: list[str]  # the trials this invocation ran, run ids in order
+    pending: int  # points still without a finished trial
+    pick: str | None = None
+    chosen: RunView | None = None  # the record of the choice `--pick` made (its `decision` names the trial)
+    next: NextAction
+
+
+class ChooseResult(Model):
+    """`runbook choose RUN --json`: the run chosen, and the record that makes it its phase's verdict."""
+
+    chosen: RunView  # the trial (or earlier run) chosen
+    record: RunView  # the record of the choice: the phase's latest run now
+    next: NextAction
+
+
 RESULTS: dict[str, type[BaseModel]] = {
     "init": InitResult,
     "validate": ValidateResult,
@@ -601,6 +649,8 @@ RESULTS: dict[str, type[BaseModel]] = {
     "logs": LogsResult,
     "cancel": CancelResult,
     "wait": WaitResult,
+    "sweep": SweepResult,
+    "choose": ChooseResult,
 }
 
 

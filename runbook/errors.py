@@ -30,6 +30,7 @@ EXIT_CODES: dict[str, int] = {
     "confirmation_required": 2,  # `runbook next` without --yes, and no terminal to ask (or --json)
     "not_confirmed": 2,  # the user said no
     "hand_edited": 2,  # a tool-owned block was edited by hand
+    "inputs_stale": 2,  # an `Inputs:` file is not what the deciding run of the phase that makes it made
     "git_state": 2,  # a merge / rebase in progress, no git identity, ...
     "notes_invalid": 2,  # the notes document cannot be edited safely
     "io": 2,  # a file could not be read or written (full disk, read-only, ...)

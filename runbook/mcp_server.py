@@ -250,6 +250,60 @@ class NextArgs(PlanArgs):
         return argv
 
 
+class SweepArgs(PlanArgs):
+    phase: str | None = Field(None, description="The phase to sweep (label or id); not needed with resume.")
+    grid: dict[str, list[str]] = Field({}, description="A grid: each plan var and its values, e.g. "
+                                                       '{"lr": ["0.003", "0.01"], "hidden": ["8", "64"]} (6 trials '
+                                                       "with three lr values); `runbook sweep --set lr=...`.")
+    points: list[dict[str, str]] = Field([], description="Explicit points, each the var values of one trial "
+                                                         "(after the grid's).")
+    pick: str | None = Field(None, description="Once every point ran, make one trial the phase's verdict: "
+                                               "best:METRIC (the direction the phase's Pass: compares it in), "
+                                               "max:METRIC or min:METRIC. Without it the phase's verdict is "
+                                               "unchanged: call `choose`.")
+    jobs: int = Field(1, ge=1, le=256, description="Trials at once (Executor: slurm: jobs submitted together).")
+    resume: bool = Field(False, description="Continue the latest unfinished sweep (the same grid again does too).")
+    no_commit: bool = Field(False, description="Write the results but do not commit them.")
+
+    @field_validator("grid", "points")
+    @classmethod
+    def _no_commas(cls, value: Any) -> Any:
+        items = value.items() if isinstance(value, dict) else [kv for point in value for kv in point.items()]
+        for name, values in items:
+            for v in values if isinstance(values, list) else [values]:
+                if "," in v or "=" in name or not name:
+                    raise ValueError(f"{name}={v!r}: a sweep's var name holds no `=` and its values no comma")
+        return value
+
+    def cli_kwargs(self) -> dict[str, Any]:
+        return {**super().cli_kwargs(), "phase_ref": self.phase, "pick": self.pick, "jobs": self.jobs,
+                "resume": self.resume, "no_commit": self.no_commit, "yes": True,
+                "sets": tuple(f"{k}={','.join(v)}" for k, v in self.grid.items()),
+                "points": tuple(",".join(f"{k}={v}" for k, v in p.items()) for p in self.points)}
+
+    def argv(self) -> list[str]:
+        """`runbook sweep` arguments that run what these arguments ask for."""
+        argv = ["sweep", *([self.phase] if self.phase else []), "--yes", "--json"]
+        argv += ["--plan", self.plan] if self.plan else []
+        for name, values in self.grid.items():
+            argv += ["--set", f"{name}={','.join(values)}"]
+        for point in self.points:
+            argv += ["--point", ",".join(f"{k}={v}" for k, v in point.items())]
+        argv += ["--pick", self.pick] if self.pick else []
+        argv += ["--jobs", str(self.jobs)] if self.jobs != 1 else []
+        argv += [flag for flag, on in (("--resume", self.resume), ("--no-commit", self.no_commit)) if on]
+        return argv
+
+
+class ChooseArgs(PlanArgs):
+    run: str = Field(..., description="The run (a sweep's trial) to make its phase's verdict: its id, a unique "
+                                      "prefix, `last` or `last~N`.")
+    no_commit: bool = Field(False, description="Write the plan and the record, but do not commit.")
+
+    def cli_kwargs(self) -> dict[str, Any]:
+        return {**super().cli_kwargs(), "run_ref": self.run, "no_commit": self.no_commit}
+
+
 class RecordArgs(PlanArgs):
     title: str = Field(..., min_length=1, description="The milestone's title.")
     body: str = Field("", description="The milestone's text (Markdown).")
@@ -396,6 +450,13 @@ TOOLS: list[Tool] = [
          "cancelled, timed out or its client went away (only `cancel` stops it): `wait` then gives its outcome. "
          "Another run holding the lock is a tool error with code `locked`.",
          read_only=False),
+    Tool("sweep", SweepArgs, "Run a phase once per point of a grid (`grid`) or of explicit `points`, each a "
+         "trial: recorded, written into the phase's results table and committed, but not the phase's verdict. "
+         "With pick (best:METRIC) the best trial becomes the verdict once every point ran; else call `choose`. "
+         "A stopped sweep continues with its points not yet run (resume: true, or the same grid again).",
+         read_only=False),
+    Tool("choose", ChooseArgs, "Make one run (a sweep's trial) its phase's verdict: written back into the plan, "
+         "committed; the plan routes from it. status and brief name it as the deciding run.", read_only=False),
     Tool("wait", WaitArgs, "Wait up to `timeout` seconds (default 30, at most 600) for a run to end: by default "
          "the run in progress. Answers its state: running (step n/N, heartbeat, metrics so far, log tail), "
          "finished (verdict, reason, metrics: judged, written back and committed) or died. Never stops the run; "
@@ -730,7 +791,7 @@ class RunbookServer:
         outside = outside_root(args, self.root)
         if outside is not None:
             return Outcome.refused(tool.name, outside).tool_result()
-        if isinstance(args, NextArgs) and args.run:
+        if isinstance(args, SweepArgs) or (isinstance(args, NextArgs) and args.run):
             seen = 0
 
             async def report(lines: list[str]) -> None:

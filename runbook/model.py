@@ -201,6 +201,8 @@ class Phase(BaseModel):
     executor: Literal["local", "slurm"] | None = None  # `Executor:`; None -> local
     resources: dict[str, str] = {}  # `Resources:` words (runbook/plan/resources.py), in order
     columns: list[str] = []  # `Columns:`: more metrics (or vars) for the results table than `Pass:` reads
+    outputs: list[str] = []  # `Outputs:`: files / folders its runs make (repo-relative, `{var}` allowed)
+    inputs: list[str] = []  # `Inputs:`: other phases' outputs it reads (checked against their deciding run)
     status: PhaseStatus | None = None
     blocks: dict[str, Block] = {}
     span: Span  # heading line to the byte before the next phase heading (or end of file)
@@ -360,6 +362,38 @@ class SeriesInfo(BaseModel):
     max: float | None = None
 
 
+class Trial(BaseModel):
+    """A run made as one point of a sweep (`runbook sweep`): recorded and committed like any run,
+    shown in the phase's table, history, diff and plot, but never the phase's verdict by itself."""
+
+    sweep: str  # the sweep's id (state/sweeps/<id>.json)
+    point: dict[str, str]  # the values of this point (`--set` for this run)
+    index: int  # 1-based position of the point in the sweep
+    of: int  # how many points the sweep has
+
+
+class Decision(BaseModel):
+    """Why a record decides its phase although it did not run itself: it is the copy of a chosen
+    trial (`runbook choose RUN`, or `runbook sweep --pick best:METRIC`)."""
+
+    run: str  # the trial (or earlier run) chosen: the deciding run
+    by: Literal["choose", "pick"]
+    why: str  # one line: "runbook choose", "best:acc (max 0.99 of 6 trials)"
+    sweep: str | None = None
+
+
+class OutputInfo(BaseModel):
+    """One declared output (`Outputs:`) as a run left it (runbook/store/outputs.py)."""
+
+    path: str  # repo-relative, as declared
+    kind: Literal["file", "dir", "missing"]
+    size: int = 0  # bytes (a folder: of all its files)
+    mtime: str | None = None  # ISO 8601 UTC, the newest file's
+    files: int = 0  # files under a folder (1 for a file)
+    hash: str | None = None  # "xxh128:<hex>" / "blake2b:<hex>"; "identity:<hex>" for very large files
+    kept: str | None = None  # where a copy of it is kept for this run (per-trial outputs), repo-relative
+
+
 class RunRecord(BaseModel):
     model_config = ConfigDict(ser_json_inf_nan="strings")
 
@@ -400,3 +434,14 @@ class RunRecord(BaseModel):
     ref_metrics: Metrics = {}
     ref_runs: dict[str, str] = {}  # phase id -> run id
     series: list[SeriesInfo] = []  # metric series its steps wrote; points in <run-id>.series.jsonl
+    trial: Trial | None = None  # a point of a sweep: never the phase's verdict by itself
+    decision: Decision | None = None  # the copy of a chosen run, which makes it the phase's verdict
+    outputs: list[OutputInfo] = []  # the phase's `Outputs:` as this run left them
+
+    def deciding(self) -> tuple[str, str]:
+        """(the run that decides its phase when this record is the phase's latest, why): a chosen
+        trial names the trial, else this run itself ("last run")."""
+        if self.decision is not None:
+            how = "chosen by `runbook choose`" if self.decision.by == "choose" else f"picked by {self.decision.why}"
+            return self.decision.run, how
+        return self.run_id, "last run"

@@ -127,7 +127,7 @@ def _render(result: HistoryResult, runs: list[RunRecord], metrics: tuple[str, ..
             pending: set[str] | frozenset[str] = frozenset(), one_phase: bool = False,
             chrono: list[RunRecord] | None = None, state_dir: Path | None = None) -> str:
     from runbook.formatting import format_took, format_value, minute_text
-    from runbook.plan.writeback import varying_vars
+    from runbook.plan.writeback import varying_vars, verdict_cell
     from runbook.report.compare import value
 
     def fmt(v: MetricValue | None) -> str:
@@ -145,7 +145,7 @@ def _render(result: HistoryResult, runs: list[RunRecord], metrics: tuple[str, ..
         rows = []
         for r in runs:
             when = minute_text(r.finished or r.started)
-            verdict = r.verdict + (" (not yet recorded)" if r.run_id in pending else "")
+            verdict = verdict_cell(r) + (" (not yet recorded)" if r.run_id in pending else "")
             cells = [r.run_id, r.phase, verdict, when, format_took(r.duration_s)]
             cells += [fmt(r.vars.get(n)) for n in var_names]
             if metrics:

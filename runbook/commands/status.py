@@ -8,24 +8,26 @@ import click
 
 from runbook.commands._options import json_option, open_plan, plan_option, warn
 from runbook.commands._output import Output
-from runbook.contract import PlanStateView, StatusResult
+from runbook.contract import PhaseView, PlanStateView, StatusResult
 from runbook.formatting import minute_text
 
 
 def render(view: PlanStateView, plan_path: str) -> str:
     lines = [f"{view.title}  ({plan_path})" if view.title else plan_path]
-    table = [["", "ID", "TITLE", "ESTIMATE", "STEPS", "STATE", "LAST RUN"]]
+    table = [["", "ID", "TITLE", "ESTIMATE", "STEPS", "STATE", "DECIDED BY", "LAST RUN"]]
     for row in view.phases:
         title = row.title if len(row.title) <= 40 else row.title[:39] + "…"
         last = " · ".join(x for x in (row.verdict, minute_text(row.finished) + " UTC" if row.finished else None, row.reason) if x) or "-"
         table.append([">" if row.next else "", row.id, title, row.estimate or "-",
-                      f"{row.steps_done}/{row.steps_total}", row.state.replace("_", " "), last])
+                      f"{row.steps_done}/{row.steps_total}", row.state.replace("_", " "), _decided(row), last])
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     for r in table:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
     for row in view.phases:
         if row.note:
             lines.append(f"  {row.label}: {row.note}")
+        if row.decided_by and row.decided_how != "last run":
+            lines.append(f"  {row.label}: decided by run {row.decided_by}, {row.decided_how} (record {row.run_id})")
     latest = view.last_run
     if latest is not None and latest.overrides:
         lines.append(f"  last run {latest.run_id} ({latest.label}) ran with {_sets(latest.vars, latest.overrides)}")
@@ -44,6 +46,14 @@ def render(view: PlanStateView, plan_path: str) -> str:
         lines.append(f"  with {_sets(nxt.overrides, list(nxt.overrides))}"
                      + (f" (the values run {nxt.run_id} was started with)" if nxt.kind == "resume" and nxt.run_id else ""))
     return "\n".join(lines)
+
+
+def _decided(row: PhaseView) -> str:
+    """`<run> (last run)`, `<run> (chosen)`, `<run> (picked)`: the run whose verdict the phase has."""
+    if not row.decided_by:
+        return "-"
+    how = row.decided_how or ""
+    return f"{row.decided_by} ({'picked' if how.startswith('picked') else 'chosen' if how.startswith('chosen') else how})"
 
 
 def _sets(values: dict[str, str], names: list[str]) -> str:

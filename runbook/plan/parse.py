@@ -139,7 +139,7 @@ _PHASE_START_RE = re.compile(r"Phase\s+\d", re.IGNORECASE)
 _ATX_OPEN_RE = re.compile(r"^[ ]{0,3}##[ \t]*")
 _ATX_CLOSE_RE = re.compile(r"[ \t]+#+[ \t]*$")
 _FIELD_RE = re.compile(
-    r"(?:^|(?<=\r))(?P<indent>[ \t]*)(?P<key>steps|pass|on[ \t]+pass|on[ \t]+fail|needs|timeout|executor|resources|columns)[ \t]*:(?P<value>[^\r\n]*)",
+    r"(?:^|(?<=\r))(?P<indent>[ \t]*)(?P<key>steps|pass|on[ \t]+pass|on[ \t]+fail|needs|timeout|executor|resources|columns|outputs|inputs)[ \t]*:(?P<value>[^\r\n]*)",
     re.IGNORECASE | re.MULTILINE,
 )
 _TASK_RE = re.compile(r"^[ \t]*(?:[-*+]|\d{1,9}[.)])[ \t]+\[(?P<mark>[ xX])\](?=[ \t]|$)")
@@ -160,9 +160,12 @@ _FIELD_KEYS = {
     "executor": "executor",
     "resources": "resources",
     "columns": "columns",
+    "outputs": "outputs",
+    "inputs": "inputs",
 }
 _FIELD_NAMES = {"steps": "Steps:", "pass": "Pass:", "on_pass": "On pass:", "on_fail": "On fail:", "needs": "Needs:", "timeout": "Timeout:",
-                "executor": "Executor:", "resources": "Resources:", "columns": "Columns:"}
+                "executor": "Executor:", "resources": "Resources:", "columns": "Columns:",
+                "outputs": "Outputs:", "inputs": "Inputs:"}
 _EXECUTORS = ("local", "slurm")
 _COLUMN_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:[.-][A-Za-z0-9_]+)*")
 _UNITS = {
@@ -595,6 +598,8 @@ class _Parser:
         executor, resources_map = self.executor_fields(fields)
 
         columns = self.columns(*fields["columns"]) if "columns" in fields else []
+        outputs = self.paths("outputs", *fields["outputs"]) if "outputs" in fields else []
+        inputs = self.paths("inputs", *fields["inputs"]) if "inputs" in fields else []
 
         status = None
         block_map: dict[str, Block] = {b.name: b for b in blocks}
@@ -624,6 +629,8 @@ class _Parser:
             executor=executor,
             resources=resources_map,
             columns=columns,
+            outputs=outputs,
+            inputs=inputs,
             status=status,
             blocks=block_map,
             span=phase_span,
@@ -759,6 +766,31 @@ class _Parser:
             )
         return steps
 
+    def paths(self, key: str, line0: int, col: int, value: str) -> list[str]:
+        """`Outputs: work/mlp.pt, work/model/` -> repo-relative paths, comma-separated (backticks
+        around the list or a path are fine; `{var}` is resolved when a run starts)."""
+        from runbook.plan.outputs import check_path
+
+        name = _FIELD_NAMES[key]
+        paths: list[str] = []
+        if not value.strip("` \t"):
+            self.error(line0, col, f"`{name}` is empty: name files or folders, e.g. `{name} work/model.pt`")
+            return paths
+        at = col
+        for part in value.split(","):
+            where = at + len(part) - len(part.lstrip())
+            at += len(part) + 1
+            path = part.strip().strip("`").strip()
+            problem = check_path(path)
+            if problem:
+                self.error(line0, where, f"`{name}` {problem}: give paths relative to the repository root, "
+                                         "separated by commas")
+            elif path.rstrip("/") in paths:
+                self.warn(line0, where, f"`{name}` names {path!r} twice")
+            else:
+                paths.append(path.rstrip("/") or path)
+        return paths
+
     def columns(self, line0: int, col: int, value: str) -> list[str]:
         """`Columns: val_loss, lr` -> ["val_loss", "lr"]: metric or var names, comma-separated
         (backticks around the list or a name are fine)."""
@@ -819,7 +851,22 @@ class _Parser:
             for step in phase.steps:
                 self.check_command(plan, step)
             self.check_refs(plan, phase, index)
+        self.check_inputs(plan)
         self.check_cycles(plan, index)
+
+    def check_inputs(self, plan: Plan) -> None:
+        """Each `Inputs:` path is another phase's `Outputs:` (with the plan's vars)."""
+        from runbook.plan.outputs import output_paths
+
+        made = {path: p for p in plan.phases for path in output_paths(p.outputs, plan.vars)}
+        for phase in plan.phases:
+            for path in output_paths(phase.inputs, plan.vars):
+                maker = made.get(path)
+                if maker is None or maker.id == phase.id:
+                    what = "its own `Outputs:`" if maker is not None else "no phase's `Outputs:`"
+                    self.error(phase.field_lines["inputs"] - 1, 1,
+                               f"`Inputs:` {path!r} is {what}: an input names a file another phase declares in "
+                               "`Outputs:` (declare it there, or drop it here)")
 
     def check_refs(self, plan: Plan, phase: Phase, index: dict[str, Phase]) -> None:
         """`phase-N.metric` names in `Pass:` must name another phase of this plan."""

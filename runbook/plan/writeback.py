@@ -102,6 +102,8 @@ def status_line(record: RunRecord, stale: str | None = None) -> str:
     `**Status:** stale (was pass) · 2026-11-29 14:30 UTC · run ... · its Pass: changed since run ...`."""
     verdict = f"stale (was {record.verdict})" if stale else record.verdict
     parts = [verdict, f"{minute_text(record.finished or record.started)} UTC", f"run {record.run_id}"]
+    if record.decision is not None:
+        parts.append(f"decided by run {record.decision.run} ({record.decision.why})")
     reason = " ".join((stale or record.reason).replace("·", "-").split())
     if stale:
         reason += "; `runbook next` runs it again from its first step"
@@ -179,7 +181,7 @@ def results_table(records: list[RunRecord], metric_names: list[str], earlier: in
             *(_text(r.vars.get(name)) for name in var_names),
             *(_text(cell(r, name)) for name in metric_names),
             format_took(r.duration_s),
-            r.verdict,
+            verdict_cell(r),
         ]
         for r in records
     ]
@@ -190,6 +192,15 @@ def results_table(records: list[RunRecord], metric_names: list[str], earlier: in
         lines[:0] = [f"The last {len(records)} runs; {omitted:,} earlier run{'s' * (omitted != 1)} in the ledger "
                      f"(`{command}`).", ""]
     return lines
+
+
+def verdict_cell(record: RunRecord) -> str:
+    """The verdict column: a sweep's trial and the record of a choice say what they are."""
+    if record.trial is not None:
+        return f"{record.verdict} (trial {record.trial.index}/{record.trial.of})"
+    if record.decision is not None:
+        return f"{record.verdict} (chose {record.decision.run})"
+    return record.verdict
 
 
 def _block(name: str, lines: list[str], newline: str) -> str:
@@ -283,8 +294,12 @@ def apply_run(
     metric_names: list[str] | None = None,
     file: str = "",
     earlier: int = 0,
+    decides: bool = True,
 ) -> str:
     """The plan text with `record` written into phase `phase_id`.
+
+    `decides`: False for a sweep's trial, which goes into the results table only (the status block
+    and the checkboxes keep saying what the deciding run did).
 
     `plan` must be the parse of `text`. `history` is the phase's runs for the results table, oldest
     first (it should end with `record`): every run, or the last RESULTS_ROWS of them and in
@@ -301,8 +316,9 @@ def apply_run(
     newline = detect_newline(text)
     edits: list[tuple[int, int, str]] = []  # (start, end, replacement), non-overlapping
 
-    edits.append(_status_edit(text, phase, status_line(record), newline))
-    edits += _tick_edits(text, phase, {r.step_id for r in record.steps if r.completed})
+    if decides:
+        edits.append(_status_edit(text, phase, status_line(record), newline))
+        edits += _tick_edits(text, phase, {r.step_id for r in record.steps if r.completed})
 
     # results table
     results = _block(RESULTS, results_table(history, metric_names, earlier, phase.id, plan.vars), newline)

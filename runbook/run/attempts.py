@@ -130,6 +130,7 @@ def for_workspace(ws: Workspace) -> AttemptsOf:
         rows = rows[: ids.index(latest.run_id)][-_LOOK_BACK:]
         history = [latest]
         key = failure_key(latest)
+        rows = [row for row in rows if not row.trial]  # a sweep's trials are no attempts of the phase
         for row in reversed(rows):  # read back only while the streak lasts
             if row.verdict != latest.verdict:
                 break

@@ -137,7 +137,7 @@ def _edits_alone(ws: Workspace, text: str, records: list[RunRecord]) -> str | No
         mine = plan_without(ws, text, written)
     except RunbookError:
         return None
-    head = gitops.show_blob(ws.root, f"HEAD:{ws.plan_rel}")
+    head = gitops.show_blob(ws.root, f"{gitops.record_ref(ws.root)}:{ws.plan_rel}")
     phase_ids = list(dict.fromkeys(r.phase for r in written))
     if head is None or _blocks(ws, mine, phase_ids) != _blocks(ws, head, phase_ids):
         return None

@@ -423,8 +423,17 @@ def _phase_views(plan: Plan, runs: list[RunRecord], holder: LockHolder | None, p
             verdict=run.verdict if run else None, run_id=run.run_id if run else None,
             finished=iso_utc(run.finished) if run else None, reason=_reason(run) if run else "",
             key_metrics=key, steps_done=sum(s.done for s in phase.steps), steps_total=len(phase.steps), note=note,
+            **_decided(run),
         ))
     return rows
+
+
+def _decided(run: RunRecord | None) -> dict[str, str | None]:
+    """PhaseView's `decided_by` / `decided_how`: the run whose verdict the phase has, and why that one."""
+    if run is None:
+        return {"decided_by": None, "decided_how": None}
+    by, how = run.deciding()
+    return {"decided_by": by, "decided_how": how}
 
 
 def _summary(action: NextAction, last: RunView | None, holder: LockHolder | None, plan_rel: str,
@@ -478,8 +487,8 @@ def derive(
     default: counted in `runs`, with `changed_since`)."""
     from runbook.plan.writeback import phase_text_hash
 
-    runs = [r for r in runs if r.plan == plan_rel]
-    pending = [r for r in pending or [] if r.plan == plan_rel]
+    runs = [r for r in runs if r.plan == plan_rel and r.trial is None]  # a sweep's trials decide nothing
+    pending = [r for r in pending or [] if r.plan == plan_rel and r.trial is None]
     if pending:
         runs = sorted(runs + pending, key=lambda r: (r.started, r.run_id))
     holder = holder_view(lock, plan, state_rel, live=live, root=root, state_dir=state_dir) if lock is not None else None

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from runbook.errors import RunbookError
 from runbook.files import atomic_write_text
 from runbook.formatting import format_value, iso, parse_iso, utc_now
-from runbook.model import Expr, Metrics, Phase, Plan, RunRecord, merge_metrics
+from runbook.model import Expr, Metrics, OutputInfo, Phase, Plan, RunRecord, Trial, merge_metrics
 from runbook.plan import writeback
 from runbook.plan.mdtext import to_lf
 from runbook.redact import redact_credentials
@@ -179,6 +179,8 @@ class RunOptions:
     supervisor_log: str | None = None  # repo-relative
     on_started: Callable[[LiveRun], None] | None = None  # a run's live state exists (the detach handshake)
     overrides: dict[str, str] = field(default_factory=dict)  # `--set NAME=VALUE` for this run
+    trial: Trial | None = None  # the run is a sweep's point (runbook/run/sweep.py): it decides nothing by itself
+    together: bool = False  # other runs of this process write the plan while it runs (`runbook sweep --jobs N`)
 
 
 @dataclass
@@ -203,7 +205,14 @@ def _carried(sel: Selection, step_id: str) -> Metrics:
 def commit_message(record: RunRecord, metric_names: list[str]) -> str:
     shown = [f"{n}={format_value(record.metrics[n])}" for n in metric_names if n in record.metrics]
     detail = ", ".join(shown) if shown else " ".join(record.reason.split())[:80]
-    return f"runbook: {record.phase} {record.verdict}" + (f" ({detail})" if detail else "")
+    subject = f"runbook: {record.phase} {record.verdict}" + (f" ({detail})" if detail else "")
+    if record.trial is not None:
+        point = " ".join(f"{k}={v}" for k, v in record.trial.point.items())
+        subject += f" [trial {record.trial.index}/{record.trial.of} of sweep {record.trial.sweep}: {point}]"
+    elif record.decision is not None:
+        subject = (f"runbook: {record.phase} {record.verdict} decided by run {record.decision.run} "
+                   f"({record.decision.why})")
+    return subject
 
 
 def _commit_plan_edits_first(
@@ -269,6 +278,7 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
 
     `opts.overrides` (`--set`) replace plan vars for this run; `plan` is the plan as written."""
     from runbook.plan.criteria import metric_names as names_in
+    from runbook.plan.outputs import output_paths
     from runbook.plan.overrides import effective, used_vars
     from runbook.run.envprint import fingerprint
     from runbook.store.live import PlannedStep, new_live
@@ -277,6 +287,10 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
     assert phase is not None
     written = plan
     plan = effective(plan, opts.overrides)
+    if phase.inputs:
+        from runbook.run.inputs import refuse_stale_inputs
+
+        refuse_stale_inputs(ws, plan, phase)  # before anything is written: a stale input refuses the run
     run_id, opts.run_id = opts.run_id or ledger.new_run_id(), None
     lock.set_run(run_id)
     lock.note(plan=ws.plan_rel, phase=phase.id, step=None)
@@ -303,8 +317,10 @@ def run_selected(ws: Workspace, plan: Plan, sel: Selection, lock: RunLock, opts:
                  for s in specs],
         supervisor_log=opts.supervisor_log, resources=resources, sbatch_args=sbatch_args,
         vars=used_vars(phase, plan.vars), overrides=[name for name in opts.overrides if name in written.vars],
+        trial=opts.trial, outputs=output_paths(phase.outputs, plan.vars),
     )
-    return _execute(ws, live, specs, lock, opts, started_from=plan_text,
+    # trials of a sweep run together write the plan back while this one runs: those are not a person's edits
+    return _execute(ws, live, specs, lock, opts, started_from=None if opts.together else plan_text,
                     criterion=phase.criterion.expr if phase.criterion else None)
 
 
@@ -409,12 +425,30 @@ def _execute(ws: Workspace, live: LiveRun, specs: list[StepSpec], lock: RunLock,
         overrides=list(live.overrides),
         ref_metrics=refs.values,
         ref_runs=refs.runs,
+        trial=live.trial,
     )
+    if live.outputs:
+        record.outputs = _outputs(ws, record, live.outputs, opts)
     writer.update(record=record, step=None)  # judged: a runbook killed from here on is recorded as judged
     result = record_run(ws, record, live.metric_names, opts, started_from=started_from)
     result.reattached = reattach
     writer.remove()
     return result
+
+
+def _outputs(ws: Workspace, record: RunRecord, paths: list[str], opts: RunOptions) -> list[OutputInfo]:
+    """The run's `Outputs:` as it left them (size, mtime, hash); copies kept under `keep_outputs`
+    (runbook.toml) for a judged run, so that `runbook choose` can put them back."""
+    from runbook.store import outputs
+
+    found = [outputs.identity(ws.root, path) for path in paths]
+    folder = ws.config.keep_outputs
+    if folder and record.verdict in ("pass", "fail", "inconclusive"):
+        try:
+            outputs.keep(ws.root, folder, record.run_id, found)
+        except OSError as exc:
+            opts.warn(f"the outputs of run {record.run_id} were not kept under {folder}/: {exc.strerror or exc}")
+    return found
 
 
 def _refs(ws: Workspace, phase_id: str, expr: Expr | None) -> Refs:
@@ -539,7 +573,7 @@ def record_run(
             history, earlier = ws.ledger().runs(ws.plan_rel, record.phase, limit=writeback.RESULTS_ROWS)
             try:
                 new_text = writeback.apply_run(text, current, record.phase, record, history, file=ws.plan_rel,
-                                               earlier=earlier)
+                                               earlier=earlier, decides=record.trial is None)
             except writeback.HandEdited as exc:
                 result.plan_written = False
                 result.problems.append(f"{exc} The run is recorded in {ws.rel(ledger_path)}.")

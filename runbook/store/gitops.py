@@ -10,6 +10,17 @@ with plumbing (`write-tree`, `commit-tree`, `update-ref`): commit hooks do not r
 the middle of a merge, rebase, cherry-pick, revert or bisect, or for a file git ignores, it refuses
 with `GitStateError`.
 
+Side branch (`run_branch = "runbook/{branch}"` in runbook.toml; default: off): runbook's commits go
+onto that branch instead of HEAD's (`{branch}` is the checked-out branch, `detached` on a detached
+HEAD). It always descends from HEAD (`_side_base`: its first commit and one after HEAD merged it
+start from HEAD; one after the user committed on HEAD merges HEAD in), so it holds every run in
+order, none of them lands on the shared branch until the user merges it, and that merge is a
+fast-forward (`git merge runbook/main`, or `git merge --squash runbook/main && git commit`). The
+files are staged in the real index as usual, which is what lets that merge go through: `git status`
+shows runbook's files as staged changes meanwhile, and a commit of the user's own takes them too.
+What "committed" means for runbook's own bookkeeping (`is_dirty`, `dirty_paths`, `record_ref`) is
+then the side branch's tip, not HEAD.
+
 Every git command of a commit runs through `_git_waited`, in a process group of its own (its hooks
 with it: `reference-transaction`, `post-index-change`, `pre-auto-gc`): one that does not finish in
 `RUNBOOK_GIT_TIMEOUT_S` seconds (default 120), or that is still running a few seconds after runbook
@@ -278,13 +289,20 @@ def _sign_args(repo: git.Repo) -> list[str]:
 
 def is_dirty(root: str | os.PathLike[str], path: str) -> bool:
     """True when `path` (repo-relative) differs from HEAD in the index or work tree, or is untracked."""
+    ref = record_ref(root)
+    if ref != "HEAD":
+        return bool(_changed_vs(root, ref, path))
     out = _status(root, "--porcelain", "--untracked-files=all", "--", path)
     return bool(out.strip())
 
 
 def dirty_paths(root: str | os.PathLike[str], path: str) -> set[str]:
     """Paths under `path` (repo-relative) that differ from HEAD in the index or work tree, or are
-    untracked: one `git status` for a whole directory (`is_dirty` asks about one path)."""
+    untracked: one `git status` for a whole directory (`is_dirty` asks about one path). With a side
+    branch (`run_branch`), against its tip instead of HEAD."""
+    ref = record_ref(root)
+    if ref != "HEAD":
+        return _changed_vs(root, ref, path)
     out = _status(root, "--porcelain=v1", "-z", "--untracked-files=all", "--", path)
     found: set[str] = set()
     entries = out.split("\0")
@@ -363,6 +381,10 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str, *
         )
     _remove_dead_temp_indexes(gdir)
     _refuse_ignored(repo, [p for p in paths if (Path(root) / p).exists()])
+    side = side_ref(root)
+    base, parents_of, overlay = head, [head] if head else [], None
+    if side is not None:
+        base, parents_of, overlay = _side_base(top_of(repo, root), side, head)
     tmp_index = gdir / f"index.runbook.{os.getpid()}"
     with contextlib.suppress(FileNotFoundError):
         tmp_index.unlink()
@@ -374,7 +396,10 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str, *
 
     try:
         try:
-            waited("read-tree", head or "--empty", env=env)
+            waited("read-tree", base or "--empty", env=env)
+            if overlay:
+                for info in overlay:  # the side branch's own files over HEAD's tree
+                    waited("update-index", "--add", "--cacheinfo", info, env=env)
             tracked = set(repo.git.ls_files("--", *paths, env=env).splitlines()) if paths else set()
             present = [p for p in paths if (Path(root) / p).exists() or p in tracked or p in given]
             from_tree = [p for p in present if p not in given]
@@ -384,12 +409,16 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str, *
             for info in blobs:
                 waited("update-index", "--add", "--cacheinfo", info, env=env)
             tree = waited("write-tree", env=env)
-            if head and tree == repo.git.rev_parse(f"{head}^{{tree}}"):
+            if parents_of and tree == repo.git.rev_parse(f"{parents_of[0]}^{{tree}}"):
                 commit = None  # nothing new; still refresh the index below (a killed run may have left it stale)
             else:
-                parents = ["-p", head] if head else []
+                parents = [arg for parent in parents_of for arg in ("-p", parent)]
                 commit = waited("commit-tree", tree, *parents, *_sign_args(repo), "-m", message, own_group=False)
-                waited("update-ref", "-m", message, "HEAD", commit, head or "")
+                if side is None:
+                    waited("update-ref", "-m", message, "HEAD", commit, head or "")
+                else:
+                    old_tip = _rev(top, side)
+                    waited("update-ref", "-m", message, side, commit, old_tip or "")
         except (error, _GitFailed) as exc:
             raise GitStateError(f"git refused the commit: {_detail(exc)}") from exc
     finally:
@@ -412,6 +441,91 @@ def commit_paths(root: str | os.PathLike[str], paths: list[str], message: str, *
     if commit:
         _gc_auto(top, stop)
     return commit
+
+
+def top_of(repo: git.Repo, root: str | os.PathLike[str]) -> str | os.PathLike[str]:
+    return repo.working_tree_dir or root
+
+
+def _rev(root: str | os.PathLike[str], ref: str) -> str | None:
+    try:
+        return _git_waited(root, ["rev-parse", "--verify", "-q", ref + "^{commit}"]) or None
+    except (_GitFailed, GitStateError):
+        return None
+
+
+def _is_ancestor(root: str | os.PathLike[str], a: str, b: str) -> bool:
+    try:
+        _git_waited(root, ["merge-base", "--is-ancestor", a, b])
+    except (_GitFailed, GitStateError):
+        return False
+    return True
+
+
+def _side_base(top: str | os.PathLike[str], side: str, head: str | None) -> tuple[str | None, list[str], list[str]]:
+    """Where a commit on the side branch starts: (the tree to read, its parents, `--cacheinfo`
+    entries laid over that tree). The side branch always descends from HEAD, so merging it is a
+    fast-forward (or a squash of one): its first commit, and one after HEAD merged it, starts from
+    HEAD; one after HEAD moved on (the user's own commits) is a merge of HEAD into it, HEAD's tree
+    with the files the side branch changed since their merge base taken from its tip."""
+    tip = _rev(top, side)
+    if tip is None or head is None or _is_ancestor(top, tip, head):
+        return head, [head] if head else [], []
+    if _is_ancestor(top, head, tip):
+        return tip, [tip], []
+    try:
+        base = _git_waited(top, ["merge-base", head, tip])
+        changed = [p for p in _git_waited(top, ["diff", "--name-only", "-z", "--no-renames", base, tip]).split("\0") if p]
+        listed = _git_waited(top, ["ls-tree", "-z", tip, "--", *changed]) if changed else ""
+    except _GitFailed as exc:
+        raise GitStateError(f"cannot bring {side} up to HEAD: {_detail(exc)}") from exc
+    overlay = []
+    for entry in filter(None, listed.split("\0")):
+        meta, path = entry.split("\t", 1)
+        mode, _kind, blob = meta.split()
+        overlay.append(f"{mode},{blob},{path}")
+    return head, [tip, head], overlay
+
+
+def side_ref(root: str | os.PathLike[str]) -> str | None:
+    """`refs/heads/<run_branch>` when runbook.toml asks for a side branch, else None."""
+    from runbook.store.project import ConfigError, load_config
+
+    try:
+        template = load_config(root).run_branch
+    except ConfigError:
+        return None
+    if not template:
+        return None
+    try:
+        branch = _git_waited(root, ["symbolic-ref", "--short", "-q", "HEAD"]) or "detached"
+    except (_GitFailed, GitStateError):
+        branch = "detached"
+    return "refs/heads/" + template.replace("{branch}", branch)
+
+
+def record_ref(root: str | os.PathLike[str]) -> str:
+    """What runbook's commits are on: the side branch's tip while HEAD has not merged it, else HEAD."""
+    side = side_ref(root)
+    if side is None:
+        return "HEAD"
+    tip = _rev(root, side)
+    head = _rev(root, "HEAD")
+    if tip is None or (head is not None and _is_ancestor(root, tip, head)):
+        return "HEAD"
+    return side
+
+
+def _changed_vs(root: str | os.PathLike[str], ref: str, path: str) -> set[str]:
+    """Paths under `path` whose work-tree content differs from commit `ref`, or that are untracked."""
+    top = _repo(root).working_tree_dir or root
+    try:
+        diff = _git_waited(top, ["diff", "--name-only", "-z", "--no-renames", ref, "--", path],
+                           env={"GIT_OPTIONAL_LOCKS": "0"})
+        others = _git_waited(top, ["ls-files", "--others", "--exclude-standard", "-z", "--", path])
+    except _GitFailed as exc:
+        raise GitStateError(f"`git diff {ref}` failed: {_detail(exc)}") from exc
+    return {p for p in (diff + "\0" + others).split("\0") if p}
 
 
 def _cache_info(repo: git.Repo, path: str, data: bytes, waited: Callable[..., str], env: dict[str, str]) -> str:

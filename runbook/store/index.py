@@ -61,7 +61,7 @@ INDEX_NAME = "runs.idx"
 RACY_NS = 2_000_000_000  # a file changed this close to its indexing is hashed again on every open
 RACY_PROMOTE = 16  # rewrite the index once this many racy files have become old enough to trust
 
-_FORMAT = 3
+_FORMAT = 4
 _MAGIC = b"RBLEDGR" + bytes([_FORMAT]) + struct.pack("<H", marshal.version)
 _SECTIONS = ("head", "rows", "metrics")
 _HEADER = struct.Struct("<" + "Q16s" * len(_SECTIONS))
@@ -79,6 +79,7 @@ class Row(NamedTuple):
     moment: int | None  # `finished or started` as UTC epoch seconds (`formatting.parse_utc`); None: no time
     verdict: str
     start_s: int | None  # `started` as UTC epoch seconds; None: not a time
+    trial: bool  # a sweep's trial (`runbook sweep`): listed, never a phase's latest run
 
 
 # the stored forms (marshal-able): a Row as a plain tuple, the head, the metrics of each file
@@ -198,7 +199,8 @@ def _summary(name: str, digest: bytes, record: RunRecord) -> RawRow:
     from runbook.formatting import parse_utc
 
     return (name, digest, record.run_id, record.plan, record.phase, record.started,
-            _epoch(parse_utc(record.finished or record.started)), record.verdict, _epoch(parse_utc(record.started)))
+            _epoch(parse_utc(record.finished or record.started)), record.verdict, _epoch(parse_utc(record.started)),
+            record.trial is not None)
 
 
 def _epoch(moment: datetime | None) -> int | None:
@@ -450,7 +452,8 @@ class LedgerIndex:
         return [name for name in self.dirs if name not in ids]
 
     def latest_rows(self, plan: str) -> list[Row]:
-        """The latest run of each phase `plan` has runs of (phases no longer in it too), oldest first."""
+        """The latest run of each phase `plan` has runs of (phases no longer in it too), oldest first;
+        a sweep's trials are left out (they never decide a phase by themselves)."""
         return [Row._make(r) for r in self._head["latest"].get(plan, [])]
 
     def latest_runs(self, plan: str, problems: list[str] | None = None, *,
@@ -462,7 +465,7 @@ class LedgerIndex:
             return self.load(self.latest_rows(plan), problems)
         seen: dict[str, Row] = {}
         for row in reversed(self.rows(plan)):
-            if row.verdict in verdicts and row.phase not in seen:
+            if row.verdict in verdicts and row.phase not in seen and not row.trial:
                 seen[row.phase] = row
         return self.load(sorted(seen.values(), key=_order), problems)
 
@@ -539,9 +542,13 @@ def find_run(state_dir: str | os.PathLike[str], ref: str) -> RunRecord | None:
 
 
 def _latest(rows: list[RawRow]) -> dict[str, list[RawRow]]:
-    """plan -> the latest row of each of its phases, oldest first (rows are in ledger order)."""
+    """plan -> the latest row of each of its phases, oldest first (rows are in ledger order). A
+    sweep's trials are not: a phase's verdict is its latest run that is no trial (a chosen trial
+    decides through the copy `runbook choose` records)."""
     latest: dict[str, dict[str, tuple[int, RawRow]]] = {}
     for i, row in enumerate(rows):
+        if row[9]:  # Row.trial
+            continue
         latest.setdefault(row[3], {})[row[4]] = (i, row)
     return {plan: [row for _i, row in sorted(by_phase.values())] for plan, by_phase in latest.items()}
 
@@ -549,6 +556,8 @@ def _latest(rows: list[RawRow]) -> dict[str, list[RawRow]]:
 def _latest_metrics(rows: list[RawRow], metrics: dict[str, FileMetrics]) -> dict[str, FileMetrics]:
     out: dict[str, FileMetrics] = {}
     for row in rows:
+        if row[9]:  # a trial's numbers are no phase's latest
+            continue
         out.setdefault(row[3], {}).update(metrics.get(row[0], {}))
     return out
 

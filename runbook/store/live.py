@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runbook.files import atomic_write_text
 from runbook.formatting import iso, parse_iso, utc_now
-from runbook.model import EnvFingerprint, Metrics, RunRecord, StepResult, merge_metrics
+from runbook.model import EnvFingerprint, Metrics, RunRecord, StepResult, Trial, merge_metrics
 from runbook.store import procs
 from runbook.store.ledger import run_dir, runs_dir, tail_lines
 
@@ -139,6 +139,8 @@ class LiveRun(BaseModel):
     stopping: str | None = None  # why it is being stopped (a signal, a timeout), once it is
     vars: dict[str, str] = {}  # the vars its commands use, with their values (runbook/plan/overrides.py)
     overrides: list[str] = []  # those set with `runbook next --set`
+    trial: Trial | None = None  # a sweep's point (`runbook sweep`): recorded as a trial whatever ends it
+    outputs: list[str] = []  # the phase's `Outputs:`, vars resolved: their identity goes into the record
 
     def job_for(self, step_id: str) -> JobRef | None:
         found = None
@@ -243,6 +245,7 @@ def interrupted_record(live: LiveRun, root: Path, reason: str) -> RunRecord:
         steps=steps, metrics=metrics, criterion=live.criterion, verdict="interrupted", reason=reason,
         commit_before=live.commit_before, dirty=live.dirty, dirty_files=list(live.dirty_files), env=live.env,
         executor=live.executor, detached=live.detached, vars=dict(live.vars), overrides=list(live.overrides),
+        trial=live.trial,
     )
 
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -58,7 +58,33 @@ class Config(BaseModel):
     # "prepend" (runbook's wins), "off" (PATH as the user has it)
     runbook_bin: Literal["append", "prepend", "off"] = "append"
     slurm: SlurmConfig = SlurmConfig()
-    source: str | None = None  # the file the config came from; None for defaults
+    # a folder (relative to the root; gitignore it) where each judged run's `Outputs:` are copied,
+    # `<folder>/<run-id>/<path>`, so that `runbook choose RUN` puts RUN's outputs back; None: not kept
+    keep_outputs: str | None = None
+    # commit runs on this branch instead of the checked-out one (`{branch}`: its name), e.g.
+    # "runbook/{branch}"; merge it when you choose (runbook/store/gitops.py). None: the current branch
+    run_branch: str | None = None
+    source: str | None = None
+
+    @field_validator("run_branch")
+    @classmethod
+    def _branch_name(cls, value: str | None) -> str | None:
+        import re
+
+        if value is not None and (not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/{}-]*", value) or ".." in value
+                                  or value.endswith((".", "/", ".lock")) or "//" in value):
+            raise ValueError(f"run_branch: {value!r} is not a branch name git takes (e.g. \"runbook/{{branch}}\")")
+        return value
+
+    @field_validator("keep_outputs")
+    @classmethod
+    def _relative(cls, value: str | None) -> str | None:
+        from runbook.plan.outputs import check_path
+
+        problem = check_path(value) if value is not None else None
+        if problem:
+            raise ValueError(f"keep_outputs: {problem}; give a folder relative to the repository root")
+        return value.rstrip("/") if value else value  # the file the config came from; None for defaults
 
 
 def find_repo_root(path: str | os.PathLike[str] | None = None) -> Path:
