@@ -756,5 +756,9 @@ def write_schemas(folder: str | Path) -> list[Path]:
 
 
 if __name__ == "__main__":  # python -m runbook.contract docs/schemas
+    if len(sys.argv) > 2 or (len(sys.argv) == 2 and sys.argv[1].startswith("-")):
+        print("usage: python -m runbook.contract [FOLDER]\n  writes every verb's --json schema into FOLDER "
+              "(default docs/schemas)", file=sys.stderr)
+        sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)
     for path in write_schemas(sys.argv[1] if len(sys.argv) > 1 else "docs/schemas"):
         print(path)
