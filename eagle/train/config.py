@@ -98,9 +98,10 @@ def default_lr(hidden_size: int) -> float:
     """The peak learning rate when --lr is not given: 1e-4 x 4096 / hidden size, at most 3e-3.
 
     Adam's stable step size shrinks about as 1 / width for hidden matrices, so the rule scales
-    from SpecForge's 1e-4 for 4096-wide targets (Llama-3.1-8B): 5e-5 at 8192 (EAGLE's 70B recipe),
-    5.7e-5 for Kimi-K2's 7168, 2e-4 for the 1.1B shape's 2048 (where 3e-3 diverged), and the cap
-    3e-3 for the toy's 128, the setting it was tuned with."""
+    from SpecForge's 1e-4 for 4096-wide targets (Llama-3.1-8B; EAGLE's own recipe for the same 8B
+    width is 5e-5, half of it): 5e-5 at 8192, 5.7e-5 for Kimi-K2's 7168 (near SpecForge's
+    DeepSeek-V3 recipe), 2e-4 for the 1.1B shape's 2048 (where 3e-3 diverged), and the cap 3e-3 for
+    the toy's 128, the setting it was tuned with."""
     return min(3e-3, 1e-4 * 4096 / max(1, hidden_size))
 
 
