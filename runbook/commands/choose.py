@@ -29,9 +29,10 @@ Exit codes: 0 chosen, 2 unknown run or refusal (a run that was not judged), 5 a 
 def command(run_ref: str, plan_opt: str | None, no_commit: bool, as_json: bool) -> Output:
     """Make RUN (a run id, a unique prefix, `last`, `last~N`) its phase's verdict."""
     from runbook.contract import ChooseResult, RunView
+    from runbook.run.holding import holding_run_lock
     from runbook.run.planstate import for_workspace
     from runbook.run.runner import RunOptions
-    from runbook.run.sweep import choose_run, holding_run_lock
+    from runbook.run.sweep import choose_run
 
     ws = open_plan(plan_opt)
     run = ws.find_run(run_ref)

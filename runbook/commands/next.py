@@ -7,13 +7,10 @@ runbook/run/planstate.py's.
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from runbook.commands._options import json_option, plan_option
 from runbook.commands._output import Output
-from runbook.errors import warning
 
 HELP_EPILOG = """\b
 Which phase runs:
@@ -88,17 +85,11 @@ def command(
     state/runs/<run-id>.json, updates the phase's status block, checkboxes and results table in
     the plan, and commits exactly those two files. Step output goes to stderr under --json.
     """
-    from runbook.run.session import NextRequest, Session, Talk
+    from runbook.commands._talk import cli_talk
+    from runbook.run.session import NextRequest, Session
 
     request = NextRequest(plan_opt=plan_opt, phase_ref=phase_ref, restart=restart, until_stop=until_stop, yes=yes,
                           no_commit=no_commit, as_json=as_json, sets=tuple(sets), detach=detach)
-    talk = Talk(
-        say=lambda msg: click.echo(msg, err=as_json),
-        warn=warning,
-        note=lambda msg: click.echo(msg, err=True),
-        confirm=lambda question: click.confirm(question, default=True),
-        interactive=lambda: sys.stdin.isatty() and sys.stdout.isatty(),
-        echo=lambda: (sys.stderr if as_json else sys.stdout).buffer,
-    )
+    talk = cli_talk(as_json)
     finished = Session(request, talk).main(dry_run)
     return Output(finished.result, finished.exit_code, None)

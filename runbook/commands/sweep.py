@@ -6,13 +6,10 @@ record and commit as `runbook next --phase P --restart --set ... --yes`).
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from runbook.commands._options import json_option, plan_option
 from runbook.commands._output import Output
-from runbook.errors import warning
 
 HELP_EPILOG = """\b
 Each point is one run of the phase with those `--set` values (a trial): recorded in state/runs/,
@@ -65,23 +62,16 @@ def command(phase_ref: str | None, plan_opt: str | None, sets: tuple[str, ...], 
             pick: str | None, jobs: int, resume: bool, sweep_id: str | None, yes: bool, no_commit: bool,
             as_json: bool) -> Output:
     """Run PHASE once per point of a grid (or of explicit points), each run a trial of the phase."""
+    from runbook.commands._talk import cli_talk
     from runbook.contract import RunView, SweepPoint, SweepResult
     from runbook.run.planstate import for_workspace
-    from runbook.run.session import Talk
     from runbook.run.sweep import SweepRequest, exit_code, run_sweep
     from runbook.store.sweeps import sweep_path
     from runbook.store.workspace import Workspace
 
     request = SweepRequest(plan_opt=plan_opt, phase_ref=phase_ref, sets=sets, points=points, pick=pick, jobs=jobs,
                            resume=resume, sweep_id=sweep_id, yes=yes, no_commit=no_commit, as_json=as_json)
-    talk = Talk(
-        say=lambda msg: click.echo(msg, err=as_json),
-        warn=warning,
-        note=lambda msg: click.echo(msg, err=True),
-        confirm=lambda question: click.confirm(question, default=True),
-        interactive=lambda: sys.stdin.isatty() and sys.stdout.isatty(),
-        echo=lambda: (sys.stderr if as_json else sys.stdout).buffer,
-    )
+    talk = cli_talk(as_json)
     done = run_sweep(request, talk)
     ws = Workspace.open(plan_opt)
     state = for_workspace(ws)

@@ -195,25 +195,13 @@ class Session:
                 check_can_commit(ws.root, [ws.plan_rel])
             except GitStateError as exc:
                 raise RunbookError(f"refusing to run: {exc}", "git_state") from None
-        from runbook.store.lock import LockBusy, LockCorrupt, LockError, LockHeld, WriteLockTimeout, run_lock
+        from runbook.run.holding import holding_run_lock
 
         try:
-            with run_lock(ws.state, git_dir=ws.git_dir, warn=self.warn) as lock:
+            with holding_run_lock(ws, self.warn, plan, refusal="") as lock:
                 if self.detach:
                     return self.start_detached(ws, lock, commit)
                 return self.loop(ws, lock, commit)
-        except LockHeld as exc:
-            from runbook.run.planstate import holder_view
-
-            raise RunbookError(str(exc), "locked", file=ws.rel(exc.path),
-                               lock=holder_view(exc.info, plan, ws.rel(ws.state), live=ws.live_of(exc.info.run_id),
-                                                root=ws.root, state_dir=ws.state)) from None
-        except (WriteLockTimeout, LockBusy) as exc:
-            raise RunbookError(str(exc), "locked", file=ws.rel(exc.path)) from None
-        except LockCorrupt as exc:
-            raise RunbookError(str(exc), "io", file=ws.rel(exc.path)) from None
-        except LockError as exc:
-            raise RunbookError(str(exc), "io") from None
         except OSError as exc:  # a full disk or a read-only file system under the plan, ledger or lock
             where = f"{exc.filename}: " if exc.filename else ""
             raise RunbookError(

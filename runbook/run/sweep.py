@@ -23,22 +23,21 @@ ledger, so a sweep killed with -9 continues with the points that have no finishe
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import shlex
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from runbook.errors import RunbookError
 from runbook.model import JUDGED, Decision, Expr, Phase, Plan, RunRecord, Trial
+from runbook.run.holding import holding_run_lock
 
 if TYPE_CHECKING:
     from runbook.run.executor import Interrupts
     from runbook.run.runner import RunOptions, RunResult
     from runbook.run.session import Talk
-    from runbook.store.lock import RunLock
     from runbook.store.sweeps import SweepSpec
     from runbook.store.workspace import Workspace
 
@@ -327,27 +326,6 @@ def _spec_for(ws: Workspace, plan: Plan, req: SweepRequest, say: Callable[[str],
             say(f"continuing sweep {same.sweep_id} (the same sweep, started {same.created}, not finished)")
             return same, True
     return spec, False
-
-
-@contextlib.contextmanager
-def holding_run_lock(ws: Workspace, warn: Callable[[str], None]) -> Iterator[RunLock]:
-    """The run lock, its refusals as RunbookErrors (`locked`, `io`)."""
-    from runbook.store.lock import LockBusy, LockCorrupt, LockError, LockHeld, WriteLockTimeout, run_lock
-
-    try:
-        with run_lock(ws.state, git_dir=ws.git_dir, warn=warn) as lock:
-            yield lock
-    except LockHeld as exc:
-        from runbook.run.planstate import holder_view
-
-        raise RunbookError(f"refusing while a run is in progress: {exc}", "locked", file=ws.rel(exc.path),
-                           lock=holder_view(exc.info, ws.plan, ws.rel(ws.state), state_dir=ws.state)) from None
-    except (WriteLockTimeout, LockBusy) as exc:
-        raise RunbookError(str(exc), "locked", file=ws.rel(exc.path)) from None
-    except LockCorrupt as exc:
-        raise RunbookError(str(exc), "io", file=ws.rel(exc.path)) from None
-    except LockError as exc:
-        raise RunbookError(str(exc), "io") from None
 
 
 def _point_text(point: dict[str, str]) -> str:
