@@ -32,8 +32,10 @@ def _who(run: RunRecord) -> str:
     return f"run {run.run_id}"
 
 
-def stale_inputs(ws: Workspace, plan: Plan, phase: Phase) -> tuple[list[str], list[str]]:
-    """(one line per input that is not the deciding run's output, the fixes)."""
+def stale_inputs(ws: Workspace, plan: Plan, phase: Phase, quick: bool = False) -> tuple[list[str], list[str]]:
+    """(one line per input that is not the deciding run's output, the fixes). `quick` (status, brief):
+    an input whose kind, size, mtime and file count are the recorded ones counts as the deciding
+    run's without reading its bytes; any difference is settled by the hash, as `runbook next` does."""
     from runbook.plan.outputs import output_paths
     from runbook.store.outputs import identity
 
@@ -61,6 +63,10 @@ def stale_inputs(ws: Workspace, plan: Plan, phase: Phase) -> tuple[list[str], li
                             "(it ran before `Outputs:` named it, or left nothing there)")
             fixes.append(f"runbook next --phase {maker.id} --restart{plan_arg} --yes")
             continue
+        if quick:
+            seen = identity(ws.root, path, with_hash=False)
+            if (seen.kind, seen.size, seen.mtime, seen.files) == (want.kind, want.size, want.mtime, want.files):
+                continue
         now = identity(ws.root, path)
         if now.kind == want.kind and now.hash == want.hash:
             continue

@@ -574,7 +574,7 @@ def for_workspace(
         unreadable = list(problems or [])
     lock = None if holding_lock else ws.lock_info()
     pending, reattach = pending_runs(ws, runs) if not holding_lock else ([], {})
-    return derive(
+    state = derive(
         ws.plan,
         ws.plan_rel,
         runs,
@@ -590,3 +590,31 @@ def for_workspace(
         state_dir=ws.state,
         attempts=for_workspace_attempts(ws),
     )
+    return _inputs_checked(ws, state)
+
+
+def _inputs_checked(ws: Workspace, state: PlanState) -> PlanState:
+    """The next action as `runbook next` will take it: a phase whose `Inputs:` are not what the deciding
+    run of the phase that makes them left there is refused by `next` (runbook/run/inputs.py), so the
+    action is `blocked` on that, with the first fix as its command. A stat compares first; files are
+    hashed only when size, mtime or count differ."""
+    action = state.view.next
+    phase = ws.plan.find_phase(action.phase) if action.phase else None
+    if phase is None or not phase.inputs or action.kind not in ("run", "resume", "retry", "rerun"):
+        return state
+    from runbook.run.inputs import stale_inputs
+
+    problems, fixes = stale_inputs(ws, ws.plan, phase, quick=True)
+    if not problems:
+        return state
+    argv = shlex.split(fixes[0].split("#", 1)[0]) if fixes else None
+    blocked = _action_for(
+        ws.plan, phase, "blocked",
+        _sentence(f"{phase.display_name} reads `Inputs:` that are not what the deciding runs made, and `runbook "
+                  f"next` refuses it until they are: {'; '.join(problems)}. Fixes: {'; or '.join(fixes)}"),
+        argv, 0)
+    for row in state.view.phases:
+        row.next = row.id == phase.id
+    state.view.next = blocked
+    state.view.summary = f"blocked: {phase.display_name}'s inputs are not what the deciding runs made"
+    return state

@@ -69,8 +69,9 @@ def _iso_ns(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-def identity(root: Path, rel: str) -> OutputInfo:
-    """What is at `root/rel` now."""
+def identity(root: Path, rel: str, with_hash: bool = True) -> OutputInfo:
+    """What is at `root/rel` now; `with_hash=False`: kind, size, mtime and file count only (a stat
+    walk, no byte read: `runbook status` compares those first and hashes only on a difference)."""
     path = root / rel
     try:
         st = path.stat()
@@ -78,7 +79,7 @@ def identity(root: Path, rel: str) -> OutputInfo:
         return OutputInfo(path=rel, kind="missing")
     if path.is_file():
         return OutputInfo(path=rel, kind="file", size=st.st_size, mtime=_iso_ns(st.st_mtime_ns), files=1,
-                          hash=_file_hash(path, st.st_size, st.st_mtime_ns))
+                          hash=_file_hash(path, st.st_size, st.st_mtime_ns) if with_hash else None)
     if not path.is_dir():
         return OutputInfo(path=rel, kind="missing")
     lines, size, newest, count = [], 0, st.st_mtime_ns, 0
@@ -95,8 +96,11 @@ def identity(root: Path, rel: str) -> OutputInfo:
             size += fst.st_size
             newest = max(newest, fst.st_mtime_ns)
             count += 1
-            lines.append(f"{file.relative_to(path).as_posix()} {fst.st_size} "
-                         f"{_file_hash(file, fst.st_size, fst.st_mtime_ns)}")
+            if with_hash:
+                lines.append(f"{file.relative_to(path).as_posix()} {fst.st_size} "
+                             f"{_file_hash(file, fst.st_size, fst.st_mtime_ns)}")
+    if not with_hash:
+        return OutputInfo(path=rel, kind="dir", size=size, mtime=_iso_ns(newest), files=count)
     h = _hasher()
     h.update("\n".join(lines).encode())
     return OutputInfo(path=rel, kind="dir", size=size, mtime=_iso_ns(newest), files=count, hash="xxh128:" + h.hexdigest())

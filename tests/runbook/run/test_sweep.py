@@ -239,12 +239,22 @@ def test_a_consumer_refuses_outputs_of_another_run_until_the_chosen_trials_are_i
     swept_consumer = H.runbook_inproc(repo, "sweep", "2", "--point", "lr=0.9", "--yes")  # a sweep of it too
     assert swept_consumer.returncode == 2 and "was made by run" in swept_consumer.stderr
     assert len(list((repo / "state" / "sweeps").glob("*.json"))) == 1  # and nothing of it was written
-    assert ok(H.runbook_inproc(repo, "status", "--json"))["result"]["phases"][1]["state"] == "not_run"
+    status = ok(H.runbook_inproc(repo, "status", "--json"))["result"]
+    assert status["phases"][1]["state"] == "not_run"
+    # status tells what next will do: the consumer is blocked on its inputs, the first fix is the command
+    action = status["next"]
+    assert (action["kind"], action["phase"]) == ("blocked", "phase-2"), action
+    assert action["command"] == f"runbook choose {trial_ids[2]}" and action["argv"][1:] == ["choose", trial_ids[2]]
+    assert f"was made by run {trial_ids[2]}" in action["why"] and status["summary"].startswith("blocked: Phase 2")
+    brief = H.runbook_inproc(repo, "brief")
+    assert brief.returncode == 0 and f"runbook choose {trial_ids[2]}" in brief.stdout
 
     # pick the best trial (lr=0.3, not the last one run): its kept model goes back in place, and the consumer runs
     picked = ok(H.runbook_inproc(repo, "sweep", "--resume", "--pick", "best:score", "--yes", "--json"))["result"]
     assert picked["chosen"]["decision"]["run"] == trial_ids[1]
     assert (repo / "work" / "model.txt").read_text() == "model lr=0.3\n"
+    action = ok(H.runbook_inproc(repo, "status", "--json"))["result"]["next"]
+    assert (action["kind"], action["phase"]) == ("run", "phase-2"), action
     evaluated = ok(H.runbook_inproc(repo, "next", "--yes", "--json"))["result"]["runs"][0]
     assert (evaluated["phase"], evaluated["verdict"]) == ("phase-2", "pass")
     assert (repo / "work" / "evaluated.txt").read_text() == "lr=0.3\n"
