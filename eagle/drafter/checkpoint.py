@@ -111,6 +111,12 @@ _TARGET_ONLY_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope
 MLA_ARCHITECTURES = ("DeepseekV3ForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
 MLA_VLLM_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"  # what our writer writes (vLLM's deepseek_eagle3.py)
 MLA_SGLANG_ARCHITECTURE = "DeepseekV3ForCausalLMEagle3"
+VLLM_MLA_ARCHITECTURES = (MLA_VLLM_ARCHITECTURE, "Eagle3DeepseekV3ForCausalLM")
+# vLLM 0.32 (config/speculative.py hf_config_override) turns a draft config of these types into its DeepSeek
+# MTP model, so an EAGLE-3 drafter typed so fails at start-up ("Model architectures ['Eagle3DeepSeekMTPModel']
+# are not supported", measured): vLLM's MLA drafter is typed MLA_VLLM_LAYER_TYPE, which our writer writes.
+VLLM_MTP_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "kimi_k2")
+MLA_VLLM_LAYER_TYPE = "deepseek_v2"
 # The layer model type of an MLA drafter; any other (kimi_k2, deepseek_v2) is read as deepseek_v3.
 MLA_LAYER_TYPES = ("deepseek_v3",)
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
@@ -777,15 +783,22 @@ def is_mla_layer(layer: Any) -> bool:
     return isinstance(layer, dict) and layer.get("model_type") in MLA_LAYER_TYPES and layer.get("kv_lora_rank") is not None
 
 
+def vllm_mla_ready(raw: dict[str, Any]) -> bool:
+    """Whether an MLA drafter's config.json is as vLLM 0.32 serves it: vLLM's architecture name and a
+    model_type it does not turn into its DeepSeek MTP model (VLLM_MTP_TYPES)."""
+    archs = raw.get("architectures") or []
+    return any(a in VLLM_MLA_ARCHITECTURES for a in archs) and raw.get("model_type") not in VLLM_MTP_TYPES
+
+
 def mla_layout_config(config: dict[str, Any], architecture: str = MLA_VLLM_ARCHITECTURE,
                       layer_ids: list[int] | None = None) -> dict[str, Any]:
-    """The config.json of an MLA drafter in vLLM's / SGLang's layout (a top-level DeepSeek-V3 config,
-    `architectures`, `eagle_config`, `draft_vocab_size`, the norm flags that are on) from our
-    speculators-format dict `config`; `layer_ids` as they are to be written (default: ours)."""
+    """The config.json of an MLA drafter in vLLM's layout (a top-level DeepSeek config typed
+    MLA_VLLM_LAYER_TYPE, `architectures`, `eagle_config`, `draft_vocab_size`, the norm flags that are
+    on) from our speculators-format dict `config`; `layer_ids` as they are to be written (default: ours)."""
     tl = {k: v for k, v in config["transformer_layer_config"].items()
           if k not in ("architectures", "_attn_implementation", "_name_or_path", "transformers_version")}
     ids = config.get("eagle_aux_hidden_state_layer_ids") if layer_ids is None else layer_ids
-    out: dict[str, Any] = {**tl, "architectures": [architecture], "num_hidden_layers": 1,
+    out: dict[str, Any] = {**tl, "model_type": MLA_VLLM_LAYER_TYPE, "architectures": [architecture], "num_hidden_layers": 1,
                            "draft_vocab_size": config["draft_vocab_size"],
                            "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}}
     for flag in NORM_FLAGS:

