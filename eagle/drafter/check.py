@@ -347,6 +347,10 @@ def serving_problems(ck: checkpoint.Checkpoint, raw: dict[str, Any], where: str,
                 f"absent: vLLM builds this config as model_type {model_type!r}'s config class, whose head_dim is "
                 f"{theirs}, while the Llama layer's is hidden_size / heads = {ours}; vLLM would build the attention "
                 "with the wrong shape: write \"head_dim\" or serve the `eagle import-drafter` copy")))
+    if ck.layout == "mla" and ck.cfg.norm_before_fc:
+        out.append(Problem(where=f"{where} [norm_before_fc]", message=(
+            "is true: vLLM's MLA drafter (deepseek_eagle3.py) has no input_norm, so it cannot load "
+            "input_norm.weight; a drafter trained with it cannot be served by vLLM as an MLA drafter")))
     if ck.layout == "mla" and raw.get("model_type") in checkpoint.VLLM_MTP_TYPES:
         out.append(Problem(where=f"{where} [model_type]", message=(
             f"is {raw.get('model_type')!r}: vLLM 0.32 turns a draft config of this type into its DeepSeek MTP model "

@@ -37,9 +37,10 @@ The layouts `read_drafter` reads and normalises (in memory) to the above:
   tensors layers.0.self_attn.{q_a_proj [q_lora, 2H], q_a_layernorm [q_lora], q_b_proj
   [nh*(nope+rope), q_lora]} (or q_proj [nh*(nope+rope), 2H] without q_lora_rank),
   kv_a_proj_with_mqa [kv_lora+rope, 2H], kv_a_layernorm [kv_lora], kv_b_proj [nh*(nope+v), kv_lora],
-  o_proj [H, nh*v]; the rest as ours. Its layer config stays a DeepSeek-V3 one (model_type
-  "deepseek_v3", `kimi_k2` read as it) and our writer writes such a drafter in vLLM's MLA layout
-  (`write_checkpoint`), the only one vLLM serves it from.
+  o_proj [H, nh*v]; the rest as ours. In memory its layer config stays a DeepSeek one (model_type
+  "deepseek_v3"; vLLM's "deepseek_v2" and SpecForge's "kimi_k2" read as it: the same MLA fields) and
+  our writer writes such a drafter in vLLM's MLA layout typed "deepseek_v2" (`write_checkpoint`,
+  `mla_layout_config`), the only form vLLM serves it in.
 
 In the first two, the drafter's decoder layer is a Llama layer whatever `model_type` its config names
 (SpecForge's Kimi-K2 draft config says "kimi_k2", DeepSeek-V3 ones "deepseek_v3"): the reader
@@ -110,7 +111,6 @@ _TARGET_ONLY_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope
 # Drafters whose layer is DeepSeek MLA attention (SGLang's and vLLM's names): not a Llama layer.
 MLA_ARCHITECTURES = ("DeepseekV3ForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
 MLA_VLLM_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"  # what our writer writes (vLLM's deepseek_eagle3.py)
-MLA_SGLANG_ARCHITECTURE = "DeepseekV3ForCausalLMEagle3"
 VLLM_MLA_ARCHITECTURES = (MLA_VLLM_ARCHITECTURE, "Eagle3DeepseekV3ForCausalLM")
 # vLLM 0.32 (config/speculative.py hf_config_override) turns a draft config of these types into its DeepSeek
 # MTP model, so an EAGLE-3 drafter typed so fails at start-up ("Model architectures ['Eagle3DeepSeekMTPModel']
@@ -428,7 +428,8 @@ def _from_mla_layout(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     layer = {k: v for k, v in data.items() if k not in _EAGLE_KEYS}
     model_type = layer.get("model_type") or "deepseek_v3"
     if model_type not in MLA_LAYER_TYPES:
-        notes.append(f"model_type {model_type!r} of the MLA drafter layer read as 'deepseek_v3' (the same config)")
+        notes.append(f"model_type {model_type!r} of the MLA drafter layer read as 'deepseek_v3' (the same MLA fields: "
+                     "transformers' DeepseekV3 attention runs it)")
         model_type = "deepseek_v3"
     layer["model_type"] = model_type
     out["transformer_layer_config"] = layer
