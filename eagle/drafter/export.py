@@ -3,7 +3,15 @@
 Layouts (`TARGETS`): "speculators" (ours: speculators' eagle3 config, what vLLM serves); "sglang" and
 "specforge", which name one layout (SpecForge writes what SGLang serves): a top-level llama config with
 architectures ["LlamaForCausalLMEagle3"], eagle_config.eagle_aux_hidden_state_layer_ids, weights under
-midlayer.*, tensors in their stored dtype.
+midlayer.*, tensors in their stored dtype; "mla", an MLA drafter's only layout (vLLM's
+Eagle3DeepseekV2ForCausalLM: a top-level DeepSeek-V3 config, eagle_config, input-convention ids).
+An MLA drafter goes only to "mla", a Llama-layer drafter never.
+
+An MLA drafter read in the MLA layout as vLLM serves it (`checkpoint.vllm_mla_ready`: vLLM's architecture
+name, a model_type vLLM does not turn into its MTP model) and exported to it in the convention it was
+read in is written back as it is: its config.json dict (json, indent 2: byte-identical to a source written so), every
+tensor under its stored name, its safetensors metadata (model.safetensors byte-identical to a
+source that safetensors wrote as one file).
 
 Layer ids are written in the layout's convention unless `convention` says otherwise: "input" (HF
 hidden_states[i], ours and vLLM's) for speculators, "output" (HF hidden_states[i+1], SGLang's and
@@ -30,8 +38,8 @@ from pydantic import BaseModel
 from eagle.drafter import checkpoint
 from eagle.drafter.import_drafter import SourceRecord, read_source_record
 
-TARGETS = {"speculators": "speculators", "sglang": "eagle", "specforge": "eagle"}
-LAYOUT_CONVENTION = {"speculators": "input", "eagle": "output"}
+TARGETS = {"speculators": "speculators", "sglang": "eagle", "specforge": "eagle", "mla": "mla"}
+LAYOUT_CONVENTION = {"speculators": "input", "eagle": "output", "mla": "input"}
 _LAYER_KEYS_DROPPED = ("architectures", "dtype", "torch_dtype", "transformers_version", "_attn_implementation",
                        "_name_or_path")
 _DTYPE_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "bfloat16": "bfloat16",
@@ -53,8 +61,7 @@ def _source_meaning(source: SourceRecord) -> checkpoint.DraftConfig | None:
     """The DraftConfig of the source's config, read as import-drafter read it (None if it cannot be read)."""
     raw = dict(source.config)
     try:
-        config, _ = (checkpoint._from_eagle_layout if source.layout == "eagle"
-                     else checkpoint._from_speculators_layout)(raw)
+        config, _ = checkpoint.LAYOUT_READERS[source.layout](raw)
         config = {k: v for k, v in config.items() if k not in checkpoint._DROP_KEYS}
         ids = config.get("eagle_aux_hidden_state_layer_ids")
         if source.layer_convention == "output" and isinstance(ids, list):
@@ -99,6 +106,23 @@ def eagle_layout_config(ck: checkpoint.Checkpoint, convention: str, dtype: str) 
     return config
 
 
+def _mla_export(ck: checkpoint.Checkpoint, convention: str
+                ) -> tuple[dict[str, Any], dict[str, str], dict[str, str], bool]:
+    """(config.json dict, tensor names, safetensors metadata, written back as it is) of an MLA drafter."""
+    from safetensors import safe_open
+
+    assert ck.cfg.layer_ids is not None  # export_drafter checked
+    raw = checkpoint.read_config_json(ck.source)
+    if ck.layout == "mla" and convention == ck.convention and ck.weights_file.suffix == ".safetensors" \
+            and checkpoint.vllm_mla_ready(raw):
+        with safe_open(str(ck.weights_file), "pt") as f:
+            metadata = f.metadata() or {}
+        return raw, ck.stored_names(), metadata, True
+    ids = stored_ids(ck.cfg.layer_ids, convention, str(ck.source))
+    names = {k: k.replace("layers.0.", "midlayer.", 1) if k.startswith("layers.0.") else k for k in ck.shapes}
+    return checkpoint.mla_layout_config(ck.config, layer_ids=ids), names, {"format": "pt"}, False
+
+
 def export_drafter(draft: Path, to: str, out: Path, convention: str | None = None) -> ExportResult:
     """Write the drafter in `draft` (any layout eagle reads) to `out` in the layout `to`."""
     from safetensors.torch import save_file
@@ -116,6 +140,11 @@ def export_drafter(draft: Path, to: str, out: Path, convention: str | None = Non
     if ck.cfg.layer_ids is None:
         raise checkpoint.CheckpointError(f"{draft / checkpoint.CONFIG_FILE}: eagle_aux_hidden_state_layer_ids is null; "
                                          "import it with `eagle import-drafter --model TARGET` first")
+    if ck.cfg.is_mla != (layout == "mla"):
+        raise checkpoint.CheckpointError(
+            f"{draft}: an MLA drafter (DeepSeek multi-head latent attention) has one layout, vLLM's "
+            f"{checkpoint.MLA_VLLM_ARCHITECTURE}: export it --to mla" if ck.cfg.is_mla else
+            f"--to mla: {draft} is a Llama-layer drafter, not an MLA one; export it --to speculators, sglang or specforge")
     source = read_source_record(draft)
     own = source is not None and source.layout == layout
     if convention is None:
@@ -128,11 +157,16 @@ def export_drafter(draft: Path, to: str, out: Path, convention: str | None = Non
     notes: list[str] = []
     meaning = _source_meaning(source) if own and source is not None else None
     from_source = (source is not None and meaning is not None and convention == source.layer_convention
-                   and _same_meaning(meaning, ck.cfg))
+                   and _same_meaning(meaning, ck.cfg)
+                   and (layout != "mla" or checkpoint.vllm_mla_ready(source.config)))
     if from_source and source is not None:
         config, metadata = dict(source.config), source.metadata
         names = {k: source.names.get(k, k) for k in tensors}
         notes.append(f"the source's config.json, tensor names and metadata written back ({source.layout} layout)")
+    elif layout == "mla":
+        config, names, metadata, from_source = _mla_export(ck, convention)
+        if from_source:
+            notes.append("its own config.json, tensor names and metadata written back (MLA layout)")
     elif layout == "eagle":
         dtypes = sorted({ck.dtypes[n] for n in tensors if n not in ("d2t", "t2d")})
         config = eagle_layout_config(ck, convention, _DTYPE_NAMES.get(dtypes[0], dtypes[0]) if dtypes else "bfloat16")

@@ -6,7 +6,9 @@ float or maps outside the target vocabulary; eagle/drafter/check.py `value_probl
 written. The import is lossless: tensors keep their stored dtype and an
 embedding the source carries is kept; what changes is the layout (speculators' config.json,
 `layers.0.*` names, explicit layer ids in vLLM's input-of-layer convention, norm flags, a Llama layer
-config, an absolute verifier path).
+config, an absolute verifier path). An MLA drafter has no speculators form: it is written in vLLM's MLA
+layout (checkpoint.mla_layout_config: its DeepSeek-V3 layer config, eagle_config with input-convention
+ids, `layers.0.*` names).
 
 Aux layer ids whose convention is in doubt (they look like SGLang's output-of-layer ids: see
 checkpoint.output_convention_hint) are refused until `--layer-convention` says which they are.
@@ -30,7 +32,7 @@ SOURCE_FILE = "eagle_source.json"
 class ImportResult(BaseModel):
     source: str
     out: str
-    layout: str  # the source's: "speculators" or "eagle" (EAGLE / SpecForge)
+    layout: str  # the source's: "speculators", "eagle" (EAGLE / SpecForge) or "mla"
     layer_ids: list[int]
     layer_convention: str  # how the source's ids were read: "input" (as written) or "output" (shifted by one)
     draft_vocab_size: int

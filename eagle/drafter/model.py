@@ -18,10 +18,44 @@ from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 from transformers import LlamaConfig
 
 from eagle.drafter import checkpoint
+from eagle.drafter.mla import mla_layer_config
 from eagle.target import DraftShape, Target, open_target
 
 ATTN_IMPL = "sdpa"
 LOSS = "kl_div"
+
+
+def _register_mla_layer() -> None:
+    """Teach speculators' Eagle3DraftModel the MLA drafter's first layer (model_type "deepseek_v3"):
+    transformers' DeepseekV3 decoder layer (its MLA attention, a dense MLP: first_k_dense_replace 1)
+    with q_a_proj / kv_a_proj_with_mqa reading 2H, and speculators' own EAGLE-3 first-layer forward
+    (split, norms, residual), as its Llama and Qwen3 layers have. Idempotent."""
+    from speculators.models import base_components
+    from speculators.models.eagle3 import model_definitions
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+        DeepseekV3DecoderLayer,
+        DeepseekV3RMSNorm,
+        DeepseekV3RotaryEmbedding,
+    )
+
+    from eagle.drafter.mla import widen_eagle3_inputs
+
+    if "deepseek_v3" in model_definitions.model_classes:
+        return
+
+    class DeepseekV3DecoderEagle3FirstLayer(model_definitions.Eagle3FirstLayerMixin,  # type: ignore[misc]
+                                            DeepseekV3DecoderLayer):
+        def __init__(self, config: Any, layer_idx: int, norm_before_residual: bool = False) -> None:
+            super().__init__(config, layer_idx)
+            self.norm_before_residual = norm_before_residual
+            self.hidden_norm = DeepseekV3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+            widen_eagle3_inputs(self.self_attn, config)
+
+    model_definitions.model_classes["deepseek_v3"] = base_components.ModelComponents(
+        DeepseekV3DecoderEagle3FirstLayer, DeepseekV3DecoderLayer, DeepseekV3RMSNorm, DeepseekV3RotaryEmbedding)
+
+
+_register_mla_layer()
 
 
 def draft_layer_config(target_dir: str | os.PathLike[str], shape: DraftShape | None = None,
@@ -56,7 +90,7 @@ def build_drafter(
     norm_output: bool = False,
     attn_impl: str = ATTN_IMPL,
     shape: DraftShape | None = None,
-    layer_config: LlamaConfig | None = None,
+    layer_config: Any = None,
     trust_remote_code: bool = False,
 ) -> Eagle3DraftModel:
     """A fresh drafter for the target at `target_dir`, in float32: one Llama decoder layer (its
@@ -111,8 +145,13 @@ def load_target_rows(model: Eagle3DraftModel, target: Target) -> None:
         p.requires_grad_(False)
 
 
-def checkpoint_layer_config(ck: checkpoint.Checkpoint) -> LlamaConfig:
-    """The decoder layer's llama config of a checkpoint (its own shape, float32 parameters)."""
+def checkpoint_layer_config(ck: checkpoint.Checkpoint) -> Any:
+    """The decoder layer's llama config of a checkpoint (its own shape, float32 parameters); an MLA
+    drafter's DeepseekV3Config."""
+    if ck.cfg.is_mla:
+        cfg = mla_layer_config(ck.config["transformer_layer_config"])
+        cfg.use_cache = True
+        return cfg
     keep = {k: v for k, v in ck.config["transformer_layer_config"].items()
             if k not in ("model_type", "architectures", "dtype", "torch_dtype", "transformers_version")}
     cfg = LlamaConfig(**keep)
@@ -163,6 +202,8 @@ def load_drafter(
     ck = ck.for_target(target.num_layers)
     config = Eagle3SpeculatorConfig.from_dict(ck.config)
     assert isinstance(config, Eagle3SpeculatorConfig)  # from_dict is typed as returning the base config
+    if ck.cfg.is_mla:  # one dense layer (first_k_dense_replace 1), as vLLM builds it
+        config.transformer_layer_config = checkpoint_layer_config(ck)
     config.speculators_config.verifier.name_or_path = verifier
     config.transformer_layer_config._attn_implementation = attn_impl
     for name in ("dtype", "torch_dtype"):

