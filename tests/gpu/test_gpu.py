@@ -6,8 +6,10 @@ against the CPU's (bf16 tolerance), `eagle train` offline and --online with shap
 recompiles after warm-up, the step as CUDA graphs (against the eager step, and `eagle train
 --cuda-graphs`), evaluate and bench on the fast decoder (CUDA graphs),
 the Triton decode attention and fused rope/norm/SwiGLU kernels (in CUDA graphs, and the fast
-decoder with --attention triton), batches copied on a side stream while the step runs, and DDP
-across 2 processes (one per GPU, or sharing one GPU over gloo)."""
+decoder with --attention triton), batches copied on a side stream while the step runs, DDP
+across 2 processes (one per GPU, or sharing one GPU over gloo), sampled speculative decoding (seeded,
+greedy untouched), a training run killed mid-epoch and resumed from its step state, and an MLA
+drafter decoded and fine-tuned."""
 
 from __future__ import annotations
 
@@ -500,3 +502,103 @@ def test_doc_attention_varlen_form_equals_its_definition() -> None:
             for amplitude in (1.0, 6.0):
                 err, size = worst_error_against_the_definition("cuda", torch.bfloat16, amplitude, blocks, total=total)
                 assert err <= 1.5 * bf16_ulp(size), (total, blocks, amplitude, err, size)
+
+
+# ---------------------------------------------------------------- sampled decoding, step resume, MLA drafters
+
+
+def test_sampled_speculative_decoding_on_cuda_is_seeded_and_leaves_greedy_alone(toy_target: Path, gpu_draft: Path,
+                                                                                tmp_path: Path) -> None:
+    """The fast decoder on CUDA at the production sampler (eagle/decode/sampling.py; those cycles run
+    eagerly): one seed gives the same sampled tokens twice, and temperature 0 changes no byte of the
+    greedy metrics."""
+    def run(name: str, *flags: str) -> tuple[bytes, dict]:
+        metrics = tmp_path / f"{name}.json"
+        res = _eagle("evaluate", "--model", str(toy_target), "--draft", str(gpu_draft), "--prompts", str(HELDOUT),
+                     "--limit", "4", "--max-new-tokens", "32", "--device", "cuda", "--json", *flags,
+                     env={"RUNBOOK_METRICS": str(metrics)})
+        return metrics.read_bytes(), json.loads(res.stdout)
+
+    plain_bytes, plain = run("plain")
+    zero_bytes, _ = run("zero", "--temperature", "0", "--top-p", "0.5", "--seed", "9")
+    assert zero_bytes == plain_bytes and plain["decoder"] == "fast"
+    _, one = run("one", "--temperature", "1.0", "--top-p", "0.95", "--seed", "3")
+    two_bytes, two = run("two", "--temperature", "1.0", "--top-p", "0.95", "--seed", "3")
+    samples = [r["sampled_tokens"] for r in one["per_prompt"]]
+    assert samples == [r["sampled_tokens"] for r in two["per_prompt"]] and all(samples)
+    m = json.loads(two_bytes)
+    print({"greedy accept_len": json.loads(plain_bytes)["accept_len"], "sampled": m["sampled_accept_len"]})
+    assert 1.0 <= m["sampled_accept_len"] <= 4.0 and m["accept_len"] == json.loads(plain_bytes)["accept_len"]
+
+
+def test_train_on_gpu_killed_mid_epoch_resumes_with_the_same_losses(tmp_path: Path) -> None:
+    """`eagle train --device cuda --save-every-steps 3` SIGKILLed (the process this test started) once
+    its first step state exists, then `--resume`d: every step's loss as in a run never stopped (to
+    GPU rounding: the kernels are not bitwise deterministic run to run)."""
+    import signal
+    import time
+
+    import _train_data as td
+    import torch
+
+    from eagle.train.trainer import STEP_STATE
+
+    target, data = td.make_small(tmp_path / "small")
+    args = ["train", "--model", str(target), "--data", str(data), "--batch-tokens", "32", "--val-fraction", "0.2",
+            "--lr", "3e-3", "--epochs", "2", "--device", "cuda", "--no-tensorboard", "--save-every-steps", "3"]
+
+    def series(path: Path) -> dict[int, float]:
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        return {row["step"]: row["train_loss"] for row in rows if "train_loss" in row}
+
+    _eagle(*args, "--out", str(tmp_path / "full"), env={"RUNBOOK_SERIES": str(tmp_path / "full.jsonl")})
+    out, killed = tmp_path / "killed", tmp_path / "killed.jsonl"
+    state = out / "checkpoints" / STEP_STATE
+    proc = subprocess.Popen([sys.executable, "-m", "eagle.cli", *args, "--out", str(out)],
+                            env={**ENV, "RUNBOOK_SERIES": str(killed)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 400
+        while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert state.exists(), "no step state was written"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill() if proc.poll() is None else None
+        proc.wait()
+    position = torch.load(state, weights_only=False)["position"]
+    assert 0 < position["done"] < len(position["batches"])  # mid-epoch
+    res = _eagle(*args, "--out", str(out), "--resume", env={"RUNBOOK_SERIES": str(killed)})
+    assert "resuming from" in res.stdout + res.stderr
+    want, got = series(tmp_path / "full.jsonl"), series(killed)
+    assert sorted(got) == sorted(want)
+    print({"steps": len(want), "largest gap": max(abs(got[s] - want[s]) for s in want)})
+    assert all(got[s] == pytest.approx(want[s], rel=2e-3, abs=1e-4) for s in want)
+
+
+def test_an_mla_drafter_decodes_and_fine_tunes_on_cuda(tmp_path: Path) -> None:
+    """An MLA drafter in vLLM's layout (eagle/decode/mla_ops.py, eagle/drafter/mla.py) on a DeepSeek-V3
+    target of the toy's shape: evaluate on CUDA gives greedy's output (greedy_match),
+    and one more epoch of fine-tuning on CUDA lowers the training loss."""
+    import _arch_helpers as arch_helpers
+    from _mla_drafter import mla_drafter
+
+    target = arch_helpers.random_target("deepseek_v3", tmp_path / "target")
+    draft = mla_drafter(tmp_path / "mla")
+    metrics = tmp_path / "eval.json"
+    _eagle("evaluate", "--model", str(target), "--draft", str(draft), "--prompts", str(HELDOUT), "-k", "3",
+           "--limit", "2", "--max-new-tokens", "16", "--device", "cuda", env={"RUNBOOK_METRICS": str(metrics)})
+    ev = json.loads(metrics.read_text())
+    assert ev["greedy_match"] == 1 and 1.0 <= ev["accept_len"] <= 4.0
+    data = tmp_path / "data"
+    prompts = Path(__file__).resolve().parents[2] / "plans" / "data" / "prompts.jsonl"
+    _eagle("prepare", "--model", str(target), "--data", str(prompts), "--out", str(data), "--limit", "8",
+           "--regenerate", "--max-new-tokens", "24", "--batch-size", "8")
+    _eagle("extract", "--model", str(target), "--data", str(data), "--device", "cuda")
+    _eagle("vocab", "--data", str(data), "--draft-vocab", "256")
+    tuned = tmp_path / "tuned"
+    _eagle("train", "--model", str(target), "--data", str(data), "--out", str(tuned), "--init-from", str(draft),
+           "--epochs", "2", "--lr", "3e-3", "--device", "cuda", "--json")
+    log = json.loads((tuned / "train_log.json").read_text())["epochs"]
+    print({"mla train_loss": [e["train_loss"] for e in log], "accept_len": ev["accept_len"]})
+    assert log[-1]["train_loss"] < log[0]["train_loss"]
