@@ -87,8 +87,8 @@ from eagle.train.config import BUCKET_MULTIPLE, MAX_TTT_STEPS, TrainConfig, summ
                    "is stored beyond --in-flight samples, each file deleted once read); eagle starts and stops "
                    "that server unless --server names one. DATA then needs only `eagle prepare` + `eagle vocab`.")
 @click.option("--server", default=None, metavar="URL",
-              help="With --hidden-states vllm: a running extraction server (e.g. http://gpu-node:8000; started as "
-                   "docs/eagle.md 'Training fed by a server' says) instead of eagle's own.")
+              help="With --hidden-states vllm: a running extraction server (e.g. http://gpu-node:8000; its `vllm serve` "
+                   "line is in docs/eagle.md, Training, --hidden-states vllm) instead of eagle's own.")
 @click.option("--server-storage", type=click.Path(path_type=Path), default=None,
               help="With --hidden-states vllm and eagle's own server: the folder its connector writes state files "
                    "to [default: a temp folder, removed afterwards].")

@@ -47,7 +47,7 @@ def check_server(url: str) -> None:
         httpx.get(url.rstrip("/") + "/health", timeout=10.0)
     except httpx.HTTPError as exc:
         raise EagleError(f"--server {url}: nothing answers there ({type(exc).__name__}); start an extraction "
-                         "server (docs/eagle.md, 'Training fed by a server') or leave --server out and eagle "
+                         "server (docs/eagle.md, Training, --hidden-states vllm) or leave --server out and eagle "
                          "starts its own") from None
 
 
@@ -87,7 +87,7 @@ class ServerStates(DataSource):
             first = str(exc).splitlines()[0]
             raise EagleError(f"--server {self.url} did not give hidden states ({first}); it must be vLLM started "
                              "with the extract_hidden_states method and a hidden-states kv connector, serving the "
-                             "target as 'eagle-target' (docs/eagle.md, 'Training fed by a server')") from None
+                             "target as 'eagle-target' (docs/eagle.md, Training, --hidden-states vllm)") from None
 
     def raw(self, i: int) -> dict[str, torch.Tensor]:
         """Sample i's {hidden_states [T', L+1, H] bf16, input_ids, loss_mask} for its first
