@@ -101,7 +101,12 @@ class ServerStates(DataSource):
         if hs.dim() != 3 or tuple(hs.shape) != (n, self.num_aux + 1, self.hidden_size):
             raise EagleError(f"vLLM hidden states have shape {list(hs.shape)}, expected [{n}, {self.num_aux + 1}, "
                              f"{self.hidden_size}]: was the server started with other --layer-ids or another target?")
-        return {"hidden_states": hs.to(torch.bfloat16), "input_ids": torch.as_tensor(ids, dtype=torch.long),
+        from eagle.data.hidden_io import all_finite
+
+        hs = hs.to(torch.bfloat16)
+        if not all_finite(hs):  # as the offline reader checks each file
+            raise EagleError(f"vLLM at {self.url} gave NaN/Inf hidden states for row {i} of {self.data_dir}")
+        return {"hidden_states": hs, "input_ids": torch.as_tensor(ids, dtype=torch.long),
                 "loss_mask": torch.as_tensor(self.loss_mask[i][:n], dtype=torch.long)}
 
     def batch(self, indices: list[int], device: torch.device, dtype: torch.dtype = torch.float32,

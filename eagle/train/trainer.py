@@ -308,7 +308,9 @@ class Trainer:
             from eagle.train.server_fed import open_server_states
 
             layer_ids = target.layer_ids(cfg.layer_ids)
-            open_prepared(data_dir)
+            rows = open_prepared(data_dir).with_format(None)["input_ids"]
+            lengths = [len(r) for r in rows]
+            dataset.check_lengths(lengths, list(range(len(lengths))), cfg.batch_tokens, f"--data {data_dir}")
             d2t, t2d = dataset.read_vocab(data_dir)
             self.data = open_server_states(cfg, target, layer_ids, self.say)
             self.config = cfg = cfg.model_copy(update={"layer_ids": layer_ids})

@@ -101,3 +101,15 @@ def test_server_flags_need_the_vllm_source(small: tuple[Path, Path], tmp_path: P
     args = ["train", "--model", str(target), "--data", str(data), "--out", str(tmp_path / "o"), "--server", "http://x"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 1 and "--server and --server-storage go with --hidden-states vllm" in result.output
+
+
+def test_a_sample_longer_than_the_budget_is_refused_before_any_server(small: tuple[Path, Path], tmp_path: Path) -> None:
+    """The length check runs on the prepared rows before eagle would start its own server (minutes on a GPU)."""
+    from eagle.cli import cli
+
+    target, data = small  # 32-token rows
+    args = _args(target, data, tmp_path / "out")
+    args[args.index("--batch-tokens") + 1] = "16"
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1 and "longer than --batch-tokens 16" in result.output, result.output
+    assert "vLLM" not in result.output and not (tmp_path / "out").exists()
