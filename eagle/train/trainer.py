@@ -3,7 +3,8 @@
 Our own loop around speculators' Eagle3DraftModel (eagle/drafter/model.py): AdamW, linear warm-up then
 cosine decay, bf16 autocast on GPU, DDP under torchrun (gloo on CPU, nccl on GPU; rank 0 writes).
 The hidden states come from `eagle extract`'s files (eagle/train/dataset.py) or, with --online, from the
-target itself, run beside the drafter on each batch (eagle/train/online.py). The settings are one
+target itself, run beside the drafter on each batch (eagle/train/online.py), or, with --hidden-states
+vllm, from a vLLM extraction server per batch (eagle/train/server_fed.py). The settings are one
 TrainConfig (eagle/train/config.py), the step's parts live in eagle/train/steps.py, and what the loop
 tells an observer goes through eagle/train/hooks.py's StepHooks.
 
