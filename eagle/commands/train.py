@@ -95,6 +95,9 @@ from eagle.train.config import BUCKET_MULTIPLE, MAX_TTT_STEPS, TrainConfig, summ
 @click.option("--in-flight", default=TrainConfig.model_fields["in_flight"].default, show_default=True,
               type=int, help="With --hidden-states vllm: samples requested and not yet read; the storage folder "
                              "never holds more files than this.")
+@click.option("--vllm-arg", "vllm_args", multiple=True, metavar="KEY[=VALUE]",
+              help="With --hidden-states vllm and eagle's own server: any vLLM engine flag, repeatable "
+                   "(tensor-parallel-size=2, gpu-memory-utilization=0.5, ...).")
 @click.option("--partial-data", is_flag=True,
               help="Train on the samples that have hidden states when DATA's extraction did not finish (a killed "
                    "`eagle extract`, deleted files), saying which rows are left out. Without it such a DATA is "
@@ -140,8 +143,8 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
             save_every_steps: int, tensorboard: bool, resume: bool, init_from: Path | None, freeze_lm_head: bool,
             norm_before_residual: bool | None,
             norm_before_fc: bool | None, norm_output: bool | None, keep_float32: bool, online: bool,
-            hidden_states: str, server: str | None, server_storage: Path | None, in_flight: int, partial_data: bool,
-            layer_ids: str | None,
+            hidden_states: str, server: str | None, server_storage: Path | None, in_flight: int, vllm_args: tuple[str, ...],
+            partial_data: bool, layer_ids: str | None,
             shape_buckets: bool | None, layout_multiple: int | None, warm_shapes: bool | None,
             cuda_graphs: bool | None, draft_config: Path | None,
             draft_intermediate_size: int | None, draft_heads: int | None, draft_kv_heads: int | None,
@@ -176,6 +179,7 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
                          freeze_lm_head=freeze_lm_head,
                          device=device, resume=resume, online=online, hidden_states=hidden_states, server=server,
                          server_storage=None if server_storage is None else str(server_storage), in_flight=in_flight,
+                         vllm_args=list(vllm_args),
                          layer_ids=None if layer_ids is None else split_layer_ids(layer_ids),
                          shape_buckets=shape_buckets, layout_multiple=layout_multiple, warm_shapes=warm_shapes,
                          cuda_graphs=cuda_graphs, draft_shape=shape,

@@ -54,6 +54,7 @@ class TrainConfig(BaseModel):
     server: str | None = None  # --hidden-states vllm: a running extraction server's URL (None: eagle starts one)
     server_storage: str | None = None  # --hidden-states vllm: eagle's own server writes its state files here
     in_flight: int = 8  # --hidden-states vllm: samples requested and not yet read (bounds the storage folder)
+    vllm_args: list[str] = []  # --hidden-states vllm: engine flags of eagle's own server (KEY[=VALUE])
     layer_ids: list[int] | None = None  # --online / --hidden-states vllm: aux layers (None: eagle extract's default)
     draft_shape: DraftShape = DraftShape()  # the drafter layer's shape where it differs from the target's
     trust_remote_code: bool = False  # --online with a custom-code target
@@ -142,6 +143,9 @@ def check_config(config: TrainConfig) -> None:
                         "server) are two sources of the states: pass one")
     if config.hidden_states != "vllm" and (config.server or config.server_storage):
         problems.append("--server and --server-storage go with --hidden-states vllm")
+    if config.vllm_args and (config.hidden_states != "vllm" or config.server):
+        problems.append("--vllm-arg sets eagle's own extraction server's flags: it goes with --hidden-states vllm "
+                        "and no --server")
     if config.server and config.server_storage:
         problems.append("--server-storage is where eagle's own server writes; a --server writes where it was "
                         "started to: drop one")

@@ -142,7 +142,7 @@ def open_server_states(config: TrainConfig, target: Target, layer_ids: list[int]
     checked, or eagle's own extraction server, started now and stopped when the source closes."""
     from eagle.data.hidden_io import open_prepared
     from eagle.serving.extraction import extraction_spec
-    from eagle.serving.flags import VllmFlags, host_has_cuda
+    from eagle.serving.flags import host_has_cuda, vllm_flags
     from eagle.serving.server import running_server
 
     stack = contextlib.ExitStack()
@@ -164,7 +164,7 @@ def open_server_states(config: TrainConfig, target: Target, layer_ids: list[int]
             rows = list(open_prepared(Path(config.data)).with_format(None)["input_ids"])
             cut = [r[: config.batch_tokens + 1] for r in rows]
             spec = extraction_spec(target.dir, cut, layer_ids, storage,
-                                   VllmFlags(trust_remote_code=config.trust_remote_code), cuda, config.in_flight)
+                                   vllm_flags(config.vllm_args, config.trust_remote_code), cuda, config.in_flight)
             server = stack.enter_context(running_server(spec, echo=True, prefix="eagle-train-vllm-"))
             url, where = server.url, str(storage)
         data = ServerStates(config.data, url, len(layer_ids), target.hidden_size, config.batch_tokens,

@@ -85,6 +85,8 @@ def test_a_server_that_does_not_extract_is_refused_naming_it(small: tuple[Path, 
     (["--online"], "--online (the target beside the drafter) and --hidden-states vllm"),
     (["--server", "http://x", "--server-storage", "/tmp/x"], "--server-storage is where eagle's own server writes"),
     (["--in-flight", "0"], "--in-flight must be >= 1"),
+    (["--server", "http://x", "--vllm-arg", "max-model-len=64"], "--vllm-arg sets eagle's own extraction server"),
+    (["--vllm-arg", "served-model-name=x"], "served-model-name"),  # eagle's own server's flags, checked before it starts
 ])
 def test_conflicting_flags_are_refused(small: tuple[Path, Path], tmp_path: Path, extra: list[str], says: str) -> None:
     from eagle.cli import cli
