@@ -36,8 +36,8 @@ TRAINS = {"toy_target", "toy_successor", "toy_data", "toy_drafter", "toy_drafter
 # (2026-11-30): the demo (scripts/demo.sh, the example plan end to end), vLLM, eagle's bad-input
 # matrix, Slurm's time limit, the architectures end to end, the GPU lock's resolution, the kill -9 rounds.
 FIRST = ["test_demo.py", "test_serve.py", "test_engines.py", "test_eagle_bad_inputs.py", "test_slurm.py", "test_arch_e2e.py",
-         "test_setup.py", "test_prepare_vllm.py", "test_crash_safety.py", "test_drafter_serving.py", "test_k2_drafters.py",
-         "test_mla_drafters.py",
+         "test_setup.py", "test_prepare_vllm.py", "test_train_from_server.py",
+         "test_crash_safety.py", "test_drafter_serving.py", "test_k2_drafters.py", "test_mla_drafters.py",
          "test_drafter_layouts.py", "test_training_guard.py", "test_extract_shard.py"]
 
 

@@ -80,12 +80,30 @@ from eagle.train.config import BUCKET_MULTIPLE, MAX_TTT_STEPS, TrainConfig, summ
               help="Compute the target's hidden states in the training loop (the target sits beside the "
                    "drafter on the device) instead of reading `eagle extract`'s files: no disk, no extraction "
                    "step, one target forward per step.")
+@click.option("--hidden-states", "hidden_states", type=click.Choice(["files", "vllm"]), default="files",
+              show_default=True,
+              help="Where the target's hidden states come from. files: `eagle extract`'s, in DATA. vllm: fetched "
+                   "per batch from a vLLM extraction server (the target lives in vLLM, on its own GPUs; nothing "
+                   "is stored beyond --in-flight samples, each file deleted once read); eagle starts and stops "
+                   "that server unless --server names one. DATA then needs only `eagle prepare` + `eagle vocab`.")
+@click.option("--server", default=None, metavar="URL",
+              help="With --hidden-states vllm: a running extraction server (e.g. http://gpu-node:8000; its `vllm serve` "
+                   "line is in docs/eagle.md, Training, --hidden-states vllm) instead of eagle's own.")
+@click.option("--server-storage", type=click.Path(path_type=Path), default=None,
+              help="With --hidden-states vllm and eagle's own server: the folder its connector writes state files "
+                   "to [default: a temp folder, removed afterwards].")
+@click.option("--in-flight", default=TrainConfig.model_fields["in_flight"].default, show_default=True,
+              type=int, help="With --hidden-states vllm: samples requested and not yet read; the storage folder "
+                             "never holds more files than this.")
+@click.option("--vllm-arg", "vllm_args", multiple=True, metavar="KEY[=VALUE]",
+              help="With --hidden-states vllm and eagle's own server: any vLLM engine flag, repeatable "
+                   "(tensor-parallel-size=2, gpu-memory-utilization=0.5, ...).")
 @click.option("--partial-data", is_flag=True,
               help="Train on the samples that have hidden states when DATA's extraction did not finish (a killed "
                    "`eagle extract`, deleted files), saying which rows are left out. Without it such a DATA is "
                    "refused with the missing rows named.")
 @click.option("--layer-ids", default=None, metavar="A,B,C",
-              help="With --online: the target's aux layers, ascending [default: 2,N//2,N-3, as eagle extract].")
+              help="With --online or --hidden-states vllm: the target's aux layers, ascending [default: 2,N//2,N-3, as eagle extract].")
 @click.option("--shape-buckets/--no-shape-buckets", default=None,
               help="Pad every pack to --batch-tokens and round each pack's longest document up to a "
                    f"multiple of {BUCKET_MULTIPLE} (same losses): variable-length data then runs in a few "
@@ -125,6 +143,7 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
             save_every_steps: int, tensorboard: bool, resume: bool, init_from: Path | None, freeze_lm_head: bool,
             norm_before_residual: bool | None,
             norm_before_fc: bool | None, norm_output: bool | None, keep_float32: bool, online: bool,
+            hidden_states: str, server: str | None, server_storage: Path | None, in_flight: int, vllm_args: tuple[str, ...],
             partial_data: bool, layer_ids: str | None,
             shape_buckets: bool | None, layout_multiple: int | None, warm_shapes: bool | None,
             cuda_graphs: bool | None, draft_config: Path | None,
@@ -137,6 +156,7 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
       eagle train --model work/target --data work/data --out work/draft
       torchrun --nproc-per-node 2 -m eagle.cli train --model ... --data ... --out ...   # DDP
       eagle train --model work/target --data work/data --out work/draft --online  # no eagle extract
+      eagle train --model work/target --data work/data --out work/draft --hidden-states vllm  # states from vLLM
     \b
     Writes OUT/config.json + OUT/model.safetensors (vLLM loads OUT as the drafter; bf16 without the
     frozen embedding, verifier.name_or_path absolute), and the metrics train_loss, val_loss,
@@ -157,7 +177,9 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
                          save_every_steps=save_every_steps,
                          tensorboard=tensorboard, seed=seed, init_from=str(init_from) if init_from else None,
                          freeze_lm_head=freeze_lm_head,
-                         device=device, resume=resume, online=online,
+                         device=device, resume=resume, online=online, hidden_states=hidden_states, server=server,
+                         server_storage=None if server_storage is None else str(server_storage), in_flight=in_flight,
+                         vllm_args=list(vllm_args),
                          layer_ids=None if layer_ids is None else split_layer_ids(layer_ids),
                          shape_buckets=shape_buckets, layout_multiple=layout_multiple, warm_shapes=warm_shapes,
                          cuda_graphs=cuda_graphs, draft_shape=shape,

@@ -15,7 +15,7 @@ from eagle.target import DraftShape
 
 # Settings a resumed run must share with the run it continues (epochs may grow).
 RESUME_FIELDS = ("model", "data", "ttt_steps", "batch_tokens", "val_fraction", "seed", "lr", "init_from", "world_size",
-                 "online", "layer_ids", "draft_shape", "loss_decay", "grad_accum", "norm_before_residual",
+                 "online", "hidden_states", "layer_ids", "draft_shape", "loss_decay", "grad_accum", "norm_before_residual",
                  "norm_before_fc", "norm_output", "freeze_lm_head")
 # The drafter's norm flags `eagle train` sets (None: off for a new drafter, the checkpoint's with --init-from).
 TRAIN_NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "norm_output")
@@ -50,7 +50,12 @@ class TrainConfig(BaseModel):
     warm_shapes: bool | None = None  # run every pack shape of the run once before step 1 (None: with shape buckets)
     cuda_graphs: bool | None = None  # the step as one CUDA graph per pack shape (opt-in: see resolve_config)
     online: bool = False  # hidden states from the target on the fly (eagle/train/online.py), not from files
-    layer_ids: list[int] | None = None  # --online: aux layers (None: eagle extract's default)
+    hidden_states: str = "files"  # "files" (eagle extract's) or "vllm": fetched from a server (eagle/train/server_fed.py)
+    server: str | None = None  # --hidden-states vllm: a running extraction server's URL (None: eagle starts one)
+    server_storage: str | None = None  # --hidden-states vllm: eagle's own server writes its state files here
+    in_flight: int = 8  # --hidden-states vllm: samples requested and not yet read (bounds the storage folder)
+    vllm_args: list[str] = []  # --hidden-states vllm: engine flags of eagle's own server (KEY[=VALUE])
+    layer_ids: list[int] | None = None  # --online / --hidden-states vllm: aux layers (None: eagle extract's default)
     draft_shape: DraftShape = DraftShape()  # the drafter layer's shape where it differs from the target's
     trust_remote_code: bool = False  # --online with a custom-code target
     norm_before_residual: bool | None = None  # None: False for a new drafter, the checkpoint's with --init-from
@@ -132,6 +137,21 @@ def check_config(config: TrainConfig) -> None:
     for name in ("grad_accum", "layout_multiple"):
         if getattr(config, name) is not None and getattr(config, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(config, name)})")
+    if config.hidden_states not in ("files", "vllm"):
+        problems.append(f"--hidden-states must be files or vllm (got {config.hidden_states})")
+    if config.hidden_states == "vllm" and config.online:
+        problems.append("--online (the target beside the drafter) and --hidden-states vllm (the target in a vLLM "
+                        "server) are two sources of the states: pass one")
+    if config.hidden_states != "vllm" and (config.server or config.server_storage):
+        problems.append("--server and --server-storage go with --hidden-states vllm")
+    if config.vllm_args and (config.hidden_states != "vllm" or config.server):
+        problems.append("--vllm-arg sets eagle's own extraction server's flags: it goes with --hidden-states vllm "
+                        "and no --server")
+    if config.server and config.server_storage:
+        problems.append("--server-storage is where eagle's own server writes; a --server writes where it was "
+                        "started to: drop one")
+    if config.in_flight < 1:
+        problems.append(f"--in-flight must be >= 1 (got {config.in_flight})")
     for name in ("val_every", "save_every", "save_every_steps"):
         if getattr(config, name) < 0:
             problems.append(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(config, name)})")

@@ -318,8 +318,9 @@ def loader_workers(device: torch.device) -> int:
 class DataSource(Protocol):
     """What the training loop (eagle/train/trainer.py) reads: the samples, their lengths, shapes and batches.
 
-    Two sources declare it: `HiddenStates` below (the files of `eagle extract`) and
-    eagle/train/online.py's `OnlineStates` (the target run beside the drafter on each batch)."""
+    Three sources declare it: `HiddenStates` below (the files of `eagle extract`),
+    eagle/train/online.py's `OnlineStates` (the target run beside the drafter on each batch) and
+    eagle/train/server_fed.py's `ServerStates` (fetched from a vLLM extraction server per batch)."""
 
     rows: list[int]  # dataset row of each sample (samples are numbered 0..len-1)
     lengths: list[int]  # tokens of each sample

@@ -3,7 +3,8 @@
 Our own loop around speculators' Eagle3DraftModel (eagle/drafter/model.py): AdamW, linear warm-up then
 cosine decay, bf16 autocast on GPU, DDP under torchrun (gloo on CPU, nccl on GPU; rank 0 writes).
 The hidden states come from `eagle extract`'s files (eagle/train/dataset.py) or, with --online, from the
-target itself, run beside the drafter on each batch (eagle/train/online.py). The settings are one
+target itself, run beside the drafter on each batch (eagle/train/online.py), or, with --hidden-states
+vllm, from a vLLM extraction server per batch (eagle/train/server_fed.py). The settings are one
 TrainConfig (eagle/train/config.py), the step's parts live in eagle/train/steps.py, and what the loop
 tells an observer goes through eagle/train/hooks.py's StepHooks.
 
@@ -194,7 +195,8 @@ def _init_from_checkpoint(config: TrainConfig, target: Target, layer_ids: list[i
     ck = checkpoint.read_drafter(src, target.num_layers)
     problems = checkpoint.target_fit_problems(ck.cfg, target.text)
     if ck.cfg.layer_ids != layer_ids:
-        fix = "train with --layer-ids" if config.online else "extract the data with --layer-ids"
+        fix = ("train with --layer-ids" if config.online or config.hidden_states == "vllm"
+               else "extract the data with --layer-ids")
         problems.append(f"the drafter reads target layers {ck.cfg.layer_ids}, the data holds {layer_ids}: "
                         f"{fix} {','.join(map(str, ck.cfg.layer_ids or []))}")
         doubt = ck.convention_doubt(target.num_layers)
@@ -258,15 +260,17 @@ class Trainer:
         self.echo = echo
 
     def run(self) -> TrainLog:
-        self.setup()
-        self.resume()
-        self.ready()
         try:
+            self.setup()
+            self.resume()
+            self.ready()
             for epoch in range(self.start_epoch, self.config.epochs + 1):
                 self.save(self.epoch(epoch))
-        finally:
-            self.tb.close()
-            self.data.close()
+        finally:  # whatever was opened: --hidden-states vllm's own server stops here
+            if hasattr(self, "tb"):
+                self.tb.close()
+            if hasattr(self, "data"):
+                self.data.close()
         return self.log
 
     def say(self, msg: str) -> None:
@@ -300,8 +304,19 @@ class Trainer:
             d2t, t2d = dataset.read_vocab(data_dir)
             self.data, layer_ids = _online_states(cfg, target, self.device)
             self.config = cfg = cfg.model_copy(update={"layer_ids": layer_ids})
+        elif cfg.hidden_states == "vllm":  # the same cheap checks, then the server (eagle's own, or --server's)
+            from eagle.data.hidden_io import open_prepared
+            from eagle.train.server_fed import open_server_states
+
+            layer_ids = target.layer_ids(cfg.layer_ids)
+            rows = open_prepared(data_dir).with_format(None)["input_ids"]
+            lengths = [len(r) for r in rows]
+            dataset.check_lengths(lengths, list(range(len(lengths))), cfg.batch_tokens, f"--data {data_dir}")
+            d2t, t2d = dataset.read_vocab(data_dir)
+            self.data = open_server_states(cfg, target, layer_ids, self.say)
+            self.config = cfg = cfg.model_copy(update={"layer_ids": layer_ids})
         elif cfg.layer_ids is not None:
-            raise EagleError("--layer-ids goes with --online; offline hidden states carry their layers in "
+            raise EagleError("--layer-ids goes with --online or --hidden-states vllm; offline hidden states carry their layers in "
                              f"{data_dir}/eagle_data.json (choose them in `eagle extract --layer-ids`)")
         else:
             self.data = dataset.HiddenStates(data_dir, cfg.batch_tokens, partial=cfg.partial_data)
