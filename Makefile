@@ -26,7 +26,9 @@ test-fast: setup
 	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 # The GPU suite (tests/gpu/test_gpu.py) on a CUDA host; `make test-gpu PY=python3` uses another interpreter,
-# `make test-gpu GPU_K='cuda_graphs or train'` a part of it (the whole no longer fits one 10-minute call on one H200).
+# `make test-gpu GPU_K='cuda_graphs or train'` a part of it (the whole no longer fits one 10-minute call on one H200;
+# three calls do: GPU_K='not (cuda_graphs or compiles_once or copy_stream or ddp or sampled or resumes or mla)',
+# GPU_K='cuda_graphs or compiles_once or copy_stream or ddp', GPU_K='sampled or resumes or mla').
 GPU_K ?=
 test-gpu:
 	$(PY) -m pytest -q -m gpu -p no:cacheprovider --durations=0 -rA $(if $(GPU_K),-k "$(GPU_K)") tests/gpu/test_gpu.py
