@@ -50,11 +50,7 @@ class OnlineStates(DataSource):
         from eagle.target import input_device
 
         self.data_dir = Path(data_dir)
-        ds = hidden_io.open_prepared(self.data_dir).with_format(None)
-        self.input_ids: list[list[int]] = list(ds["input_ids"])
-        self.loss_mask: list[list[int]] = list(ds["loss_mask"])
-        if not self.input_ids:
-            raise EagleError(f"{self.data_dir}: the prepared dataset has no rows")
+        self.input_ids, self.loss_mask = hidden_io.prepared_rows(self.data_dir)
         self.lengths = [len(r) for r in self.input_ids]
         self.rows = list(range(len(self.input_ids)))
         self.budget = budget

@@ -19,6 +19,23 @@ if TYPE_CHECKING:
     from runbook.store.workspace import Workspace
 
 
+def may_commit(ws: Workspace, no_commit: bool, warn: Callable[[str], None]) -> bool:
+    """Whether a run commits its results: not with --no-commit, not outside git (warned); a git state
+    that cannot take a commit (a merge in progress, a detached HEAD ...) is refused (`git_state`)."""
+    if no_commit:
+        return False
+    if not ws.git:
+        warn(f"{ws.root} is not a git repository: results are written but not committed")
+        return False
+    from runbook.store.gitops import GitStateError, check_can_commit
+
+    try:
+        check_can_commit(ws.root, [ws.plan_rel])
+    except GitStateError as exc:
+        raise RunbookError(f"refusing to run: {exc}", "git_state") from None
+    return True
+
+
 @contextlib.contextmanager
 def holding_run_lock(ws: Workspace, warn: Callable[[str], None], plan: Plan | None = None,
                      refusal: str = "refusing while a run is in progress: ") -> Iterator[RunLock]:

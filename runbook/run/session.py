@@ -184,18 +184,9 @@ class Session:
                 "confirmation_required",
                 hint="pass --yes to run it, or --dry-run to only look",
             )
-        commit = not self.no_commit
-        if commit and not ws.git:
-            self.warn(f"{ws.root} is not a git repository: results are written but not committed")
-            commit = False
-        if commit:
-            from runbook.store.gitops import GitStateError, check_can_commit
+        from runbook.run.holding import holding_run_lock, may_commit
 
-            try:
-                check_can_commit(ws.root, [ws.plan_rel])
-            except GitStateError as exc:
-                raise RunbookError(f"refusing to run: {exc}", "git_state") from None
-        from runbook.run.holding import holding_run_lock
+        commit = may_commit(ws, self.no_commit, self.warn)
 
         try:
             with holding_run_lock(ws, self.warn, plan, refusal="") as lock:

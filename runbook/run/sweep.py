@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from runbook.errors import RunbookError
 from runbook.model import JUDGED, Decision, Expr, Phase, Plan, RunRecord, Trial
-from runbook.run.holding import holding_run_lock
+from runbook.run.holding import holding_run_lock, may_commit
 
 if TYPE_CHECKING:
     from runbook.run.executor import Interrupts
@@ -366,15 +366,7 @@ def run_sweep(req: SweepRequest, talk: Talk) -> SweepRun:
                                "confirmation_required", hint="pass --yes to run the sweep")
         if not talk.confirm(f"\nRun {len(todo)} trial(s) of {phase.display_name}?"):
             raise RunbookError("not confirmed: nothing ran", "not_confirmed")
-    commit = not req.no_commit
-    if commit and not ws.git:
-        talk.warn(f"{ws.root} is not a git repository: results are written but not committed")
-        commit = False
-    if commit:
-        try:
-            gitops.check_can_commit(ws.root, [ws.plan_rel])
-        except gitops.GitStateError as exc:
-            raise RunbookError(f"refusing to run: {exc}", "git_state") from None
+    commit = may_commit(ws, req.no_commit, talk.warn)
     out = SweepRun(spec=spec, resumed=resumed)
     interrupts = Interrupts().__enter__()
     try:

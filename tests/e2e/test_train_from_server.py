@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import _train_data as td
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -140,18 +140,8 @@ def test_server_fed_run_killed_mid_epoch_resumes_with_the_same_losses(served_run
     args = [*_common(toy_target, toy_data), "--hidden-states", "vllm", "--server", url, "--in-flight",
             str(IN_FLIGHT), "--save-every-steps", "2"]
     state = out / "checkpoints" / STEP_STATE
-    proc = subprocess.Popen([sys.executable, "-m", "eagle.cli", "train", *args, "--out", str(out)], cwd=REPO,
-                            env=os.environ | {"RUNBOOK_SERIES": str(series)}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 300
-        while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.002)
-        assert state.exists(), "no step state was written"
-        proc.send_signal(signal.SIGKILL)  # the process this test started, by its own handle
-    finally:
-        proc.kill() if proc.poll() is None else None
-        proc.wait()
+    td.kill_at_step_state([sys.executable, "-m", "eagle.cli", "train", *args, "--out", str(out)], state,
+                          os.environ | {"RUNBOOK_SERIES": str(series)}, cwd=REPO)
     position = torch.load(state, weights_only=False)["position"]
     assert position["epoch"] == 1 and 0 < position["done"] < len(position["batches"])  # mid-epoch
     resumed = _train([*args, "--resume"], out, series)

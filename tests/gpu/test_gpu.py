@@ -535,9 +535,6 @@ def test_train_on_gpu_killed_mid_epoch_resumes_with_the_same_losses(tmp_path: Pa
     """`eagle train --device cuda --save-every-steps 3` SIGKILLed (the process this test started) once
     its first step state exists, then `--resume`d: every step's loss as in a run never stopped (to
     GPU rounding: the kernels are not bitwise deterministic run to run)."""
-    import signal
-    import time
-
     import _train_data as td
     import torch
 
@@ -554,18 +551,8 @@ def test_train_on_gpu_killed_mid_epoch_resumes_with_the_same_losses(tmp_path: Pa
     _eagle(*args, "--out", str(tmp_path / "full"), env={"RUNBOOK_SERIES": str(tmp_path / "full.jsonl")})
     out, killed = tmp_path / "killed", tmp_path / "killed.jsonl"
     state = out / "checkpoints" / STEP_STATE
-    proc = subprocess.Popen([sys.executable, "-m", "eagle.cli", *args, "--out", str(out)],
-                            env={**ENV, "RUNBOOK_SERIES": str(killed)}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 400
-        while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.002)
-        assert state.exists(), "no step state was written"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.kill() if proc.poll() is None else None
-        proc.wait()
+    td.kill_at_step_state([sys.executable, "-m", "eagle.cli", *args, "--out", str(out)], state,
+                          {**ENV, "RUNBOOK_SERIES": str(killed)}, timeout=400)
     position = torch.load(state, weights_only=False)["position"]
     assert 0 < position["done"] < len(position["batches"])  # mid-epoch
     res = _eagle(*args, "--out", str(out), "--resume", env={"RUNBOOK_SERIES": str(killed)})

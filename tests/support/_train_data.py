@@ -111,3 +111,25 @@ def train_args(target: Path, data: Path, out: Path, **kw: object):
 
     return TrainConfig(**{"model": str(target), "data": str(data), "out": str(out), "val_fraction": 0.2,
                         "device": "cpu", **kw})
+
+
+def kill_at_step_state(cmd: list[str], state: Path, env: dict[str, str], cwd: Path | None = None,
+                       timeout: float = 300) -> int:
+    """Start `eagle train ... --save-every-steps N` (`cmd`), SIGKILL it (the process started here, by its
+    own handle) as soon as its step state `state` exists, and return its exit status. Fails when no
+    step state appeared before it ended or within `timeout` seconds."""
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout
+        while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert state.exists(), "no step state was written"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill() if proc.poll() is None else None
+        proc.wait()
+    return proc.returncode

@@ -160,9 +160,7 @@ def test_a_run_killed_mid_epoch_resumes_with_the_same_losses(small: tuple[Path, 
     records and the weights equal those of a run never stopped, exactly (CPU, float32)."""
     import os
     import signal
-    import subprocess
     import sys
-    import time
 
     from eagle.cli import cli
     from eagle.drafter import checkpoint
@@ -178,18 +176,8 @@ def test_a_run_killed_mid_epoch_resumes_with_the_same_losses(small: tuple[Path, 
     out, series = tmp_path / "killed", tmp_path / "killed.jsonl"
     state = out / "checkpoints" / STEP_STATE
     env = dict(os.environ, RUNBOOK_SERIES=str(series), OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "eagle.cli", *args, "--out", str(out)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 300
-        while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.002)
-        assert state.exists(), "no step state was written"
-        proc.send_signal(signal.SIGKILL)  # the process this test started, by its own handle
-    finally:
-        proc.kill() if proc.poll() is None else None
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    code = td.kill_at_step_state([sys.executable, "-m", "eagle.cli", *args, "--out", str(out)], state, env)
+    assert code == -signal.SIGKILL
     assert not (out / "checkpoints" / "epoch-2").exists()  # killed before the run's end
     position = torch.load(state, weights_only=False)["position"]
     assert 0 < position["done"] < len(position["batches"])  # mid-epoch
