@@ -1,13 +1,15 @@
 # The two commands a newcomer types: `make demo` and `make test`.
 VENV := .venv
 PY := $(VENV)/bin/python
-# Test processes (pytest-xdist): two on the 2-core machines we test on; `make test WORKERS=0` runs
+# Test processes (pytest-xdist): three on the 2-core machines we test on (about a third of a lane's wall
+# time is waiting: vLLM and Slurm starting, subprocesses; a third lane fills it: docs/benchmarks.md,
+# 2026-12-04 third session); `make test WORKERS=0` runs
 # them all in one process. --dist loadscope runs each module's tests in one worker, so a module's
 # fixtures (a vLLM server, the Slurm cluster) start once; artefacts shared between modules are built
 # once per session by whichever worker asks first (tests/conftest.py built_once).
 # --no-loadscope-reorder keeps conftest's order (the longest modules first) instead of xdist's
 # most-tests-first, which started the one-test demo last.
-WORKERS ?= 2
+WORKERS ?= 3
 XDIST := -n $(WORKERS) --dist loadscope --no-loadscope-reorder
 
 .PHONY: setup test test-fast test-gpu lint typecheck demo bench clean

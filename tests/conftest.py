@@ -51,7 +51,7 @@ ARCH_TOY_STEPS = {"qwen3": 120}
 def pytest_configure(config: pytest.Config) -> None:
     training_guard.install()
     # The toy models are tiny: one thread per process beats threads fighting over shared cores
-    # (the demo does the same); and test processes run two at a time under `make test`.
+    # (the demo does the same); and test processes run three at a time under `make test`.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # Every vLLM server a test starts shares vLLM's cache (eagle/serving/server.py KEPT_CACHES): its
     # model-inspection results, which otherwise cost each start a vllm import in a subprocess (~13 s of CPU).
