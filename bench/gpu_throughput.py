@@ -24,59 +24,21 @@ Measures, in this order, and prints one table at the end (also $OUT/gpu_throughp
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import shutil
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.harness import bench_device, sync, timed, write_json
-from bench.shapes import (
-    SMOKE,
-    TARGET_1B,
-    drafter_flops_per_token,
-    random_target,
-    save_verifier,
-    target_flops_per_token,
-)
+from bench.harness import Table, bench_device, timed
+from bench.shapes import SMOKE, TARGET_1B, drafter_training, random_target, target_flops_per_token
 
-ROWS: list[dict[str, Any]] = []  # name, value, unit, limit (name, ratio), peer (name, ratio), note
-META: dict[str, Any] = {}
-OUT_DIR: list[Path] = []  # where save() writes, when --out / $OUT is set
-
-
-def save() -> None:
-    """(Re)write OUT/gpu_throughput.{json,md}: after every row, so a run cut short keeps what it measured."""
-    if OUT_DIR:
-        write_json(OUT_DIR[0], "gpu_throughput.json", {"meta": META, "rows": ROWS})
-        (OUT_DIR[0] / "gpu_throughput.md").write_text(markdown(META))
-
-
-def row(name: str, value: float, unit: str, limit: tuple[str, float] | None = None,
-        peer: tuple[str, float] | None = None, note: str = "") -> None:
-    r = {"name": name, "value": value, "unit": unit, "note": note}
-    if limit:
-        r["limit"], r["of_limit"] = limit[0], value / limit[1] if limit[1] else None
-    if peer:
-        r["peer"], r["of_peer"] = peer[0], value / peer[1] if peer[1] else None
-    ROWS.append(r)
-    save()
-    print(f"  {name}: {value:,.1f} {unit}" + (f"  ({r['of_limit']:.0%} of {limit[0]})" if limit else "")
-          + (f"  ({r['of_peer']:.2f}x {peer[0]})" if peer else "") + (f"  [{note}]" if note else ""), flush=True)
-
-
-def failed(name: str, exc: BaseException) -> None:
-    msg = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-    ROWS.append({"name": name, "value": None, "unit": "", "note": "FAILED " + msg})
-    save()
-    print(f"  {name}: FAILED {msg}", flush=True)
-    traceback.print_exc(limit=6)
+TABLE = Table("gpu_throughput")  # written to --out / $OUT after every row
+ROWS, META, row, failed, save = TABLE.rows, TABLE.meta, TABLE.row, TABLE.failed, TABLE.save
 
 
 # ---------------------------------------------------------------- 1. ceilings
@@ -227,206 +189,10 @@ def file_ceiling(d: Path, seq: int, layers: int, hidden: int, threads: int, gib:
 
 
 def kernel_profile(step: Any, dev: torch.device, top: int = 8) -> None:
-    """Top CUDA kernels (share of device time) over 3 steps, as rows: the 'why' of the training figure."""
-    try:
-        _kernel_profile(step, dev, top)
-    except Exception as e:  # noqa: BLE001 - a profile is a bonus, never a reason to lose the row
-        failed("kernel profile", e)
-
-
-def _kernel_profile(step: Any, dev: torch.device, top: int) -> None:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            step()
-        sync(dev)
-    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
-    attr = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
-    total = sum(getattr(e, attr) for e in events) or 1
-    for e in sorted(events, key=lambda e: -getattr(e, attr))[:top]:
-        row(f"  kernel {e.key[:70]}", getattr(e, attr) / 3 / 1000, "ms/step",
-            note=f"{getattr(e, attr) / total:.0%} of device time, {e.count // 3} calls/step")
-
-
-def conditional(rates: list[float]) -> list[float]:
-    from eagle.train.steps import step_accuracies
-
-    return step_accuracies(rates, [1.0] * len(rates))
-
-
-def training(model: Any, rows: list[list[int]], shape: dict[str, int], dev: torch.device, ceil: dict[str, float],
-             smoke: bool, scratch: Path, layer_ids: list[int], steps: int, warmup: int) -> None:
-    from eagle.data import capture as hc
-    from eagle.drafter import model as drafter
-    from eagle.train import dataset
-    from eagle.train.steps import lr_lambda, step_autocast
-
-    ttt, dv_want = 3, (64 if smoke else 8000)
-    seq = len(rows[0])
-    per_step = 4
-    n_samples = min(len(rows), 16 if smoke else 48)
-    cap = hc.HiddenCapture(model, layer_ids)
-    samples = []
-    counts = torch.zeros(shape["vocab_size"], dtype=torch.long)
-    with torch.no_grad():
-        for s in range(0, n_samples, 8):
-            x = torch.tensor(rows[s: s + 8], device=dev)
-            hs = cap.run(x)
-            pred = model.lm_head(model.model.norm(hs[:, :, -1])).argmax(-1)
-            counts += torch.bincount(pred.flatten().cpu(), minlength=shape["vocab_size"])
-            for r in range(x.shape[0]):
-                samples.append({"hidden_states": hs[r].to("cpu", torch.bfloat16), "input_ids": x[r].cpu(),
-                                "loss_mask": torch.ones(seq, dtype=torch.long)})
-    cap.close()
-    dv = min(dv_want, shape["vocab_size"])
-    top = torch.sort(torch.argsort(counts, descending=True, stable=True)[:dv]).values
-    d2t = top - torch.arange(dv)
-    t2d = torch.zeros(shape["vocab_size"], dtype=torch.bool)
-    t2d[top] = True
-    vdir = scratch / "verifier"
-    save_verifier(model, vdir)
-    del model
-    torch.cuda.empty_cache() if dev.type == "cuda" else None
-    budget = per_step * (seq - 1)
-    shifted = [dataset.shift_sample(s, budget) for s in samples]
-    order = [[(k * per_step + j) % len(shifted) for j in range(per_step)] for k in range(warmup + steps)]
-    tokens = per_step * (seq - 1)
-    h, inter = shape["hidden_size"], shape["intermediate_size"]
-    flops = drafter_flops_per_token(h, inter, shape["num_attention_heads"], shape["num_key_value_heads"], dv, ttt, seq)
-    row("drafter training FLOPs", flops / 1e9, "GFLOP/token", note="6 x matmul params x ttt + attention + verifier head")
-    losses = drafter.loss_config()
-    lr = 3e-3  # eagle train's default, for both loops
-    results: dict[str, float] = {}
-
-    def build() -> Any:
-        torch.manual_seed(0)
-        return drafter.build_drafter(vdir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=ttt).to(dev)
-
-    def report(name: str, tok_s: float, accs: list[list[float]], peer: str | None) -> None:
-        last = accs[-10:]
-        mean = [sum(a[k] for a in last) / len(last) for k in range(ttt)]
-        acc = conditional(mean)
-        mfu = tok_s * flops / ceil["matmul"]
-        row(name, tok_s, "tok/s", limit=("matmul rate (MFU)", ceil["matmul"] / flops),
-            peer=(peer, results[peer]) if peer and peer in results else None,
-            note=f"MFU {mfu:.1%}; step acc " + "/".join(f"{a:.3f}" for a in acc))
-
-    autocast = step_autocast(dev)
-
-    # (a) speculators' own Trainer, as its CLI builds it (log_freq 1, AdamW wd 0.01, linear warm-up)
-    name = "speculators Trainer"
-    try:
-        from speculators.train.trainer import Trainer, TrainerConfig
-
-        model_s = build()
-        batches = []
-        for idx in order:
-            b = dataset.collate([shifted[i] for i in idx], dtype=torch.bfloat16)
-            b["error_records"] = 0
-            batches.append(b)
-        loader = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False,
-                                             pin_memory=dev.type == "cuda")
-        seen: list[dict[str, Any]] = []
-        phases: list[dict[str, Any]] = []
-
-        class Grab(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                if isinstance(record.msg, dict) and "train" in record.msg:
-                    seen.append(record.msg["train"])
-                    if record.msg.get("profile"):
-                        phases.append(record.msg["profile"])
-
-        mlog = logging.getLogger("speculators.metrics")
-        mlog.addHandler(Grab())
-        mlog.setLevel(logging.INFO)
-        cfg = TrainerConfig(lr=lr, num_epochs=1, save_path=str(scratch / "spec-ckpt"),
-                            train_call_kwargs={"ttt_steps": ttt, "ttt_step_loss_decay": 1.0, "loss_config": losses},
-                            val_call_kwargs={"ttt_steps": ttt, "ttt_step_loss_decay": 1.0, "loss_config": losses},
-                            hidden_states_dtype=torch.bfloat16)
-        trainer = Trainer(model_s, cfg, loader, None)
-        marks: dict[str, float] = {}
-
-        def cb() -> None:
-            if trainer.global_step == warmup:
-                sync(dev)
-                marks["t0"] = time.perf_counter()
-
-        trainer.train_epoch(0, step_callback=cb)
-        sync(dev)
-        results[name] = steps * tokens / (time.perf_counter() - marks["t0"])
-        accs = [[m.get(f"full_acc_{k}", 0.0) for k in range(ttt)] for m in seen]
-        report(name, results[name], accs, None)
-        if phases:
-            last = phases[warmup:] or phases
-            med = {k: sorted(p[k] for p in last)[len(last) // 2] for k in ("fetch_ms", "fwd_ms", "bwd_ms", "opt_ms", "step_ms")}
-            row("speculators Trainer step (its own synchronised timer)", med["step_ms"], "ms",
-                note=" ".join(f"{k[:-3]} {v:.1f}" for k, v in med.items() if k != "step_ms"))
-    except Exception as e:  # noqa: BLE001
-        failed(name, e)
-
-    # (b) eagle.train.trainer's own step (train.train_step, bf16 pinned batches, loss read once at the end): with
-    # speculators' packed [T, (k+1)T] sdpa mask (the step before per-document attention) and as `eagle train`
-    # runs it now (eagle/train/doc_attention.py: attention per document; the next batch collated and pinned on a
-    # side thread, dataset.prefetched)
-    from eagle.train.steps import train_step, use_doc_attention
-
-    def eagle_loop(per_doc: bool, prof: bool = False) -> tuple[float, list[list[float]]]:
-        model_e = build()
-        if per_doc:
-            use_doc_attention(model_e)
-        params = [p for p in model_e.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(len(order), int(len(order) * 0.05)))
-        model_e.train()
-        hdt = torch.bfloat16 if dev.type == "cuda" else torch.float32
-
-        def batch_of(idx: list[int]) -> dict[str, torch.Tensor]:
-            b = dataset.collate([shifted[i] for i in idx], dtype=hdt, layout=per_doc)
-            return {k: (v.pin_memory() if dev.type == "cuda" else v).to(dev, non_blocking=True) for k, v in b.items()}
-
-        accs_dev: list[torch.Tensor] = []
-        loss_sum = torch.zeros((), device=dev)
-        t0 = 0.0
-        for step, batch in enumerate(dataset.prefetched(batch_of, order)):
-            if step == warmup:
-                sync(dev)
-                t0 = time.perf_counter()
-            loss, metrics = train_step(model_e, batch, opt, sched, params, ttt, losses, autocast)
-            loss_sum += loss
-            accs_dev.append(torch.stack([metrics[f"full_acc_{k}_sum"] / metrics[f"full_acc_{k}_total"].clamp(min=1)
-                                         for k in range(ttt)]).detach())
-        sync(dev)
-        tok_s = sum(sum(shifted[i]["input_ids"].shape[0] for i in idx) for idx in order[warmup:]) / (time.perf_counter() - t0)
-        if prof and dev.type == "cuda":
-            kernel_profile(lambda: train_step(model_e, batch_of(order[0]), opt, None, params, ttt, losses, autocast), dev)
-        return tok_s, [a.float().tolist() for a in accs_dev]
-
-    for label, per_doc in (("eagle train step, packed-mask sdpa (before)", False),
-                           ("eagle train step, per-document attention (now)", True)):
-        try:
-            tok_s, accs = eagle_loop(per_doc, prof=True)
-            results[label] = tok_s
-            report(label, tok_s, accs, "speculators Trainer")
-        except Exception as e:  # noqa: BLE001
-            failed(label, e)
+    TABLE.kernel_rows(step, dev, top)
 
 
 # ---------------------------------------------------------------- output
-def markdown(meta: dict[str, Any]) -> str:
-    if not meta:
-        return ""
-    lines = [f"{meta['date']}, {meta['gpu']}, torch {meta['torch']}, transformers {meta['transformers']}, "
-             f"speculators {meta.get('speculators', '-')}", "",
-             "| measurement | value | unit | vs limit | vs peer | note |", "| --- | ---: | --- | --- | --- | --- |"]
-    for r in ROWS:
-        v = "-" if r["value"] is None else f"{r['value']:,.1f}"
-        lim = f"{r['of_limit']:.0%} of {r['limit']}" if r.get("of_limit") is not None else ""
-        peer = f"{r['of_peer']:.2f}x {r['peer']}" if r.get("of_peer") is not None else ""
-        lines.append(f"| {r['name']} | {v} | {r['unit']} | {lim} | {peer} | {r['note']} |")
-    return "\n".join(lines) + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the code, measures nothing")
@@ -451,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     if a.out:
-        OUT_DIR.append(Path(a.out))
+        TABLE.out = Path(a.out)
     meta = META
     meta.update({"date": time.strftime("%Y-%m-%d"),
                             "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (smoke)",
@@ -480,13 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     if "train" not in skip and model is not None:
         try:
             steps, warmup = (3, 1) if a.smoke else (a.steps, a.warmup)
-            training(model, rows, shape, dev, ceil, a.smoke, scratch, layer_ids, steps, warmup)
+            drafter_training(TABLE, model, rows, shape, dev, ceil, a.smoke, scratch, layer_ids, steps, warmup)
         except Exception as e:  # noqa: BLE001
             failed("training", e)
     meta["seconds"] = round(time.perf_counter() - t_all, 1)
     meta["ceilings"] = ceil
     save()
-    print("\n" + markdown(meta))
+    print("\n" + TABLE.markdown())
     shutil.rmtree(scratch, ignore_errors=True)
     return 0 if all(r["value"] is not None for r in ROWS) else 2
 

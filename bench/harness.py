@@ -45,6 +45,78 @@ def write_json(out: str | Path | None, name: str, data: Any) -> None:  # noqa: A
     (Path(out) / name).write_text(json.dumps(data, indent=1) + "\n")
 
 
+class Table:
+    """One bench's table of measurements: rows of name, value, unit, and optionally a limit and a peer
+    (each with the ratio to it) and a note; a failed measurement is a row with no value naming its cause.
+    With `out` set, OUT/NAME.json and OUT/NAME.md are rewritten after every row (a run cut short keeps
+    what it measured)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.rows: list[dict[str, Any]] = []
+        self.meta: dict[str, Any] = {}
+        self.out: Path | None = None
+
+    def save(self) -> None:
+        if self.out is not None:
+            write_json(self.out, f"{self.name}.json", {"meta": self.meta, "rows": self.rows})
+            (self.out / f"{self.name}.md").write_text(self.markdown())
+
+    def row(self, name: str, value: float, unit: str, limit: tuple[str, float] | None = None,
+            peer: tuple[str, float] | None = None, note: str = "") -> None:
+        r: dict[str, Any] = {"name": name, "value": value, "unit": unit, "note": note}
+        if limit:
+            r["limit"], r["of_limit"] = limit[0], value / limit[1] if limit[1] else None
+        if peer:
+            r["peer"], r["of_peer"] = peer[0], value / peer[1] if peer[1] else None
+        self.rows.append(r)
+        self.save()
+        print(f"  {name}: {value:,.1f} {unit}" + (f"  ({r['of_limit']:.0%} of {limit[0]})" if limit else "")
+              + (f"  ({r['of_peer']:.2f}x {peer[0]})" if peer else "") + (f"  [{note}]" if note else ""), flush=True)
+
+    def failed(self, name: str, exc: BaseException) -> None:
+        import traceback
+
+        msg = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        self.rows.append({"name": name, "value": None, "unit": "", "note": "FAILED " + msg})
+        self.save()
+        print(f"  {name}: FAILED {msg}", flush=True)
+        traceback.print_exc(limit=6)
+
+    def kernel_rows(self, step: Any, dev: Any, top: int = 8) -> None:  # noqa: ANN401 - a callable, a torch.device
+        """Top CUDA kernels (share of device time) over 3 calls of `step`, as rows: the 'why' of a figure
+        (a failure here is a row, never the loss of the figure's own)."""
+        try:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    step()
+                sync(dev)
+            events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+            attr = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+            total = sum(getattr(e, attr) for e in events) or 1
+            for e in sorted(events, key=lambda e: -getattr(e, attr))[:top]:
+                self.row(f"  kernel {e.key[:70]}", getattr(e, attr) / 3 / 1000, "ms/step",
+                         note=f"{getattr(e, attr) / total:.0%} of device time, {e.count // 3} calls/step")
+        except Exception as e:  # noqa: BLE001
+            self.failed("kernel profile", e)
+
+    def markdown(self) -> str:
+        if not self.meta:
+            return ""
+        m = self.meta
+        lines = [f"{m.get('date')}, {m.get('gpu')}, torch {m.get('torch')}, transformers {m.get('transformers')}, "
+                 f"speculators {m.get('speculators', '-')}", "",
+                 "| measurement | value | unit | vs limit | vs peer | note |", "| --- | ---: | --- | --- | --- | --- |"]
+        for r in self.rows:
+            v = "-" if r["value"] is None else f"{r['value']:,.1f}"
+            lim = f"{r['of_limit']:.0%} of {r['limit']}" if r.get("of_limit") is not None else ""
+            peer = f"{r['of_peer']:.2f}x {r['peer']}" if r.get("of_peer") is not None else ""
+            lines.append(f"| {r['name']} | {v} | {r['unit']} | {lim} | {peer} | {r['note']} |")
+        return "\n".join(lines) + "\n"
+
+
 def rows_table(rows: list[dict[str, Any]]) -> str:
     """Rows of {name, value, unit, note} as a plain-text table (multi_gpu_scaling's, online_training's)."""
     if not rows:

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.harness import eagle_cli, finish
+from bench.harness import Table, eagle_cli, finish, sync
 
 if TYPE_CHECKING:
     import torch
@@ -250,3 +250,179 @@ def prepare(work: Path, shape: dict[str, int], n: int, seq: int, modes: list[str
     marker.write_text(json.dumps({"want": want, "fixed": fixed}) + "\n")
     return target, data_v, data_f if fixed else None, lengths_v, layer_ids
 
+
+# ---------------------------------------------------------------- the drafter's training step, measured
+def drafter_training(table: Table, model: Any, rows: list[list[int]], shape: dict[str, Any], dev: torch.device,
+                     ceil: dict[str, float], smoke: bool, scratch: Path, layer_ids: list[int], steps: int, warmup: int,
+                     draft_vocab: int | None = None) -> None:
+    """The drafter's training step on hidden states captured from `model` (fixed packs of 4 rows):
+    speculators' own Trainer, then eagle.train.trainer's step with speculators' packed-mask sdpa and with
+    per-document attention, rows of `table` (tok/s, MFU against ceil["matmul"], step accuracies, a kernel
+    profile on CUDA). gpu_throughput's section 3 and k2_slice's drafter section (`draft_vocab` 32,000).
+    `model` is dropped once its samples are captured: a caller passing its last reference frees the target."""
+    import logging
+    import time
+
+    import torch
+
+    from eagle.data import capture as hc
+    from eagle.drafter import model as drafter
+    from eagle.train import dataset
+    from eagle.train.steps import lr_lambda, step_accuracies, step_autocast
+
+    ttt, dv_want = 3, draft_vocab or (64 if smoke else 8000)
+    seq = len(rows[0])
+    per_step = 4
+    n_samples = min(len(rows), 16 if smoke else 48)
+    cap = hc.HiddenCapture(model, layer_ids)
+    samples = []
+    counts = torch.zeros(shape["vocab_size"], dtype=torch.long)
+    with torch.no_grad():
+        for s in range(0, n_samples, 8):
+            x = torch.tensor(rows[s: s + 8], device=dev)
+            hs = cap.run(x)
+            pred = model.lm_head(model.model.norm(hs[:, :, -1])).argmax(-1)
+            counts += torch.bincount(pred.flatten().cpu(), minlength=shape["vocab_size"])
+            for r in range(x.shape[0]):
+                samples.append({"hidden_states": hs[r].to("cpu", torch.bfloat16), "input_ids": x[r].cpu(),
+                                "loss_mask": torch.ones(seq, dtype=torch.long)})
+    cap.close()
+    dv = min(dv_want, shape["vocab_size"])
+    top = torch.sort(torch.argsort(counts, descending=True, stable=True)[:dv]).values
+    d2t = top - torch.arange(dv)
+    t2d = torch.zeros(shape["vocab_size"], dtype=torch.bool)
+    t2d[top] = True
+    vdir = scratch / "verifier"
+    save_verifier(model, vdir)
+    del model
+    torch.cuda.empty_cache() if dev.type == "cuda" else None
+    budget = per_step * (seq - 1)
+    shifted = [dataset.shift_sample(s, budget) for s in samples]
+    order = [[(k * per_step + j) % len(shifted) for j in range(per_step)] for k in range(warmup + steps)]
+    tokens = per_step * (seq - 1)
+    h, inter = shape["hidden_size"], shape["intermediate_size"]
+    flops = drafter_flops_per_token(h, inter, shape["num_attention_heads"], shape["num_key_value_heads"], dv, ttt, seq)
+    table.row("drafter training FLOPs", flops / 1e9, "GFLOP/token", note="6 x matmul params x ttt + attention + verifier head")
+    losses = drafter.loss_config()
+    lr = 3e-3  # eagle train's default, for both loops
+    results: dict[str, float] = {}
+
+    def build() -> Any:
+        torch.manual_seed(0)
+        return drafter.build_drafter(vdir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=ttt).to(dev)
+
+    probe = build()
+    lc = probe.config.transformer_layer_config
+    table.row("drafter built", sum(p.numel() for p in probe.parameters() if p.requires_grad) / 1e6, "M trainable params",
+        note=f"{type(probe).__name__}: one {lc.model_type} layer, hidden {lc.hidden_size}, intermediate "
+             f"{lc.intermediate_size}, {lc.num_attention_heads} heads of {getattr(lc, 'head_dim', None)}, draft vocab "
+             f"{dv}, target vocab {shape['vocab_size']}; {sum(p.numel() for p in probe.parameters()) / 1e9:.2f}B in all")
+    del probe
+
+    def report(name: str, tok_s: float, accs: list[list[float]], peer: str | None) -> None:
+        last = accs[-10:]
+        mean = [sum(a[k] for a in last) / len(last) for k in range(ttt)]
+        acc = step_accuracies(mean, [1.0] * len(mean))
+        mfu = tok_s * flops / ceil["matmul"]
+        table.row(name, tok_s, "tok/s", limit=("matmul rate (MFU)", ceil["matmul"] / flops),
+            peer=(peer, results[peer]) if peer and peer in results else None,
+            note=f"MFU {mfu:.1%}; step acc " + "/".join(f"{a:.3f}" for a in acc))
+
+    autocast = step_autocast(dev)
+
+    # (a) speculators' own Trainer, as its CLI builds it (log_freq 1, AdamW wd 0.01, linear warm-up)
+    name = "speculators Trainer"
+    try:
+        from speculators.train.trainer import Trainer, TrainerConfig
+
+        model_s = build()
+        batches = []
+        for idx in order:
+            b = dataset.collate([shifted[i] for i in idx], dtype=torch.bfloat16)
+            b["error_records"] = 0
+            batches.append(b)
+        loader = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False,
+                                             pin_memory=dev.type == "cuda")
+        seen: list[dict[str, Any]] = []
+        phases: list[dict[str, Any]] = []
+
+        class Grab(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if isinstance(record.msg, dict) and "train" in record.msg:
+                    seen.append(record.msg["train"])
+                    if record.msg.get("profile"):
+                        phases.append(record.msg["profile"])
+
+        mlog = logging.getLogger("speculators.metrics")
+        mlog.addHandler(Grab())
+        mlog.setLevel(logging.INFO)
+        cfg = TrainerConfig(lr=lr, num_epochs=1, save_path=str(scratch / "spec-ckpt"),
+                            train_call_kwargs={"ttt_steps": ttt, "ttt_step_loss_decay": 1.0, "loss_config": losses},
+                            val_call_kwargs={"ttt_steps": ttt, "ttt_step_loss_decay": 1.0, "loss_config": losses},
+                            hidden_states_dtype=torch.bfloat16)
+        trainer = Trainer(model_s, cfg, loader, None)
+        marks: dict[str, float] = {}
+
+        def cb() -> None:
+            if trainer.global_step == warmup:
+                sync(dev)
+                marks["t0"] = time.perf_counter()
+
+        trainer.train_epoch(0, step_callback=cb)
+        sync(dev)
+        results[name] = steps * tokens / (time.perf_counter() - marks["t0"])
+        accs = [[m.get(f"full_acc_{k}", 0.0) for k in range(ttt)] for m in seen]
+        report(name, results[name], accs, None)
+        if phases:
+            last = phases[warmup:] or phases
+            med = {k: sorted(p[k] for p in last)[len(last) // 2] for k in ("fetch_ms", "fwd_ms", "bwd_ms", "opt_ms", "step_ms")}
+            table.row("speculators Trainer step (its own synchronised timer)", med["step_ms"], "ms",
+                note=" ".join(f"{k[:-3]} {v:.1f}" for k, v in med.items() if k != "step_ms"))
+    except Exception as e:  # noqa: BLE001
+        table.failed(name, e)
+
+    # (b) eagle.train.trainer's own step (train.train_step, bf16 pinned batches, loss read once at the end): with
+    # speculators' packed [T, (k+1)T] sdpa mask (the step before per-document attention) and as `eagle train`
+    # runs it now (eagle/train/doc_attention.py: attention per document; the next batch collated and pinned on a
+    # side thread, dataset.prefetched)
+    from eagle.train.steps import train_step, use_doc_attention
+
+    def eagle_loop(per_doc: bool, prof: bool = False) -> tuple[float, list[list[float]]]:
+        model_e = build()
+        if per_doc:
+            use_doc_attention(model_e)
+        params = [p for p in model_e.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(len(order), int(len(order) * 0.05)))
+        model_e.train()
+        hdt = torch.bfloat16 if dev.type == "cuda" else torch.float32
+
+        def batch_of(idx: list[int]) -> dict[str, torch.Tensor]:
+            b = dataset.collate([shifted[i] for i in idx], dtype=hdt, layout=per_doc)
+            return {k: (v.pin_memory() if dev.type == "cuda" else v).to(dev, non_blocking=True) for k, v in b.items()}
+
+        accs_dev: list[torch.Tensor] = []
+        loss_sum = torch.zeros((), device=dev)
+        t0 = 0.0
+        for step, batch in enumerate(dataset.prefetched(batch_of, order)):
+            if step == warmup:
+                sync(dev)
+                t0 = time.perf_counter()
+            loss, metrics = train_step(model_e, batch, opt, sched, params, ttt, losses, autocast)
+            loss_sum += loss
+            accs_dev.append(torch.stack([metrics[f"full_acc_{k}_sum"] / metrics[f"full_acc_{k}_total"].clamp(min=1)
+                                         for k in range(ttt)]).detach())
+        sync(dev)
+        tok_s = sum(sum(shifted[i]["input_ids"].shape[0] for i in idx) for idx in order[warmup:]) / (time.perf_counter() - t0)
+        if prof and dev.type == "cuda":
+            table.kernel_rows(lambda: train_step(model_e, batch_of(order[0]), opt, None, params, ttt, losses, autocast), dev)
+        return tok_s, [a.float().tolist() for a in accs_dev]
+
+    for label, per_doc in (("eagle train step, packed-mask sdpa (before)", False),
+                           ("eagle train step, per-document attention (now)", True)):
+        try:
+            tok_s, accs = eagle_loop(per_doc, prof=True)
+            results[label] = tok_s
+            report(label, tok_s, accs, "speculators Trainer")
+        except Exception as e:  # noqa: BLE001
+            table.failed(label, e)
