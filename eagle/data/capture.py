@@ -410,33 +410,18 @@ class CapturePipeline:
         return stats
 
 
-def has_experts(model: Any) -> bool:
-    """Whether the target routes tokens to experts (DeepSeek-V3 / Kimi-K2, Qwen3-MoE, Mixtral, ...).
-
-    Compiling such a target's layers costs capture speed: on the Kimi-K2 slice on the H200
-    (bench/k2_slice.py, docs/benchmarks.md) eagle's compiled capture ran at 37k tok/s against 80k for
-    a plain transformers forward that also computed the logits. The token counts per expert change
-    with every batch, so the compiled layers meet new shapes batch after batch; transformers' own
-    grouped-GEMM experts (`grouped_mm`) run them eagerly at full speed."""
-    config = getattr(model, "config", None)
-    config = getattr(config, "text_config", None) or config
-    return any(int(getattr(config, name, 0) or 0) > 1
-               for name in ("n_routed_experts", "num_local_experts", "num_experts"))
-
-
 def extract_rows(model: Any, rows: Sequence[Sequence[int]], todo: Sequence[int], layer_ids: Sequence[int],
                  out_dir: str | os.PathLike[str] | None, *, batch_tokens: int = 16384,
                  compile: bool | None = None, pad_multiple: int | None = None, depth: int | None = None,
                  writers: int = 8, fsync: bool = True, sink: Sink | None = None) -> CaptureStats:
     """Capture rows `todo` of `rows` and (with `out_dir`) write their hs files; the whole engine in one call.
 
-    compile / pad_multiple default to (True, 64) on CUDA and (False, 1) on CPU; a mixture-of-experts
-    target runs its layers eagerly on CUDA too (`has_experts`). A `sink` given replaces the file writer
-    (it runs on the writer threads on CUDA; it returns bytes written).
+    compile / pad_multiple default to (True, 64) on CUDA and (False, 1) on CPU. A `sink` given
+    replaces the file writer (it runs on the writer threads on CUDA; it returns bytes written).
     """
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
-    compile = (cuda and not has_experts(model)) if compile is None else compile
+    compile = cuda if compile is None else compile
     pad_multiple = (64 if cuda else 1) if pad_multiple is None else pad_multiple
     lengths = [len(r) for r in rows]
     capture = HiddenCapture(model, layer_ids, compile=compile)

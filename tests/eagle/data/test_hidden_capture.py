@@ -231,20 +231,3 @@ def test_whole_decoder_compile_makes_the_rope_tables_outside_the_graph(rope_in_g
         assert breaks and all(type(rope).__name__ + ".forward" in b for b in breaks), breaks
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert torch.equal(again, got)
-
-
-def test_a_target_with_experts_is_captured_eagerly_by_default() -> None:
-    """extract_rows compiles a dense target's layers on CUDA, never a mixture of experts' (has_experts:
-    compiled MoE layers captured at half a plain forward's speed on the Kimi-K2 slice, docs/benchmarks.md)."""
-    from types import SimpleNamespace
-
-    from transformers import DeepseekV3Config, LlamaConfig, Qwen3MoeConfig
-
-    def model(config: object) -> SimpleNamespace:
-        return SimpleNamespace(config=config)
-
-    assert hc.has_experts(model(DeepseekV3Config(n_routed_experts=384)))
-    assert hc.has_experts(model(Qwen3MoeConfig(num_experts=8)))
-    assert hc.has_experts(model(SimpleNamespace(text_config=DeepseekV3Config(n_routed_experts=8))))  # Kimi-K2.5
-    assert not hc.has_experts(model(LlamaConfig()))
-    assert not hc.has_experts(tiny_llama(layers=2))
