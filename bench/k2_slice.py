@@ -99,7 +99,12 @@ def attention_flops(shape: dict[str, Any], seq: int) -> float:
 
 
 def per_layer_ms(model: Any, x: torch.Tensor, dev: torch.device) -> list[float]:
-    """Milliseconds of each decoder layer in one naive forward (CUDA events around each layer)."""
+    """Milliseconds of each decoder layer in one naive forward (CUDA events around each layer), after an
+    untimed one: run after the capture sections, a first forward's layers took 10-30x their time (the
+    allocator and the kernels' first calls), on the H200 2026-12-04."""
+    with torch.no_grad():
+        model.model(input_ids=x, use_cache=False)
+    sync(dev)
     layers = model.model.layers
     if dev.type != "cuda":
         marks: list[list[float]] = [[0.0, 0.0] for _ in layers]
