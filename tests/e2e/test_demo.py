@@ -187,3 +187,31 @@ def test_demo_runs_the_plan_records_and_commits(tmp_path: Path) -> None:
     assert f"{workspace} exists: resuming its plan (rm -rf {workspace} to start over)" in out
     assert len(load_runs(workspace)) == len(runs)
     assert "==> runbook brief" in out and "runbook next exited 0 after 0 run(s)" in out
+
+
+@pytest.mark.slow
+def test_plan_rechooses_the_vocabulary_when_the_data_grows(toy_data: Path) -> None:
+    """Phase 2 trains on three times the data: it chooses the draft vocabulary again on that data (not
+    `--from-draft`, which keeps the 64-conversation one), and a vocabulary chosen on more conversations
+    covers more of held-out answers (the toy's shared data dir: 24 conversations against 4, the last 8 held out)."""
+    from eagle.data import hidden_io, vocab
+
+    plan = load_plan(REPO / PLAN)
+    phase = plan.find_phase("Phase 2")
+    assert phase is not None
+    vocab_steps = [s.command for s in phase.steps if "eagle vocab" in s.command]
+    assert len(vocab_steps) == 1 and "--data {data_big}" in vocab_steps[0], vocab_steps
+    assert "--draft-vocab 256" in vocab_steps[0] and "--from-draft" not in vocab_steps[0], vocab_steps
+
+    rows = []
+    for index in hidden_io.list_samples(toy_data):
+        sample = hidden_io.load_sample(toy_data, index)
+        rows.append((sample["input_ids"], sample["loss_mask"]))
+    held = vocab.count_tokens(rows[-8:], 2048)
+
+    def coverage(train_rows: int) -> float:
+        chosen = vocab.choose_top(vocab.count_tokens(rows[:train_rows], 2048), 256)
+        return float(held[chosen].sum()) / float(held.sum())
+
+    small, big = coverage(4), coverage(24)
+    assert big > small and big > 0.95, (small, big)  # measured: 0.17 -> 0.98
