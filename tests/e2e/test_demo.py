@@ -150,6 +150,9 @@ def test_demo_runs_the_plan_records_and_commits(tmp_path: Path) -> None:
     assert re.search(rf"^### \d{{4}}-\d\d-\d\d \d\d:\d\d UTC · {re.escape(MILESTONE)}$", milestones, re.M), milestones
     assert f"Run `{runs[-1].run_id}`" in milestones
     assert "Path taken: Phase S pass -> Phase 0 " in milestones
+    # the decision with its reason: route, k, data size and the acceptance on all held-out prompts
+    assert re.search(r"Chosen: route S -> 0 -> .*, k = 3 .*, 200 training prompts .*"
+                     r"Reason: accept_len \d\.\d{3} on all held-out prompts", milestones, re.S), milestones
     assert "Probe before you train" in notes.split("## Lessons learned", 1)[1]
     # ... with the drafter's training curve of that run as a chart (record --plot train_loss)
     last = runs[-1]
