@@ -80,6 +80,14 @@ if [ "$runs_after" -gt "$runs_before" ] && { [ "$rc" -eq 0 ] || [ "$rc" -eq 1 ];
 import json, pathlib
 runs = [json.loads(p.read_text()) for p in sorted(pathlib.Path("state/runs").glob("*.json"))]
 print("Path taken: " + " -> ".join(f"Phase {r['phase_label']} {r['verdict']}" for r in runs) + ".")
+last = runs[-1]["metrics"]
+if "accept_len" in last:
+    # the decision the run supports, with the numbers it rests on (all held-out prompts, k = 3)
+    route = " -> ".join(r["phase_label"] for r in runs)
+    print(f"\nChosen: route {route}, k = 3 (not varied yet), {int(last.get('prepare_samples', 0))} training "
+          f"prompts with the draft vocabulary re-chosen on them (coverage {last.get('vocab_coverage', 0):.3f}). "
+          f"Reason: accept_len {last['accept_len']:.3f} on all held-out prompts"
+          + (f", {last['vllm_accept_len']:.3f} served by vLLM" if "vllm_accept_len" in last else "") + ".")
 PY
 )
     # --plot train_loss: the drafter's training curve (what `eagle train` appended to $RUNBOOK_SERIES

@@ -150,6 +150,9 @@ def test_demo_runs_the_plan_records_and_commits(tmp_path: Path) -> None:
     assert re.search(rf"^### \d{{4}}-\d\d-\d\d \d\d:\d\d UTC · {re.escape(MILESTONE)}$", milestones, re.M), milestones
     assert f"Run `{runs[-1].run_id}`" in milestones
     assert "Path taken: Phase S pass -> Phase 0 " in milestones
+    # the decision with its reason: route, k, data size and the acceptance on all held-out prompts
+    assert re.search(r"Chosen: route S -> 0 -> .*, k = 3 .*, 200 training prompts .*"
+                     r"Reason: accept_len \d\.\d{3} on all held-out prompts", milestones, re.S), milestones
     assert "Probe before you train" in notes.split("## Lessons learned", 1)[1]
     # ... with the drafter's training curve of that run as a chart (record --plot train_loss)
     last = runs[-1]
@@ -187,3 +190,31 @@ def test_demo_runs_the_plan_records_and_commits(tmp_path: Path) -> None:
     assert f"{workspace} exists: resuming its plan (rm -rf {workspace} to start over)" in out
     assert len(load_runs(workspace)) == len(runs)
     assert "==> runbook brief" in out and "runbook next exited 0 after 0 run(s)" in out
+
+
+@pytest.mark.slow
+def test_plan_rechooses_the_vocabulary_when_the_data_grows(toy_data: Path) -> None:
+    """Phase 2 trains on three times the data: it chooses the draft vocabulary again on that data (not
+    `--from-draft`, which keeps the 64-conversation one), and a vocabulary chosen on more conversations
+    covers more of held-out answers (the toy's shared data dir: 24 conversations against 4, the last 8 held out)."""
+    from eagle.data import hidden_io, vocab
+
+    plan = load_plan(REPO / PLAN)
+    phase = plan.find_phase("Phase 2")
+    assert phase is not None
+    vocab_steps = [s.command for s in phase.steps if "eagle vocab" in s.command]
+    assert len(vocab_steps) == 1 and "--data {data_big}" in vocab_steps[0], vocab_steps
+    assert "--draft-vocab 256" in vocab_steps[0] and "--from-draft" not in vocab_steps[0], vocab_steps
+
+    rows = []
+    for index in hidden_io.list_samples(toy_data):
+        sample = hidden_io.load_sample(toy_data, index)
+        rows.append((sample["input_ids"], sample["loss_mask"]))
+    held = vocab.count_tokens(rows[-8:], 2048)
+
+    def coverage(train_rows: int) -> float:
+        chosen = vocab.choose_top(vocab.count_tokens(rows[:train_rows], 2048), 256)
+        return float(held[chosen].sum()) / float(held.sum())
+
+    small, big = coverage(4), coverage(24)
+    assert big > small and big > 0.95, (small, big)  # measured: 0.17 -> 0.98
