@@ -66,6 +66,8 @@ def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens
     \b
     Standard suites (MT-Bench, SPEED-Bench, GSM8K, HumanEval files in their published formats)
     add accept_len_suite_<suite> and accept_len_cat_<category> per category (sampled_... too).
+    The spread over the prompts: accept_len_min / accept_len_max (the lowest and highest prompt's)
+    and accept_len_ci_lo / accept_len_ci_hi (a 95% interval of accept_len, the prompts resampled).
 
     \b
     Examples:

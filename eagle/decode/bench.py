@@ -42,11 +42,12 @@ class BenchReport(BaseModel):
     leviathan_bound: float
     bound_fraction: float
     spec_matches_plain: bool
+    spread: dict[str, float] = {}  # accept_len over the prompts (evaluate.prompt_spread)
 
     def metrics(self) -> dict[str, float]:
         names = ("plain_tok_s", "spec_tok_s", "speedup", "accept_len", "cost_ratio", "leviathan_bound",
                  "bound_fraction", "verify_cost")
-        return {n: getattr(self, n) for n in names}
+        return {**{n: getattr(self, n) for n in names}, **self.spread}
 
 
 def run_bench(model_dir: Path, draft_dir: Path, prompts: list[list[int]], k: int, max_new_tokens: int,
@@ -62,7 +63,9 @@ def run_bench(model_dir: Path, draft_dir: Path, prompts: list[list[int]], k: int
 
     dec.generate_greedy(prompts[0], max_new_tokens)  # warm-up: graph capture, allocator, caches
     dec.generate_speculative(prompts[0], max_new_tokens, k)
-    plain_out, spec_out, accepted = [], [], []
+    from eagle.decode.evaluate import PromptResult, prompt_spread
+
+    plain_out, spec_out, accepted, rows = [], [], [], []
     plain_s = spec_s = 0.0
     for _ in range(repeats):
         for ids in prompts:
@@ -78,6 +81,8 @@ def run_bench(model_dir: Path, draft_dir: Path, prompts: list[list[int]], k: int
             plain_out.append(out)
             spec_out.append(res.tokens)
             accepted.extend(res.accepted)
+            rows.append(PromptResult(prompt_tokens=len(ids), new_tokens=len(res.tokens), verify_steps=len(res.accepted),
+                                     accepted=sum(res.accepted)))
     stages = dec.time_stages(k, prompts[0])
     plain_tokens = sum(len(o) for o in plain_out)
     spec_tokens = sum(len(o) for o in spec_out)
@@ -96,4 +101,4 @@ def run_bench(model_dir: Path, draft_dir: Path, prompts: list[list[int]], k: int
         per_token_accept=a, target_step_ms=1e3 * step, verify_ms=1e3 * stages["verify"],
         draft_step_ms=1e3 * stages["draft_step"], catchup_ms=1e3 * stages["catchup"], cost_ratio=c,
         verify_cost=stages["verify"] / step, leviathan_bound=bound, bound_fraction=speedup / bound,
-        spec_matches_plain=plain_out == spec_out)
+        spec_matches_plain=plain_out == spec_out, spread=prompt_spread(rows))

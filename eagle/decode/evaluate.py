@@ -24,7 +24,10 @@ multimodal wrappers, custom code) through its own transformers forward with a KV
 - per suite and category (eagle/prompts.py reads MT-Bench, SPEED-Bench, GSM8K and HumanEval files
   besides chat files): accept_len_suite_<suite> for a standard suite, accept_len_cat_<category>
   for each category its prompts carry (and sampled_accept_len_suite_ / _cat_ with a sampler);
-  the report's `by_category` has each category's prompts, verify steps and acceptance.
+  the report's `by_category` has each category's prompts, verify steps and acceptance;
+- accept_len's spread over the prompts (`prompt_spread`): accept_len_min / accept_len_max, the lowest
+  and highest prompt's, and accept_len_ci_lo / accept_len_ci_hi, a 95% interval of the run's figure
+  from resampling the prompts (a percentile bootstrap, seeded: the same prompts give the same interval).
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class EvalReport(BaseModel):
     sampled_accept_rates: list[float] | None = None
     suite: str | None = None  # the prompt file's format (eagle/prompts.py): chat, mt-bench, gsm8k, ...
     by_category: dict[str, CategoryAcceptance] = {}  # the prompts' categories, where they carry one
+    spread: dict[str, float] = {}  # prompt_spread: accept_len_min / _max / _ci_lo / _ci_hi
     per_prompt: list[PromptResult]
 
     def metrics(self) -> dict[str, float]:
@@ -89,6 +93,7 @@ class EvalReport(BaseModel):
             out["greedy_match"] = self.greedy_match
         if self.generate_match is not None:
             out["generate_match"] = self.generate_match
+        out.update(self.spread)
         out["fast_decoder"] = int(self.decoder == "fast")
         if self.sampling is not None and self.sampled_accept_len is not None:
             out["sampled_accept_len"] = self.sampled_accept_len
@@ -120,6 +125,28 @@ def by_category(categories: Sequence[str | None], rows: Sequence[PromptResult], 
             sampled_accept_len=acceptance_stats(sampled, k)[0] if any(r.sampled_accepted is not None for r in mine)
             else None)
     return out
+
+
+def prompt_spread(rows: Sequence[PromptResult], resamples: int = 2000, seed: int = 0) -> dict[str, float]:
+    """accept_len's spread over the prompts: the lowest and highest prompt's (accept_len_min / _max),
+    and a 95% interval of the run's own figure, 1 + accepted / verify steps over all prompts
+    (accept_len_ci_lo / _hi): the prompts drawn with replacement `resamples` times, each draw's pooled
+    figure, the 2.5th and 97.5th percentiles (seeded, so the same prompts give the same interval).
+    Empty with fewer than two prompts that took a verify step."""
+    import random
+
+    used = [(r.accepted, r.verify_steps) for r in rows if r.verify_steps > 0]
+    if len(used) < 2:
+        return {}
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(resamples):
+        pick = [used[rng.randrange(len(used))] for _ in used]
+        draws.append(1.0 + sum(a for a, _ in pick) / sum(n for _, n in pick))
+    draws.sort()
+    each = [1.0 + a / n for a, n in used]
+    return {"accept_len_min": min(each), "accept_len_max": max(each),
+            "accept_len_ci_lo": draws[int(0.025 * (resamples - 1))], "accept_len_ci_hi": draws[int(0.975 * (resamples - 1))]}
 
 
 def acceptance_stats(accepted_per_step: list[int], k: int) -> tuple[float, list[float]]:
@@ -221,7 +248,7 @@ def run_evaluate(model_dir: str | Path, draft_dir: str | Path, prompts: list[lis
     report = EvalReport(k=k, prompts=len(prompts), decoder=path, attention=attention,
                         dtype=str(dtype).removeprefix("torch."), accept_len=accept_len, accept_rates=rates,
                         greedy_match=int(all(r.matches_greedy for r in per_prompt)), generate_match=generate_match,
-                        per_prompt=per_prompt, suite=suite)
+                        per_prompt=per_prompt, suite=suite, spread=prompt_spread(per_prompt))
     if sampling is not None:
         report.sampling = sampling
         report.sampled_accept_len, report.sampled_accept_rates = acceptance_stats(sampled_accepted, k)

@@ -69,8 +69,10 @@ def test_evaluate_random_drafter(toy_target: Path, random_draft: Path, prompts_f
     assert m["fast_decoder"] == 1  # a Llama target takes the fast path
     assert 1.0 <= m["accept_len"] < 1.15
     assert set(m) == {"accept_len", "accept_rate_0", "accept_rate_1", "accept_rate_2", "greedy_match",
-                      "generate_match", "fast_decoder"}
+                      "generate_match", "fast_decoder", "accept_len_min", "accept_len_max", "accept_len_ci_lo",
+                      "accept_len_ci_hi"}
     assert m["accept_rate_0"] >= m["accept_rate_1"] >= m["accept_rate_2"]
+    assert m["accept_len_min"] <= m["accept_len_ci_lo"] <= m["accept_len"] <= m["accept_len_ci_hi"] <= m["accept_len_max"]
     assert "accept_len" in res.output
 
 
@@ -161,6 +163,7 @@ def test_bench_random_drafter(toy_target: Path, random_draft: Path, prompts_file
     assert report["spec_matches_plain"] is True
     assert m["speedup"] == pytest.approx(m["spec_tok_s"] / m["plain_tok_s"])
     assert m["bound_fraction"] == pytest.approx(m["speedup"] / m["leviathan_bound"])
+    assert m["accept_len_min"] <= m["accept_len_ci_lo"] <= m["accept_len"] <= m["accept_len_ci_hi"] <= m["accept_len_max"]
     # a random drafter accepts ~nothing, so the bound is about 1 / (k*c + 1) < 1
     assert m["leviathan_bound"] < 1.0
 
@@ -176,3 +179,24 @@ def test_evaluate_refuses_bad_input_clearly(toy_target: Path, random_draft: Path
     assert "Traceback" not in res.output and not metrics.exists()
     res = _run(["evaluate", "--model", str(toy_target), "--draft", str(tmp_path / "nope"), "--prompts", str(bad)])
     assert res.exit_code == 1 and "not a drafter checkpoint" in res.output
+
+
+def test_prompt_spread_brackets_the_runs_accept_len_and_names_the_worst_prompt() -> None:
+    """accept_len's spread over the prompts: min / max are the prompts' own figures, the 95% interval
+    (prompts resampled, seeded) holds the pooled figure and narrows with more prompts alike."""
+    from eagle.decode.evaluate import PromptResult, prompt_spread
+
+    def row(accepted: int, steps: int) -> PromptResult:
+        return PromptResult(prompt_tokens=5, new_tokens=accepted + steps, verify_steps=steps, accepted=accepted,
+                            matches_greedy=True, first_greedy_mismatch=None)
+
+    rows = [row(20, 10), row(5, 10), row(30, 10), row(12, 10)]  # accept_len 3.0, 1.5, 4.0, 2.2
+    s = prompt_spread(rows)
+    pooled = 1 + 67 / 40
+    assert (s["accept_len_min"], s["accept_len_max"]) == (1.5, 4.0)
+    assert 1.5 <= s["accept_len_ci_lo"] < pooled < s["accept_len_ci_hi"] <= 4.0
+    assert prompt_spread(rows) == s  # seeded: the same prompts, the same interval
+    wide = s["accept_len_ci_hi"] - s["accept_len_ci_lo"]
+    many = prompt_spread(rows * 6)
+    assert many["accept_len_ci_hi"] - many["accept_len_ci_lo"] < wide
+    assert prompt_spread([row(20, 10)]) == {} and prompt_spread([row(0, 0), row(3, 2)]) == {}
