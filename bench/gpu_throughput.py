@@ -116,7 +116,7 @@ def extraction(shape: dict[str, int], dev: torch.device, dtype: torch.dtype, cei
                 note=f"warm-up {warm:.0f} s" if comp else "")
             results[label] = st.tok_s
             if comp and dev.type == "cuda":  # where the compiled capture's time goes (issue 27: the gap to the roofline)
-                kernel_profile(lambda pipe=pipe: pipe.run(rows, batches[:1]), dev, top=12)
+                TABLE.kernel_rows(lambda pipe=pipe: pipe.run(rows, batches[:1]), dev, top=12)
         except Exception as e:  # noqa: BLE001 - keep measuring the rest
             failed(name, e)
             if cap is not None:
@@ -188,10 +188,6 @@ def file_ceiling(d: Path, seq: int, layers: int, hidden: int, threads: int, gib:
 # ---------------------------------------------------------------- 3. training
 
 
-def kernel_profile(step: Any, dev: torch.device, top: int = 8) -> None:
-    TABLE.kernel_rows(step, dev, top)
-
-
 # ---------------------------------------------------------------- output
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -214,21 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     layer_ids = [2, n // 2, n - 3]
     scratch = Path(a.scratch or tempfile.mkdtemp(prefix="gpu_throughput-"))
     skip = set(a.skip.split(","))
-    import transformers
-
     if a.out:
         TABLE.out = Path(a.out)
     meta = META
-    meta.update({"date": time.strftime("%Y-%m-%d"),
-                            "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (smoke)",
-                            "torch": torch.__version__, "transformers": transformers.__version__,
-                            "shape": shape, "layer_ids": layer_ids})
-    try:
-        import importlib.metadata as md
-
-        meta["speculators"] = md.version("speculators")
-    except Exception:  # noqa: BLE001
-        pass
+    TABLE.stamp(dev, shape=shape, layer_ids=layer_ids)
     print(f"# gpu_throughput {meta}", flush=True)
     t_all = time.perf_counter()
     ceil = {"matmul": 1.0, "copy": 1.0, "disk": 1.0}

@@ -57,6 +57,21 @@ class Table:
         self.meta: dict[str, Any] = {}
         self.out: Path | None = None
 
+    def stamp(self, dev: Any, **extra: Any) -> None:  # noqa: ANN401 - a torch.device; any JSON-able values
+        """The meta every table starts with: date, device, torch, transformers and speculators versions, `extra`."""
+        import importlib.metadata as md
+
+        import torch
+        import transformers
+
+        self.meta.update({"date": time.strftime("%Y-%m-%d"),
+                          "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (smoke)",
+                          "torch": torch.__version__, "transformers": transformers.__version__, **extra})
+        try:
+            self.meta["speculators"] = md.version("speculators")
+        except md.PackageNotFoundError:
+            pass
+
     def save(self) -> None:
         if self.out is not None:
             write_json(self.out, f"{self.name}.json", {"meta": self.meta, "rows": self.rows})

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from bench.harness import Table, bench_device, sync, timed
+from bench.harness import Table, bench_device, copy_bandwidth, matmul_rate, sync
 from bench.shapes import drafter_training, random_hf
 
 # Kimi-K2's config.json numbers (moonshotai/Kimi-K2-Instruct; Kimi-K2.5's text model is the same), cut to 3 layers
@@ -72,7 +72,8 @@ def build_slice(shape: dict[str, Any], dev: torch.device, dtype: torch.dtype) ->
 
 
 def param_counts(shape: dict[str, Any]) -> dict[str, float]:
-    """Parameters per part of one layer, and the active parameters a token uses in the slice."""
+    """The parameters a token uses in the slice (attention, the dense MLP; per MoE layer the router, the
+    shared expert and the active routed experts), and the LM head's."""
     h, heads = shape["hidden_size"], shape["num_attention_heads"]
     qk = shape["qk_nope_head_dim"] + shape["qk_rope_head_dim"]
     attn = (h * shape["q_lora_rank"] + shape["q_lora_rank"] * heads * qk
@@ -80,15 +81,11 @@ def param_counts(shape: dict[str, Any]) -> dict[str, float]:
             + shape["kv_lora_rank"] * heads * (shape["qk_nope_head_dim"] + shape["v_head_dim"])
             + heads * shape["v_head_dim"] * h)
     dense = 3 * h * shape["intermediate_size"]
-    expert = 3 * h * shape["moe_intermediate_size"]
-    router = h * shape["n_routed_experts"]
-    moe_active = router + expert * (shape["n_shared_experts"] + shape["num_experts_per_tok"])
-    moe_all = router + expert * (shape["n_shared_experts"] + shape["n_routed_experts"])
+    moe = h * shape["n_routed_experts"] + 3 * h * shape["moe_intermediate_size"] * (
+        shape["n_shared_experts"] + shape["num_experts_per_tok"])
     n_dense = shape["first_k_dense_replace"]
     n_moe = shape["num_hidden_layers"] - n_dense
-    return {"attention": attn, "dense_mlp": dense, "moe_active": moe_active, "moe_all": moe_all,
-            "active_per_token": n_dense * (attn + dense) + n_moe * (attn + moe_active),
-            "dense_layer": attn + dense, "moe_layer_active": attn + moe_active, "head": h * shape["vocab_size"]}
+    return {"active_per_token": n_dense * (attn + dense) + n_moe * (attn + moe), "head": h * shape["vocab_size"]}
 
 
 def attention_flops(shape: dict[str, Any], seq: int) -> float:
@@ -105,17 +102,19 @@ def per_layer_ms(model: Any, x: torch.Tensor, dev: torch.device) -> list[float]:
     with torch.no_grad():
         model.model(input_ids=x, use_cache=False)
     sync(dev)
-    layers = model.model.layers
-    if dev.type != "cuda":
-        marks: list[list[float]] = [[0.0, 0.0] for _ in layers]
-        hooks = [layer.register_forward_pre_hook(lambda m, a, i=i: marks[i].__setitem__(0, time.perf_counter()))
-                 for i, layer in enumerate(layers)]
-        hooks += [layer.register_forward_hook(lambda m, a, o, i=i: marks[i].__setitem__(1, time.perf_counter()))
-                  for i, layer in enumerate(layers)]
-    else:
-        events = [[torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)] for _ in layers]
-        hooks = [layer.register_forward_pre_hook(lambda m, a, i=i: events[i][0].record()) for i, layer in enumerate(layers)]
-        hooks += [layer.register_forward_hook(lambda m, a, o, i=i: events[i][1].record()) for i, layer in enumerate(layers)]
+    cuda = dev.type == "cuda"
+    marks: list[list[Any]] = [[] for _ in model.model.layers]
+
+    def mark(i: int) -> None:
+        if cuda:
+            marks[i].append(torch.cuda.Event(enable_timing=True))
+            marks[i][-1].record()
+        else:
+            marks[i].append(time.perf_counter())
+
+    hooks = [h for i, layer in enumerate(model.model.layers)
+             for h in (layer.register_forward_pre_hook(lambda m, a, i=i: mark(i)),
+                       layer.register_forward_hook(lambda m, a, o, i=i: mark(i)))]
     try:
         with torch.no_grad():
             model.model(input_ids=x, use_cache=False)
@@ -123,9 +122,7 @@ def per_layer_ms(model: Any, x: torch.Tensor, dev: torch.device) -> list[float]:
     finally:
         for hk in hooks:
             hk.remove()
-    if dev.type != "cuda":
-        return [1000 * (b - a) for a, b in marks]
-    return [a.elapsed_time(b) for a, b in events]
+    return [a.elapsed_time(b) if cuda else 1000 * (b - a) for a, b in marks]
 
 
 def extraction(model: Any, shape: dict[str, Any], dev: torch.device, ceil: dict[str, float], smoke: bool,
@@ -258,13 +255,9 @@ def decode(model: Any, shape: dict[str, Any], dev: torch.device, ceil: dict[str,
 
 def ceilings(dev: torch.device, smoke: bool) -> dict[str, float]:
     """Section 1: the measured bf16 matmul rate and device-to-device copy bandwidth."""
-    n = 512 if smoke else 8192
-    mat = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-    matmul = 2 * n**3 / timed(lambda: mat @ mat, dev, 3 if smoke else 10, 3)
+    matmul = matmul_rate(dev, 512 if smoke else 8192)
     TABLE.row("bf16 matmul (8192^3, random)", matmul / 1e12, "TFLOP/s")
-    src = torch.randn((32 << 20) if smoke else (1 << 30), device=dev, dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    copy = 2 * src.numel() * 2 / timed(lambda: dst.copy_(src), dev, 3 if smoke else 10)
+    copy = copy_bandwidth(dev, (64 << 20) if smoke else (2 << 30))
     TABLE.row("device copy (read + write)", copy / 1e9, "GB/s")
     return {"matmul": matmul, "copy": copy}
 
@@ -286,19 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     skip = set(a.skip.split(","))
     scratch = Path(tempfile.mkdtemp(prefix="k2_slice-"))
     TABLE.out = Path(a.out) if a.out else None
-    import transformers
-
-    TABLE.meta.update({"date": time.strftime("%Y-%m-%d"),
-                    "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (smoke)",
-                    "torch": torch.__version__, "transformers": transformers.__version__, "shape": shape,
-                    "layer_ids": LAYER_IDS})
-    try:
-        import importlib.metadata as md
-
-        TABLE.meta["speculators"] = md.version("speculators")
-    except Exception:  # noqa: BLE001
-        pass
     TABLE.rows.clear()
+    TABLE.stamp(dev, shape=shape, layer_ids=LAYER_IDS)
     print(f"# k2_slice {TABLE.meta}", flush=True)
     t_all = time.perf_counter()
     ceil = {"matmul": 1.0, "copy": 1.0}

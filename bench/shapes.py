@@ -308,16 +308,18 @@ def drafter_training(table: Table, model: Any, rows: list[list[int]], shape: dic
     results: dict[str, float] = {}
 
     def build() -> Any:
+        """A fresh drafter (seed 0); the first one built is described in a row."""
         torch.manual_seed(0)
-        return drafter.build_drafter(vdir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=ttt).to(dev)
-
-    probe = build()
-    lc = probe.config.transformer_layer_config
-    table.row("drafter built", sum(p.numel() for p in probe.parameters() if p.requires_grad) / 1e6, "M trainable params",
-        note=f"{type(probe).__name__}: one {lc.model_type} layer, hidden {lc.hidden_size}, intermediate "
-             f"{lc.intermediate_size}, {lc.num_attention_heads} heads of {getattr(lc, 'head_dim', None)}, draft vocab "
-             f"{dv}, target vocab {shape['vocab_size']}; {sum(p.numel() for p in probe.parameters()) / 1e9:.2f}B in all")
-    del probe
+        model_d = drafter.build_drafter(vdir, layer_ids=layer_ids, d2t=d2t, t2d=t2d, ttt_steps=ttt).to(dev)
+        if not any(r["name"] == "drafter built" for r in table.rows):
+            lc = model_d.config.transformer_layer_config
+            table.row("drafter built", sum(p.numel() for p in model_d.parameters() if p.requires_grad) / 1e6,
+                      "M trainable params",
+                      note=f"{type(model_d).__name__}: one {lc.model_type} layer, hidden {lc.hidden_size}, intermediate "
+                           f"{lc.intermediate_size}, {lc.num_attention_heads} heads of {getattr(lc, 'head_dim', None)}, "
+                           f"draft vocab {dv}, target vocab {shape['vocab_size']}; "
+                           f"{sum(p.numel() for p in model_d.parameters()) / 1e9:.2f}B in all")
+        return model_d
 
     def report(name: str, tok_s: float, accs: list[list[float]], peer: str | None) -> None:
         last = accs[-10:]
