@@ -163,8 +163,6 @@ def open_prepared(data_dir: str | os.PathLike[str]) -> Any:
     return ds
 
 
-@functools.lru_cache(maxsize=8)
-
 def prepared_rows(data_dir: str | os.PathLike[str]) -> tuple[list[list[int]], list[list[int]]]:
     """(input_ids, loss_mask) of every row `eagle prepare` saved: what a data source that computes the
     hidden states itself (the target beside the drafter, a vLLM server) reads; refuses an empty set."""
@@ -175,6 +173,8 @@ def prepared_rows(data_dir: str | os.PathLike[str]) -> tuple[list[list[int]], li
         raise EagleError(f"{Path(data_dir)}: the prepared dataset has no rows")
     return input_ids, loss_mask
 
+
+@functools.lru_cache(maxsize=8)
 def _cached_prepared(data_dir: str, mtime: float) -> Any:
     return open_prepared(data_dir)
 
