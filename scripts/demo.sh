@@ -82,9 +82,13 @@ runs = [json.loads(p.read_text()) for p in sorted(pathlib.Path("state/runs").glo
 print("Path taken: " + " -> ".join(f"Phase {r['phase_label']} {r['verdict']}" for r in runs) + ".")
 last = runs[-1]["metrics"]
 if "accept_len" in last:
-    # the decision the run supports, with the numbers it rests on (all held-out prompts, k = 3)
+    # the decision the run supports, with the numbers it rests on (all held-out prompts, k = 3
+    # measured; the k the Leviathan bound favours at the measured acceptance and cost ratio)
     route = " -> ".join(r["phase_label"] for r in runs)
-    print(f"\nChosen: route {route}, k = 3 (not varied yet), {int(last.get('prepare_samples', 0))} training "
+    k = (f"k = 3 measured; the Leviathan bound's best k = {int(last['best_k'])} (bound {last['best_k_bound']:.2f}x "
+         f"at cost ratio c = {last['cost_ratio']:.3f}, against {last['leviathan_bound']:.2f}x at k = 3)"
+         if "best_k" in last else "k = 3 measured (no bench ran: no best k)")
+    print(f"\nChosen: route {route}, {k}, {int(last.get('prepare_samples', 0))} training "
           f"prompts with the draft vocabulary re-chosen on them (coverage {last.get('vocab_coverage', 0):.3f}). "
           f"Reason: accept_len {last['accept_len']:.3f} on all held-out prompts"
           + (f", {last['vllm_accept_len']:.3f} served by vLLM" if "vllm_accept_len" in last else "") + ".")

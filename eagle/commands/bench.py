@@ -46,7 +46,9 @@ def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens
     Metrics ($RUNBOOK_METRICS): plain_tok_s, spec_tok_s, speedup, accept_len, cost_ratio (drafting
     time per draft token / one target decode step), verify_cost (the k+1-token verify step / one
     decode step), leviathan_bound ((1-a^(k+1))/(1-a) / (k*c+1) for the measured acceptance),
-    bound_fraction (speedup / leviathan_bound).
+    bound_fraction (speedup / leviathan_bound), best_k (the k in 1..8 with the highest bound at the
+    measured a and c: the draft length to bench and serve next) and best_k_bound (the bound there).
+    The bound assumes i.i.d. per-token acceptance a, estimated from the accept_len measured at -k.
 
     \b
     Example:
@@ -65,4 +67,5 @@ def command(model: Path, draft: Path, prompts_file: Path, k: int, max_new_tokens
         "accept_len": report.accept_len, "per_token_accept": report.per_token_accept,
         "target_step_ms": report.target_step_ms, "verify_ms": report.verify_ms,
         "verify_cost": report.verify_cost, "cost_ratio": report.cost_ratio,
-        "leviathan_bound": report.leviathan_bound, "bound_fraction": report.bound_fraction})
+        "leviathan_bound": report.leviathan_bound, "bound_fraction": report.bound_fraction,
+        "best_k": report.best_k, "best_k_bound": report.best_k_bound})

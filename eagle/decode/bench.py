@@ -7,7 +7,9 @@ length k and draft/target cost ratio c, a verify step yields (1 - a^(k+1)) / (1 
 average and costs k*c + 1 target steps, so speedup <= that / (k*c + 1). `a` is the i.i.d.
 acceptance that reproduces the measured accept_len; `c` is measured (drafting time per cycle / k
 / one target decode step). bound_fraction = speedup / bound shows how much the decoder loses to
-the verify step costing more than one decode step and to per-cycle overheads.
+the verify step costing more than one decode step and to per-cycle overheads. best_k is the k in
+1..K_MAX whose bound is highest at the same a and c (eagle/decode/leviathan.py: best_k), and
+best_k_bound that bound: the draft length to bench and serve next, chosen for speed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from eagle.decode.leviathan import acceptance_from_accept_len, leviathan_speedup
+from eagle.decode.leviathan import acceptance_from_accept_len, best_k, leviathan_speedup
 
 
 class BenchReport(BaseModel):
@@ -41,12 +43,14 @@ class BenchReport(BaseModel):
     verify_cost: float
     leviathan_bound: float
     bound_fraction: float
+    best_k: int  # the k in 1..K_MAX with the highest bound at the measured a and c
+    best_k_bound: float  # the bound at best_k
     spec_matches_plain: bool
     spread: dict[str, float] = {}  # accept_len over the prompts (evaluate.prompt_spread)
 
     def metrics(self) -> dict[str, float]:
         names = ("plain_tok_s", "spec_tok_s", "speedup", "accept_len", "cost_ratio", "leviathan_bound",
-                 "bound_fraction", "verify_cost")
+                 "bound_fraction", "verify_cost", "best_k", "best_k_bound")
         return {**{n: getattr(self, n) for n in names}, **self.spread}
 
 
@@ -93,6 +97,7 @@ def run_bench(model_dir: Path, draft_dir: Path, prompts: list[list[int]], k: int
     step = stages["target_step"]
     c = ((k - 1) * stages["draft_step"] + stages["catchup"]) / k / step
     bound = leviathan_speedup(a, k, c)
+    k_best, k_best_bound = best_k(a, c)
     speedup = spec_tok_s / plain_tok_s
     return BenchReport(
         k=k, prompts=len(prompts), device=str(dec.device), decoder=dec.path, attention=dec.attention,
@@ -101,4 +106,5 @@ def run_bench(model_dir: Path, draft_dir: Path, prompts: list[list[int]], k: int
         per_token_accept=a, target_step_ms=1e3 * step, verify_ms=1e3 * stages["verify"],
         draft_step_ms=1e3 * stages["draft_step"], catchup_ms=1e3 * stages["catchup"], cost_ratio=c,
         verify_cost=stages["verify"] / step, leviathan_bound=bound, bound_fraction=speedup / bound,
+        best_k=k_best, best_k_bound=k_best_bound,
         spec_matches_plain=plain_out == spec_out, spread=prompt_spread(rows))

@@ -2,9 +2,12 @@
 
 With per-token acceptance a (i.i.d.), draft length k and draft/target cost ratio c, one verify
 step yields (1 - a^(k+1)) / (1 - a) tokens on average and costs k*c + 1 target steps.
+best_k picks the draft length that maximises that bound: for speed, not for acceptance.
 """
 
 from __future__ import annotations
+
+K_MAX = 8  # the longest draft best_k considers (EAGLE-3 servers run k of 1 to about 8)
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -35,3 +38,20 @@ def acceptance_from_accept_len(accept_len: float, k: int, tol: float = 1e-10) ->
         else:
             hi = mid
     return (lo + hi) / 2
+
+
+def best_k(a: float, c: float, k_max: int = K_MAX) -> tuple[int, float]:
+    """The draft length k in 1..k_max that maximises leviathan_speedup(a, k, c), and that bound.
+
+    Ties go to the shorter draft (it wastes less when acceptance falls). With c == 0 drafting is
+    free and the bound rises with k while a > 0; with a == 0 every k yields one token, the shortest
+    costs least. A bound below 1 at best_k means no k pays for its drafting at this a and c.
+    """
+    if k_max < 1:
+        raise ValueError(f"k_max {k_max} is below 1")
+    best, bound = 1, leviathan_speedup(a, 1, c)
+    for k in range(2, k_max + 1):
+        s = leviathan_speedup(a, k, c)
+        if s > bound * (1 + 1e-12):
+            best, bound = k, s
+    return best, bound

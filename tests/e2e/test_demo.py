@@ -36,6 +36,19 @@ def test_example_template_is_the_plan() -> None:
         assert shipped.read_bytes() == (REPO / "plans" / name).read_bytes(), f"copy plans/{name} to {shipped}"
 
 
+def test_plan_routes_on_acceptance_and_shows_the_rest() -> None:
+    """Phase 0 judges the old drafter's acceptance only: cosine similarity does not discriminate (issue 50)
+    and a low vocabulary coverage calls for a new vocabulary (Phase 0b), so both are columns. Phase 2
+    shows the k the Leviathan bound favours (eagle bench's best_k) beside the acceptance."""
+    plan = load_plan(REPO / PLAN)
+    phase0, phase2 = plan.find_phase("phase-0"), plan.find_phase("phase-2")
+    assert phase0 is not None and phase0.criterion is not None and phase2 is not None
+    assert phase0.criterion.text.strip("`") == "accept_len >= 1.15"
+    assert phase0.columns == ["cos_sim_l4", "vocab_coverage"]
+    assert {"best_k", "best_k_bound"} <= set(phase2.columns)
+    assert "`-k <best_k>`" in phase2.goal
+
+
 def run_demo(workspace: Path, home: Path) -> tuple[subprocess.CompletedProcess[str], float]:
     # A HOME without a git identity: the demo must set one in its workspace (as on bare CI machines).
     env = {key: value for key, value in os.environ.items() if not key.startswith("GIT_")}
@@ -137,6 +150,8 @@ def test_demo_runs_the_plan_records_and_commits(tmp_path: Path) -> None:
     # layer, training and decoding measured acceptance, and vLLM counted its own acceptance.
     by_phase = {run.phase: run.metrics for run in runs}
     assert any(name.startswith("cos_sim_l") for name in by_phase["phase-0"])
+    assert {"cos_sim_l4", "vocab_coverage"} <= set(results_rows(plan, "phase-0")[0])  # shown, not judged
+    assert {"best_k", "best_k_bound"} <= set(results_rows(plan, "phase-2")[0])
     assert 0.0 < by_phase["phase-0"]["vocab_coverage"] <= 1.0  # the old vocabulary over the new target's outputs
     if "phase-0b" in by_phase:
         assert 0.0 < by_phase["phase-0b"]["vocab_coverage"] <= 1.0
@@ -153,6 +168,12 @@ def test_demo_runs_the_plan_records_and_commits(tmp_path: Path) -> None:
     # the decision with its reason: route, k, data size and the acceptance on all held-out prompts
     assert re.search(r"Chosen: route S -> 0 -> .*, k = 3 .*, 200 training prompts .*"
                      r"Reason: accept_len \d\.\d{3} on all held-out prompts", milestones, re.S), milestones
+    # ... k measured at 3, and the k the Leviathan bound favours at the measured a and c (eagle bench)
+    chosen_k = re.search(r"k = 3 measured; the Leviathan bound's best k = (\d+) \(bound (\d+\.\d\d)x at cost ratio "
+                         r"c = \d+\.\d{3}, against (\d+\.\d\d)x at k = 3\)", milestones)
+    assert chosen_k, milestones
+    assert int(chosen_k[1]) == by_phase["phase-2"]["best_k"] and 1 <= int(chosen_k[1]) <= 8
+    assert float(chosen_k[2]) >= float(chosen_k[3])  # the best k's bound is never below k = 3's
     assert "Probe before you train" in notes.split("## Lessons learned", 1)[1]
     # ... with the drafter's training curve of that run as a chart (record --plot train_loss)
     last = runs[-1]

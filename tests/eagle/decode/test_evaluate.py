@@ -11,7 +11,13 @@ from click.testing import CliRunner
 
 from eagle.cli import cli
 from eagle.decode.evaluate import acceptance_stats, first_mismatch
-from eagle.decode.leviathan import acceptance_from_accept_len, expected_tokens, leviathan_speedup
+from eagle.decode.leviathan import (
+    K_MAX,
+    acceptance_from_accept_len,
+    best_k,
+    expected_tokens,
+    leviathan_speedup,
+)
 
 _one_thread = helpers.one_thread  # autouse, module scope: one torch thread for these tiny models
 
@@ -40,6 +46,36 @@ def test_expected_tokens_and_leviathan_bound() -> None:
     assert leviathan_speedup(0.0, 5, 0.2) == pytest.approx(0.5)  # useless drafts only cost
     with pytest.raises(ValueError):
         expected_tokens(1.5, 3)
+
+
+def test_best_k_maximises_the_bound_at_cheap_drafts() -> None:
+    """a=0.8, c=0.05: bound(k) = (1 - 0.8^(k+1)) / 0.2 / (1 + 0.05k) rises all the way to K_MAX:
+    k=1 1.714, 2 2.218, 3 2.567, 4 2.801, 5 2.951, 6 3.040, 7 3.082, 8 3.092 (and k=9 3.078 falls)."""
+    assert K_MAX == 8
+    k, bound = best_k(0.8, 0.05)
+    assert k == 8
+    assert bound == pytest.approx((1 - 0.8**9) / 0.2 / 1.4) == pytest.approx(3.0921, abs=1e-4)
+    assert best_k(0.8, 0.05, k_max=20)[0] == 8  # the true optimum, not the cap
+
+
+def test_best_k_is_one_when_drafting_costs_more_than_it_yields() -> None:
+    """a=0.3, c=0.5: k=1 (1 + 0.3) / 1.5 = 0.867, k=2 (1 + 0.3 + 0.09) / 2 = 0.695: shorter is better,
+    and a bound below 1 says no k pays for its drafting."""
+    k, bound = best_k(0.3, 0.5)
+    assert (k, bound) == (1, pytest.approx(1.3 / 1.5))
+    assert bound < 1.0
+
+
+def test_best_k_edge_cases() -> None:
+    assert best_k(0.0, 0.2) == (1, pytest.approx(1 / 1.2))  # nothing accepted: the shortest costs least
+    assert best_k(0.0, 0.0) == (1, 1.0)  # all k tie at 1.0: the tie goes to the shorter draft
+    assert best_k(0.99, 0.0) == (K_MAX, pytest.approx(expected_tokens(0.99, K_MAX)))  # free drafts: longest
+    assert best_k(1.0, 0.0) == (K_MAX, float(K_MAX + 1))
+    assert best_k(0.999, 0.1)[0] == K_MAX  # near-certain acceptance outruns a 10% drafting cost
+    with pytest.raises(ValueError):
+        best_k(0.5, 0.1, k_max=0)
+    with pytest.raises(ValueError):
+        best_k(0.5, -0.1)
 
 
 @pytest.mark.parametrize("a", [0.0, 0.3, 0.62, 0.9, 0.999])
@@ -166,6 +202,10 @@ def test_bench_random_drafter(toy_target: Path, random_draft: Path, prompts_file
     assert m["accept_len_min"] <= m["accept_len_ci_lo"] <= m["accept_len"] <= m["accept_len_ci_hi"] <= m["accept_len_max"]
     # a random drafter accepts ~nothing, so the bound is about 1 / (k*c + 1) < 1
     assert m["leviathan_bound"] < 1.0
+    # best_k: the bound's own maximum over 1..K_MAX, so never below the bound at the run's k
+    assert m["best_k"] in range(1, K_MAX + 1) and report["best_k"] == m["best_k"]
+    assert m["best_k_bound"] >= m["leviathan_bound"]
+    assert m["best_k_bound"] == pytest.approx(leviathan_speedup(report["per_token_accept"], m["best_k"], m["cost_ratio"]))
 
 
 @pytest.mark.slow  # toy_target: trained once per machine (minutes on a cold one)
