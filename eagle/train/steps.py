@@ -5,6 +5,7 @@ per-document attention. Nothing here waits for the GPU unless it says so."""
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -146,7 +147,11 @@ def compile_settings(recompile_limit: int = 64) -> None:
     - inductor's memory-coalescing tiling analysis asserts ("get_pw_red_splits") when a fused
       reduction's pointwise size happens to equal its reduction size (pytorch issue 197077), which
       the 1.1B shape's backward hit on the H200 with packs of 8192 tokens (torch 2.11): turned off,
-      as that issue's workaround (a tiling heuristic; the kernels stay correct)."""
+      as that issue's workaround (a tiling heuristic; the kernels stay correct).
+    - torch's value-range analysis logs a warning each time it cannot bound `pow_by_natural` with a
+      negative exponent (torch/utils/_sympy/interp.py): dozens per compiled shape, hundreds per run on
+      the H200, each harmless (the range is left unbounded). They are dropped from a user's log
+      (quiet_value_range_warnings); every other warning of that logger still shows."""
     import torch._dynamo
     import torch._inductor.config as inductor
 
@@ -157,6 +162,23 @@ def compile_settings(recompile_limit: int = 64) -> None:
         inductor.triton.coalesce_tiling_analysis = False
     if hasattr(inductor, "loop_reindexing_after_fusion"):
         inductor.loop_reindexing_after_fusion = False
+    quiet_value_range_warnings()
+
+
+VALUE_RANGE_LOGGER = "torch.utils._sympy.interp"
+_VALUE_RANGE_NOISE = "failed while executing pow_by_natural"
+
+
+def _not_value_range_noise(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(_VALUE_RANGE_NOISE)
+
+
+def quiet_value_range_warnings() -> None:
+    """Drop torch's `failed while executing pow_by_natural(...)` warnings (compile_settings says why);
+    once per process, whoever calls it again."""
+    log = logging.getLogger(VALUE_RANGE_LOGGER)
+    if _not_value_range_noise not in log.filters:
+        log.addFilter(_not_value_range_noise)
 
 
 def use_doc_attention(model: Any) -> None:

@@ -127,3 +127,48 @@ def test_warm_shapes_without_shape_buckets_is_refused(varied: tuple[Path, Path],
     assert res.exit_code == 2, res.output
     assert "--warm-shapes needs shape buckets" in res.output and "--shape-buckets" in res.output
     assert not (tmp_path / "d").exists()
+
+
+def test_compile_settings_drop_the_value_range_warning_flood() -> None:
+    """torch's value-range analysis warns `failed while executing pow_by_natural(...)` whenever an
+    exponent's range is negative (hundreds of lines per `eagle train` on the H200). Here torch's own
+    analysis raises it; after compile_settings (what the trainer runs) it is gone from the log, once
+    filtered however often the settings run, and the logger's other warnings still show."""
+    import logging
+
+    import sympy
+    from torch.utils._sympy.functions import PowByNatural
+    from torch.utils._sympy.interp import sympy_interp
+    from torch.utils._sympy.value_ranges import SymPyValueRangeAnalysis, ValueRanges
+
+    from eagle.train import steps
+
+    log = logging.getLogger(steps.VALUE_RANGE_LOGGER)
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    x, y = sympy.Symbol("x", integer=True, nonnegative=True), sympy.Symbol("y", integer=True)
+
+    def analyse() -> None:
+        with pytest.raises(ValueError, match="non-negative"):
+            sympy_interp(SymPyValueRangeAnalysis, {x: ValueRanges(0, 100), y: ValueRanges(-1, -1)}, PowByNatural(x, y))
+
+    handler = Keep()
+    log.addHandler(handler)
+    try:
+        log.removeFilter(steps._not_value_range_noise)  # as in a fresh process (a test before may have trained)
+        analyse()
+        assert [m for m in seen if m.startswith("failed while executing pow_by_natural([VR[0, 100], VR[-1, -1]])")]
+        seen.clear()
+        steps.compile_settings()
+        steps.compile_settings()
+        analyse()
+        assert seen == []
+        assert log.filters.count(steps._not_value_range_noise) == 1
+        log.warning("failed while executing %s(%s)", "mod", [1, 0])
+        assert seen == ["failed while executing mod([1, 0])"]
+    finally:
+        log.removeHandler(handler)
