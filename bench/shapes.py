@@ -109,12 +109,16 @@ def make_target(shape: dict[str, int], where: Path, gpu: bool) -> Path:
 
 def save_verifier(model: Any, d: Path) -> None:
     """What the drafter reads from its target: config.json and three tensors."""
+    save_verifier_files(model.config, model.model.embed_tokens.weight, model.lm_head.weight, model.model.norm.weight, d)
+
+
+def save_verifier_files(config: Any, embed: Any, lm_head: Any, norm: Any, d: Path) -> None:  # noqa: ANN401 - a config, tensors
+    """config.json and the three tensors a drafter reads from its target, under a checkpoint's names."""
     from safetensors.torch import save_file
 
     d.mkdir(parents=True, exist_ok=True)
-    model.config.save_pretrained(str(d))
-    sd = {"model.embed_tokens.weight": model.model.embed_tokens.weight, "lm_head.weight": model.lm_head.weight,
-          "model.norm.weight": model.model.norm.weight}
+    config.save_pretrained(str(d))
+    sd = {"model.embed_tokens.weight": embed, "lm_head.weight": lm_head, "model.norm.weight": norm}
     save_file({k: v.detach().to("cpu").contiguous() for k, v in sd.items()}, str(d / "model.safetensors"))
 
 
