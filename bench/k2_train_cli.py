@@ -203,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         _, err = vocab.communicate()
         if vocab.returncode != 0:
             raise RuntimeError(f"eagle vocab failed: {err[-500:]}")
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()  # the children train on the whole device (the first run's parent kept 9.7 GiB)
         TABLE.row("target files, data files and vocab written", time.perf_counter() - t0, "s",
                   note=f"{sum(f.stat().st_size for f in work.rglob('*') if f.is_file()) / 1e9:.1f} GB")
     except Exception as e:  # noqa: BLE001

@@ -13,7 +13,7 @@ from eagle import distributed
 from eagle.commands._options import device_option, finish, json_option, refusals, trust_remote_code_option
 from eagle.common import fail, print_table, split_layer_ids
 from eagle.target import DraftShape, merge_shape, read_draft_shape
-from eagle.train.config import BUCKET_MULTIPLE, MAX_TTT_STEPS, TrainConfig, summary_metrics
+from eagle.train.config import BUCKET_MULTIPLE, MAX_TTT_STEPS, TrainConfig, out_of_memory, summary_metrics
 
 
 @click.command("train", context_settings={"help_option_names": ["-h", "--help"]})
@@ -163,7 +163,8 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
     val_acc_0..k-1, est_accept_len, train_tok_s to $RUNBOOK_METRICS.
     The drafter is one Llama decoder layer for every target (Llama, Qwen3, DeepSeek-V3 / Kimi, ...);
     its shape is the target's unless --draft-config / --draft-* set it.
-    Exit codes: 0 trained, 1 bad data or environment, 2 bad arguments (a drafter shape whose heads do
+    Exit codes: 0 trained, 1 bad data or environment (out of device memory too: the message names
+    the --batch-tokens / --grad-accum that keep the global batch in smaller steps), 2 bad arguments (a drafter shape whose heads do
     not divide, a target without a text model, a layer id out of range, an --init-from drafter that
     cannot be read or does not fit); the message names the file and the fix, and nothing is written.
     """
@@ -186,9 +187,14 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
                          trust_remote_code=trust_remote_code, norm_before_residual=norm_before_residual,
                          norm_before_fc=norm_before_fc, norm_output=norm_output, keep_float32=keep_float32,
                          partial_data=partial_data)
+        import torch
+
         from eagle.train.trainer import train
 
-        log = train(config)
+        try:
+            log = train(config)
+        except torch.OutOfMemoryError as exc:
+            raise out_of_memory(str(exc), config) from None
     if not distributed.is_main():
         return
     metrics = summary_metrics(log)

@@ -218,3 +218,15 @@ def summary_metrics(log: TrainLog) -> dict[str, float]:
         metrics.update({f"val_acc_{i}": a for i, a in enumerate(best.val_acc)})
         metrics["est_accept_len"] = best.est_accept_len or 1.0
     return metrics
+
+
+def out_of_memory(detail: str, config: TrainConfig) -> EagleError:
+    """The error `eagle train` ends with when the device runs out of memory: what ran out, and the
+    flags that trade memory for steps (torch's own first sentence kept, as `detail`)."""
+    b, accum = config.batch_tokens, config.grad_accum
+    first = detail.strip().split(". ")[0] if detail.strip() else "out of memory"
+    return EagleError(
+        f"out of device memory training at --batch-tokens {b}" + (f" --grad-accum {accum}" if accum > 1 else "")
+        + f" ({first}). A step's memory grows with --batch-tokens: try --batch-tokens {max(1, b // 2)} "
+        f"--grad-accum {2 * accum}, the same global batch in two halves. Measured on an H200: the Kimi-K2 "
+        "drafter shape peaks at 98 GiB at --batch-tokens 32768 and does not fit at 98304 (docs/benchmarks.md).")

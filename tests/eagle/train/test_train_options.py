@@ -125,3 +125,21 @@ def test_global_batch_text_counts_packs_accumulation_and_processes() -> None:
     assert global_batch_text(8192, 1, 1) == "8,192 tokens"
     assert global_batch_text(8192, 1, 2) == "8,192 x 2 processes = 16,384 tokens"
     assert global_batch_text(4096, 4, 8) == "4,096 x 4 x 8 processes = 131,072 tokens"
+
+
+def test_out_of_memory_names_the_flags_that_trade_memory_for_steps() -> None:
+    """What `eagle train` says when the device runs out of memory (it ended as 'eagle did not expect this'
+    at --batch-tokens 98304 on the H200 with the K2 drafter shape, 2026-12-04): torch's first sentence, the
+    batch that did not fit, and the flags that keep the global batch in smaller steps."""
+    from eagle.train.config import TrainConfig, out_of_memory
+
+    torch_says = ("CUDA out of memory. Tried to allocate 1.31 GiB. GPU 0 has a total capacity of 139.80 GiB of "
+                  "which 289.50 MiB is free. Including non-PyTorch memory, this process has 129.80 GiB memory in use.")
+    err = out_of_memory(torch_says, TrainConfig(model="t", data="d", out="o", batch_tokens=98304))
+    assert err.code == 1
+    assert str(err).startswith("out of device memory training at --batch-tokens 98304 (CUDA out of memory). ")
+    assert "try --batch-tokens 49152 --grad-accum 2, the same global batch" in str(err)
+    err = out_of_memory("", TrainConfig(model="t", data="d", out="o", batch_tokens=8192, grad_accum=2))
+    assert "at --batch-tokens 8192 --grad-accum 2 (out of memory)" in str(err)
+    assert "try --batch-tokens 4096 --grad-accum 4" in str(err)
+    assert isinstance(torch.OutOfMemoryError("x"), RuntimeError)  # what the command catches, in this torch
