@@ -23,7 +23,6 @@ ledger, so a sweep killed with -9 continues with the points that have no finishe
 
 from __future__ import annotations
 
-import itertools
 import math
 import shlex
 from collections.abc import Callable
@@ -31,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from runbook.errors import RunbookError
-from runbook.model import JUDGED, Decision, Expr, Phase, Plan, RunRecord, Trial
+from runbook.model import JUDGED, Decision, Phase, Plan, RunRecord, Trial
+from runbook.plan.grid import direction_of, parse_pick, parse_points, resolve_pick
 from runbook.run.holding import holding_run_lock, may_commit
 
 if TYPE_CHECKING:
@@ -44,112 +44,10 @@ if TYPE_CHECKING:
 __all__ = ["SweepRequest", "SweepRun", "choose_run", "direction_of", "parse_pick", "parse_points", "pick_trial",
            "run_sweep", "trials_of"]
 
-PICK_HOWS = ("best", "max", "min")
 CHOOSABLE = frozenset({"pass", "fail", "inconclusive"})  # a run that was judged: it can decide its phase
 
 
-# ---- the points ------------------------------------------------------------------------------
-
-
-def _one(item: str, plan: Plan, file: str) -> dict[str, str]:
-    from runbook.plan.overrides import parse_sets
-
-    return parse_sets([item], plan, file)
-
-
-def parse_points(sets: tuple[str, ...] | list[str], points: tuple[str, ...] | list[str], plan: Plan,
-                 file: str) -> list[dict[str, str]]:
-    """The sweep's points, in order: the grid of `sets` (`NAME=V1,V2,...` each; the product, the
-    last NAME varying fastest), then each `points` item (`NAME=V,NAME2=V2`). Names must be plan
-    vars (RunbookError usage, with a did-you-mean); a point given twice runs once. Values cannot
-    hold a comma."""
-    axes: list[tuple[str, list[str]]] = []
-    for item in sets:
-        name, eq, values = item.partition("=")
-        parts = values.split(",")
-        if not eq or not name.strip() or any(not v for v in parts):
-            raise RunbookError(f"--set {item!r}: write NAME=V1,V2,... (e.g. --set lr=0.003,0.01,0.03)", "usage")
-        name = name.strip()
-        _one(f"{name}={parts[0]}", plan, file)  # a var the plan declares
-        if any(name == n for n, _ in axes):
-            raise RunbookError(f"--set {name} is given twice; give its values once, comma-separated", "usage")
-        axes.append((name, list(dict.fromkeys(parts))))
-    out: list[dict[str, str]] = []
-    if axes:
-        for combo in itertools.product(*(values for _, values in axes)):
-            out.append({name: value for (name, _), value in zip(axes, combo, strict=True)})
-    for item in points:
-        point: dict[str, str] = {}
-        for part in item.split(","):
-            if not part.strip():
-                continue
-            if "=" not in part:
-                raise RunbookError(f"--point {item!r}: write NAME=V,NAME2=V2 (e.g. --point 'lr=0.01,hidden=8')",
-                                   "usage")
-            for name, value in _one(part.strip(), plan, file).items():
-                if name in point and point[name] != value:
-                    raise RunbookError(f"--point {item!r} gives {name} twice", "usage")
-                point[name] = value
-        if not point:
-            raise RunbookError(f"--point {item!r}: no NAME=VALUE in it", "usage")
-        out.append(point)
-    unique = []
-    for point in out:
-        if point not in unique:
-            unique.append(point)
-    if not unique:
-        raise RunbookError("a sweep needs points: --set NAME=V1,V2 (a grid) or --point 'NAME=V,...'", "usage",
-                           hint="runbook sweep PHASE --set lr=0.003,0.01,0.03 --set hidden=8,64 --yes")
-    return unique
-
-
 # ---- picking -----------------------------------------------------------------------------------
-
-
-def parse_pick(pick: str) -> tuple[str, str]:
-    """`best:acc` / `max:acc` / `min:loss` -> (how, metric); RunbookError(usage) otherwise."""
-    how, colon, metric = pick.partition(":")
-    if not colon or how not in PICK_HOWS or not metric.strip():
-        raise RunbookError(f"--pick {pick!r}: write best:METRIC, max:METRIC or min:METRIC (e.g. --pick best:val_acc)",
-                           "usage")
-    return how, metric.strip()
-
-
-def direction_of(expr: Expr | None, metric: str) -> str | None:
-    """"max" or "min": which way `metric` is better by the phase's `Pass:` (`acc >= 0.9`: max;
-    `loss < 0.2`: min), or None when the criterion does not compare it with a bound one way."""
-    from runbook.model import BoolOp, Compare, MetricRef, Not
-
-    found: set[str] = set()
-
-    def walk(node: object, flipped: bool) -> None:
-        if isinstance(node, BoolOp):
-            for item in node.items:
-                walk(item, flipped)
-        elif isinstance(node, Not):
-            walk(node.item, not flipped)
-        elif isinstance(node, Compare) and node.op in ("<", "<=", ">", ">="):
-            up = node.op in (">", ">=")
-            if isinstance(node.left, MetricRef) and node.left.name == metric:
-                found.add("max" if up != flipped else "min")
-            elif isinstance(node.right, MetricRef) and node.right.name == metric:
-                found.add("min" if up != flipped else "max")
-
-    walk(expr, False)
-    return found.pop() if len(found) == 1 else None
-
-
-def resolve_pick(pick: str, phase: Phase) -> tuple[str, str]:
-    """(direction, metric) of a `--pick`; `best` reads the direction from the phase's `Pass:`."""
-    how, metric = parse_pick(pick)
-    if how != "best":
-        return how, metric
-    direction = direction_of(phase.criterion.expr if phase.criterion else None, metric)
-    if direction is None:
-        raise RunbookError(
-            f"--pick {pick}: the Pass: of {phase.display_name} does not say whether a higher or a lower {metric} "
-            "is better", "usage", hint=f"say it: --pick max:{metric} or --pick min:{metric}")
-    return direction, metric
 
 
 def pick_trial(trials: list[RunRecord], pick: str, phase: Phase) -> tuple[RunRecord, str]:
