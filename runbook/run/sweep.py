@@ -268,7 +268,7 @@ def refuse_swept_sets(plan: Plan, phase: Phase, overrides: dict[str, str] | None
     if swept:
         name = swept[0]
         raise RunbookError(
-            f"--set {name}: {phase.display_name} sweeps {name} (its `Sweep:` line {phase.field_lines.get('sweep', '?')}), "
+            f"--set {name}: {phase.display_name} sweeps {name} (`Sweep:` at {file}:{phase.field_lines.get('sweep', '?')}), "
             f"so `runbook next` runs the plan's points of it", "usage", file=file,
             hint=f"for other points: runbook sweep {phase.id} --set {name}=V1,V2 --pick {phase.pick} --yes; "
                  "or edit the `Sweep:` line")

@@ -1,7 +1,8 @@
 """A phase with `Sweep:` and `Pick:` under `runbook next`: run as `runbook sweep PHASE --set ... --pick
 ... --yes` runs it (trials, then the pick decides the phase), `--until-stop` follows the picked trial's
 transition to a phase whose `Inputs:` are the picked trial's kept outputs, a second `next` runs nothing
-again, and a sweep killed with -9 goes on with the points it had not run. Real git, real steps; the CLI
+again (and a milestone on the pick plots the chosen trial's curves), and a sweep killed with -9 goes
+on with the points it had not run. Real git, real steps; the CLI
 in process, a real subprocess for the kill."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ PLAN = """\
 ---
 runbook: 1
 title: A sweep in the plan
+notes: notes.md
 vars:
   x: "1"
 ---
@@ -24,7 +26,7 @@ vars:
 ## Phase 1: Fit (~1 min)
 
 Steps:
-- [ ] Fit: `[ ! -f nap ] || [ {x} != 3 ] || sleep 60; mkdir -p work && echo "model x={x}" > work/model.txt && python3 -c "import sys; x=int(sys.argv[1]); print('{\\"score\\": %g}' % (1 - abs(2 - x) / 10))" {x} > "$RUNBOOK_METRICS"`
+- [ ] Fit: `[ ! -f nap ] || [ {x} != 3 ] || sleep 60; mkdir -p work && echo "model x={x}" > work/model.txt && python3 -c "import sys; x=int(sys.argv[1]); print('{\\"score\\": %g}' % (1 - abs(2 - x) / 10))" {x} > "$RUNBOOK_METRICS" && echo '{"step": 1, "loss": 1}' >> "$RUNBOOK_SERIES"`
 
 Pass: score >= 0.85
 Sweep: x=1,2,3
@@ -44,7 +46,7 @@ ENV = {"RUNBOOK_ENV_PROBE": "0"}
 
 
 def repo_at(path: Path) -> Path:
-    repo = H.make_repo(path, PLAN, ignore=("work/", "nap"))
+    repo = H.make_repo(path, PLAN, notes="# Notes\n", ignore=("work/", "nap"))
     H.commit_files(repo, {"runbook.toml": 'keep_outputs = "work/kept"\n'}, "keep outputs")
     return repo
 
@@ -64,7 +66,7 @@ def test_next_runs_a_sweep_phase_as_its_sweep_and_follows_the_picked_trial(tmp_p
     assert [line.split()[:3] for line in dry.stdout.splitlines() if "to run  " in line] == [
         ["to", "run", "1/3"], ["to", "run", "2/3"], ["to", "run", "3/3"]]
     refused = H.runbook_inproc(repo, "next", "--set", "x=5", "--yes")
-    assert refused.returncode == 2 and "Phase 1 sweeps x (its `Sweep:` line 14)" in refused.stderr, refused.stderr
+    assert refused.returncode == 2 and "Phase 1 sweeps x (`Sweep:` at plans/plan.md:15)" in refused.stderr, refused.stderr
     assert "runbook sweep phase-1 --set x=V1,V2 --pick best:score --yes" in refused.stderr
     H.assert_no_traceback(refused)
     assert not (repo / "state" / "runs").exists()
@@ -90,6 +92,11 @@ def test_next_runs_a_sweep_phase_as_its_sweep_and_follows_the_picked_trial(tmp_p
     again = H.runbook_inproc(repo, "next", "--yes", "--json", env=ENV)  # nothing reruns the sweep
     assert again.returncode == 0 and json.loads(again.stdout)["result"]["runs"] == []
     assert len(trials(repo)) == 3 and len(list((repo / "state" / "sweeps").glob("*.json"))) == 1
+    # a milestone on the pick's record plots the curves of the trial it chose
+    recorded = H.runbook_inproc(repo, "record", "Picked", "--run", choice["run_id"], "--plot", "loss")
+    assert recorded.returncode == 0, recorded.stderr
+    notes = (repo / "plans" / "notes.md").read_text()
+    assert f"![loss by step, run {picked['run_id']}](plots/{choice['run_id']}-loss.png)" in notes
 
 
 def test_a_sweep_phase_killed_with_minus_9_goes_on_with_its_other_points_under_next(tmp_path: Path) -> None:
