@@ -69,11 +69,19 @@ def test_next_runs_a_sweep_phase_as_its_sweep_and_follows_the_picked_trial(tmp_p
     assert refused.returncode == 2 and "Phase 1 sweeps x (`Sweep:` at plans/plan.md:15)" in refused.stderr, refused.stderr
     assert "runbook sweep phase-1 --set x=V1,V2 --pick best:score --yes" in refused.stderr
     H.assert_no_traceback(refused)
+    detached = H.runbook_inproc(repo, "next", "--detach", "--yes")
+    assert detached.returncode == 2 and "runs as a sweep (its `Sweep:` line), which does not run detached" in \
+        detached.stderr, detached.stderr
     assert not (repo / "state" / "runs").exists()
 
     done = H.runbook_inproc(repo, "next", "--until-stop", "--yes", "--json", env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
-    runs = json.loads(done.stdout)["result"]["runs"]
+    doc = json.loads(done.stdout)
+    import jsonschema
+
+    schema = json.loads((Path(__file__).resolve().parents[3] / "docs" / "schemas" / "next.schema.json").read_text())
+    jsonschema.validate(doc, schema, cls=jsonschema.Draft202012Validator)  # trials and the pick are RunViews
+    runs = doc["result"]["runs"]
     made = trials(repo)
     assert [r["vars"]["x"] for r in made] == ["1", "2", "3"] and [r["trial"]["of"] for r in made] == [3, 3, 3]
     picked = next(r for r in made if r["vars"]["x"] == "2")
