@@ -203,6 +203,8 @@ class Phase(BaseModel):
     columns: list[str] = []  # `Columns:`: more metrics (or vars) for the results table than `Pass:` reads
     outputs: list[str] = []  # `Outputs:`: files / folders its runs make (repo-relative, `{var}` allowed)
     inputs: list[str] = []  # `Inputs:`: other phases' outputs it reads (checked against their deciding run)
+    sweep: list[str] = []  # `Sweep:`: the grid's axes as `runbook sweep --set` items ("n=100,200"); `runbook next` runs them
+    pick: str | None = None  # `Pick:` ("best:acc", "max:acc", "min:loss"): the trial that decides a `Sweep:` phase
     status: PhaseStatus | None = None
     blocks: dict[str, Block] = {}
     span: Span  # heading line to the byte before the next phase heading (or end of file)

@@ -5,8 +5,8 @@
 #   2. makes a fresh workspace ($DEMO_DIR, default ./demo: its own git repo, made by
 #      `runbook init --example eagle3`), or resumes the one that is there;
 #   3. runs the plan: `runbook next --until-stop --yes` (every step's output is shown as it runs);
-#   4. records a milestone in the notes (`runbook record ... --run last --plot train_loss`: with the
-#      drafter's training curve as a chart);
+#   4. records a milestone in the notes (`runbook record ... --run RUN --plot train_loss`, RUN the
+#      pick of Phase 2's sweep: with the chosen drafter's training curve as a chart);
 #   5. prints `runbook status`, `runbook brief` and `git log --oneline`.
 #
 # Run it again to resume where it stopped; `rm -rf demo` to start over.
@@ -75,31 +75,50 @@ runs_after=$(find state/runs -maxdepth 1 -name '*.json' | wc -l)
 say "runbook next exited $rc after $((runs_after - runs_before)) run(s) ($(elapsed) so far)"
 
 if [ "$runs_after" -gt "$runs_before" ] && { [ "$rc" -eq 0 ] || [ "$rc" -eq 1 ]; }; then
-    say "recording the milestone: runbook record ... --run last"
+    say "recording the milestone: runbook record ... --run <Phase 2's pick>"
     path=$(python - <<'PY'
 import json, pathlib
-runs = [json.loads(p.read_text()) for p in sorted(pathlib.Path("state/runs").glob("*.json"))]
+# in the order they started (two run ids of one second sort by their random suffix)
+records = sorted((json.loads(p.read_text()) for p in pathlib.Path("state/runs").glob("*.json")),
+                 key=lambda r: (r["started"], r["run_id"]))
+runs = [r for r in records if not r.get("trial")]  # a sweep's trials decide nothing; the pick does
 print("Path taken: " + " -> ".join(f"Phase {r['phase_label']} {r['verdict']}" for r in runs) + ".")
 last = runs[-1]["metrics"]
 if "accept_len" in last:
     # the decision the run supports, with the numbers it rests on (all held-out prompts, k = 3
-    # measured; the k the Leviathan bound favours at the measured acceptance and cost ratio)
+    # measured; the k the Leviathan bound favours at the measured acceptance and cost ratio; the
+    # data size Phase 2's sweep picked, with the acceptance of each size it tried)
     route = " -> ".join(r["phase_label"] for r in runs)
     k = (f"k = 3 measured; the Leviathan bound's best k = {int(last['best_k'])} (bound {last['best_k_bound']:.2f}x "
          f"at cost ratio c = {last['cost_ratio']:.3f}, against {last['leviathan_bound']:.2f}x at k = 3)"
          if "best_k" in last else "k = 3 measured (no bench ran: no best k)")
-    print(f"\nChosen: route {route}, {k}, {int(last.get('prepare_samples', 0))} training "
-          f"prompts with the draft vocabulary re-chosen on them (coverage {last.get('vocab_coverage', 0):.3f}). "
+    picked = next((r for r in reversed(runs) if r.get("decision") and r["decision"].get("sweep")), None)
+    data = ""
+    if picked is not None:
+        sweep = picked["decision"]["sweep"]
+        tried = sorted((r for r in records if (r.get("trial") or {}).get("sweep") == sweep),
+                       key=lambda r: r["trial"]["index"])
+        sizes = ", ".join(f"{t['metrics']['accept_len']:.3f} at {t['trial']['point'].get('n_prompts', '?')}"
+                          for t in tried if "accept_len" in t["metrics"])
+        data = (f", {int(picked['metrics'].get('prepare_samples', 0))} training prompts with the draft vocabulary "
+                f"re-chosen on them (coverage {picked['metrics'].get('vocab_coverage', 0):.3f}): Phase 2's sweep "
+                f"measured accept_len {sizes} prompts on all held-out prompts and picked {picked['decision']['why']}")
+    print(f"\nChosen: route {route}, {k}{data}. "
           f"Reason: accept_len {last['accept_len']:.3f} on all held-out prompts"
           + (f", {last['vllm_accept_len']:.3f} served by vLLM" if "vllm_accept_len" in last else "") + ".")
 PY
 )
-    # --plot train_loss: the drafter's training curve (what `eagle train` appended to $RUNBOOK_SERIES
-    # during the last run) as a chart in the milestone, committed with the notes
-    echo "$path" | runbook record "Demo: the plan ran to its end" --plan "$PLAN" --run last --body - --plot train_loss \
+    # attached to the run that chose the drafter (Phase 2's pick; else the last run), and --plot
+    # train_loss: the chosen drafter's training curve (what `eagle train` appended to $RUNBOOK_SERIES
+    # in the trial the pick chose) as a chart in the milestone, committed with the notes
+    chosen=$(python -c 'import json, pathlib
+runs = sorted((json.loads(p.read_text()) for p in pathlib.Path("state/runs").glob("*.json")),
+              key=lambda r: (r["started"], r["run_id"]))
+print(next((r["run_id"] for r in reversed(runs) if (r.get("decision") or {}).get("sweep")), "last"))')
+    echo "$path" | runbook record "Demo: the plan ran to its end" --plan "$PLAN" --run "$chosen" --body - --plot train_loss \
         --lesson "Probe before you train: \`eagle probe\` tells in minutes whether the old drafter carries over to the new target (fine-tune) or not (train from scratch), and its \`vocab_coverage\` whether its draft vocabulary does (keep it, or fine-tune with a new one)." \
         --next "Point the plan's vars at a real model (README: With a real model on a GPU server) and run \`runbook next --phase 0 --yes\`." \
-        --next "Scale the data up (\`--limit\`, more prompts) until acceptance stops improving."
+        --next "Scale the data up further: add sizes to Phase 2's \`Sweep: n_prompts=...\` while the largest still wins."
 fi
 
 say "runbook status"

@@ -44,6 +44,11 @@ EXAMPLES = {
 }
 
 
+# example -> runbook.toml's keep_outputs (under work/, which init gitignores): a plan whose sweep's pick
+# must put the chosen trial's `Outputs:` back in place
+EXAMPLE_KEEP_OUTPUTS = {"eagle3": "work/kept"}
+
+
 def planned_files(example: str | None, title: str) -> dict[str, bytes]:
     """Destination (relative to DIR) -> content, for everything init writes except .gitignore."""
     from runbook.report.notes import new_notes
@@ -58,7 +63,8 @@ def planned_files(example: str | None, title: str) -> dict[str, bytes]:
             "plan.md.j2", title=yaml_string(title), heading=" ".join(title.split()), notes_name="next-steps.md"
         ).encode()
         files[f"{PLANS_DIR}/next-steps.md"] = new_notes(title, "game-plan.md").encode()
-    files["runbook.toml"] = render("runbook.toml.j2", plans_dir=PLANS_DIR, state_dir=STATE_DIR).encode()
+    files["runbook.toml"] = render("runbook.toml.j2", plans_dir=PLANS_DIR, state_dir=STATE_DIR,
+                                   keep_outputs=EXAMPLE_KEEP_OUTPUTS.get(example or "")).encode()
     return files
 
 

@@ -22,7 +22,9 @@ Which phase runs:
   --phase does not move the plan: an unfinished one is resumed on its own only when the flow has
   nothing else left. The same error, timeout or inconclusive twice in a row with nothing changed
   is not run a third time (--phase ID runs it anyway). Every phase in `Needs:` must have passed.
-  `runbook status` and `runbook brief` show the same next action.
+  `runbook status` and `runbook brief` show the same next action. A phase with `Sweep:` runs
+  as that sweep (`runbook sweep PHASE --set ... --pick ... --yes`: one trial per point, then its
+  `Pick:` decides the phase; a stopped sweep goes on with the points it had not run).
 
 \b
 Steps run as `bash -c` in their own process group, cwd = repository root, with

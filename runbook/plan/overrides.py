@@ -18,10 +18,11 @@ from runbook.model import Phase, Plan, RunRecord
 __all__ = ["effective", "parse_sets", "run_overrides", "used_vars"]
 
 
-def parse_sets(items: tuple[str, ...] | list[str], plan: Plan, file: str | None = None) -> dict[str, str]:
+def parse_sets(items: tuple[str, ...] | list[str], plan: Plan, file: str | None = None, *,
+               flag: str = "--set") -> dict[str, str]:
     """`("lr=0.1", "epochs=30")` -> {"lr": "0.1", "epochs": "30"}; RunbookError(usage) naming the
     fix for anything else: no `=`, a name the plan does not declare (with a did-you-mean), a name
-    given twice with different values."""
+    given twice with different values. `flag` names where the items came from in messages."""
     from runbook.plan.resolve import closest
 
     out: dict[str, str] = {}
@@ -30,18 +31,18 @@ def parse_sets(items: tuple[str, ...] | list[str], plan: Plan, file: str | None 
         name, eq, value = item.partition("=")
         name = name.strip()
         if not eq or not name:
-            raise RunbookError(f"--set {item!r}: write NAME=VALUE (e.g. --set lr=0.01)", "usage")
+            raise RunbookError(f"{flag} {item!r}: write NAME=VALUE (e.g. {flag} lr=0.01)", "usage")
         if name not in plan.vars:
             guess = closest(name, declared)
             known = ", ".join(declared) if declared else "none"
             raise RunbookError(
-                f"--set {name}: the plan declares no var {name!r}" + (f"; did you mean {guess}?" if guess else "")
+                f"{flag} {name}: the plan declares no var {name!r}" + (f"; did you mean {guess}?" if guess else "")
                 + f" (its vars: {known})",
                 "usage", file=file,
-                hint="--set overrides a var declared under `vars:` in the plan's front matter; declare it there first",
+                hint=f"{flag} names a var declared under `vars:` in the plan's front matter; declare it there first",
             )
         if name in out and out[name] != value:
-            raise RunbookError(f"--set {name} is given twice ({out[name]!r} and {value!r}); give it once", "usage")
+            raise RunbookError(f"{flag} {name} is given twice ({out[name]!r} and {value!r}); give it once", "usage")
         out[name] = value
     return out
 
@@ -66,7 +67,7 @@ def used_vars(phase: Phase, vars: dict[str, str]) -> dict[str, str]:
     return used
 
 
-def check(plan: Plan, phase: Phase, overrides: dict[str, str]) -> list[str]:
+def check(plan: Plan, phase: Phase, overrides: dict[str, str], *, flag: str = "--set") -> list[str]:
     """Refuse overrides no quoting makes safe where the phase uses them (RunbookError(usage));
     return warnings for overrides the phase does not use."""
     from runbook.plan.resolve import unsafe_vars
@@ -78,12 +79,12 @@ def check(plan: Plan, phase: Phase, overrides: dict[str, str]) -> list[str]:
         for unsafe in unsafe_vars(step.command, vars):
             if unsafe.piece.value in overrides:
                 raise RunbookError(
-                    f"--set {unsafe.piece.value}: {phase.display_name} {step.id}: {unsafe.piece.text} cannot take "
+                    f"{flag} {unsafe.piece.value}: {phase.display_name} {step.id}: {unsafe.piece.text} cannot take "
                     f"this value there: {unsafe.reason}", "usage",
                     hint="give a value without what the message names, or change the step",
                 )
     used = used_vars(phase, vars)
-    return [f"--set {name}: {phase.display_name}'s commands do not use {{{name}}}; it changes nothing in this run"
+    return [f"{flag} {name}: {phase.display_name}'s commands do not use {{{name}}}; it changes nothing in this run"
             for name in overrides if name not in used]
 
 

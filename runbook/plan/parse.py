@@ -139,7 +139,7 @@ _PHASE_START_RE = re.compile(r"Phase\s+\d", re.IGNORECASE)
 _ATX_OPEN_RE = re.compile(r"^[ ]{0,3}##[ \t]*")
 _ATX_CLOSE_RE = re.compile(r"[ \t]+#+[ \t]*$")
 _FIELD_RE = re.compile(
-    r"(?:^|(?<=\r))(?P<indent>[ \t]*)(?P<key>steps|pass|on[ \t]+pass|on[ \t]+fail|needs|timeout|executor|resources|columns|outputs|inputs)[ \t]*:(?P<value>[^\r\n]*)",
+    r"(?:^|(?<=\r))(?P<indent>[ \t]*)(?P<key>steps|pass|on[ \t]+pass|on[ \t]+fail|needs|timeout|executor|resources|columns|outputs|inputs|sweep|pick)[ \t]*:(?P<value>[^\r\n]*)",
     re.IGNORECASE | re.MULTILINE,
 )
 _TASK_RE = re.compile(r"^[ \t]*(?:[-*+]|\d{1,9}[.)])[ \t]+\[(?P<mark>[ xX])\](?=[ \t]|$)")
@@ -162,10 +162,12 @@ _FIELD_KEYS = {
     "columns": "columns",
     "outputs": "outputs",
     "inputs": "inputs",
+    "sweep": "sweep",
+    "pick": "pick",
 }
 _FIELD_NAMES = {"steps": "Steps:", "pass": "Pass:", "on_pass": "On pass:", "on_fail": "On fail:", "needs": "Needs:", "timeout": "Timeout:",
                 "executor": "Executor:", "resources": "Resources:", "columns": "Columns:",
-                "outputs": "Outputs:", "inputs": "Inputs:"}
+                "outputs": "Outputs:", "inputs": "Inputs:", "sweep": "Sweep:", "pick": "Pick:"}
 _EXECUTORS = ("local", "slurm")
 _COLUMN_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:[.-][A-Za-z0-9_]+)*")
 _UNITS = {
@@ -600,6 +602,7 @@ class _Parser:
         columns = self.columns(*fields["columns"]) if "columns" in fields else []
         outputs = self.paths("outputs", *fields["outputs"]) if "outputs" in fields else []
         inputs = self.paths("inputs", *fields["inputs"]) if "inputs" in fields else []
+        sweep, pick = self.sweep_fields(fields)
 
         status = None
         block_map: dict[str, Block] = {b.name: b for b in blocks}
@@ -631,6 +634,8 @@ class _Parser:
             columns=columns,
             outputs=outputs,
             inputs=inputs,
+            sweep=sweep,
+            pick=pick,
             status=status,
             blocks=block_map,
             span=phase_span,
@@ -791,6 +796,58 @@ class _Parser:
                 paths.append(path.rstrip("/") or path)
         return paths
 
+    def sweep_fields(self, fields: dict[str, tuple[int, int, str]]) -> tuple[list[str], str | None]:
+        """`Sweep: n=100,200; lr=0.1,0.3` -> its axes as `--set` items, and `Pick: best:acc`; each
+        needs the other. Their names, values and direction are checked against the plan in
+        `check_sweep`, once its vars are known."""
+        from runbook.plan.grid import split_axes
+
+        axes: list[str] = []
+        pick = None
+        if "sweep" in fields:
+            line0, col, value = fields["sweep"]
+            axes = split_axes(value)
+            if not axes:
+                self.error(line0, col, "`Sweep:` is empty: write the grid as `Sweep: NAME=V1,V2` "
+                                       "(axes separated by `;`), e.g. `Sweep: lr=0.01,0.1; hidden=8,64`")
+        if "pick" in fields:
+            line0, col, value = fields["pick"]
+            pick = value.strip("` \t") or None
+            if pick is None:
+                self.error(line0, col, "`Pick:` is empty: write `Pick: best:METRIC` (or max:METRIC / min:METRIC)")
+            elif "sweep" not in fields:
+                self.error(line0, col, "`Pick:` without `Sweep:`: it chooses among a sweep's trials; add "
+                                       "`Sweep: NAME=V1,V2` or drop it")
+        if axes and "pick" not in fields:
+            self.error(fields["sweep"][0], 1, "`Sweep:` needs `Pick:`, the trial that decides the phase: add "
+                                              "`Pick: best:METRIC` (a metric its `Pass:` compares) or max:/min:METRIC")
+        return axes, pick
+
+    def check_sweep(self, plan: Plan, phase: Phase) -> None:
+        """A `Sweep:` as `runbook sweep --set` checks it (plan vars, values safe where the phase
+        uses them), and its `Pick:` as `--pick` (a direction `Pass:` gives when it says `best`)."""
+        from runbook.errors import RunbookError
+        from runbook.plan.grid import phase_points, resolve_pick
+        from runbook.plan.overrides import check
+
+        def say(key: str, exc: RunbookError) -> None:
+            hint = f" ({exc.hint})" if exc.hint else ""
+            self.error(phase.field_lines[key] - 1, 1, f"{exc.message}{hint}")
+
+        try:
+            points = phase_points(plan, phase, self.path)
+            for warning in check(plan, phase, points[0] if points else {}, flag="`Sweep:`"):
+                self.warn(phase.field_lines["sweep"] - 1, 1, warning)
+            for point in points[1:]:
+                check(plan, phase, point, flag="`Sweep:`")
+        except RunbookError as exc:
+            say("sweep", exc)
+        if phase.pick:
+            try:
+                resolve_pick(phase.pick, phase, flag="`Pick:`")
+            except RunbookError as exc:
+                say("pick", exc)
+
     def columns(self, line0: int, col: int, value: str) -> list[str]:
         """`Columns: val_loss, lr` -> ["val_loss", "lr"]: metric or var names, comma-separated
         (backticks around the list or a name are fine)."""
@@ -851,6 +908,8 @@ class _Parser:
             for step in phase.steps:
                 self.check_command(plan, step)
             self.check_refs(plan, phase, index)
+            if phase.sweep:
+                self.check_sweep(plan, phase)
         self.check_inputs(plan)
         self.check_cycles(plan, index)
 

@@ -140,10 +140,10 @@ def write_record(
 
 
 def draw_plots(ws: Workspace, run: RunRecord | None, metrics: list[str]) -> list[tuple[Path, str]]:
-    """Charts for a milestone: each metric's series in `run` when it has one, else the metric across
-    the runs of its phase up to it; PNG files under `plots/` beside the notes, each with the
-    Markdown image line that shows it (a path relative to the notes). RunbookError when a metric
-    has neither."""
+    """Charts for a milestone: each metric's series in `run` when it has one (a choice's: the chosen
+    run's, `runbook choose` / a sweep's pick), else the metric across the runs of its phase up to it;
+    PNG files under `plots/` beside the notes, each with the Markdown image line that shows it (a
+    path relative to the notes). RunbookError when a metric has neither."""
     from runbook.report.plotting import draw, plan_chart
     from runbook.store.series import find, load
 
@@ -158,10 +158,13 @@ def draw_plots(ws: Workspace, run: RunRecord | None, metrics: list[str]) -> list
     notes_path = ws.notes_path
     assert notes_path is not None
     folder = notes_path.parent / "plots"
+    curves = run
+    if run.decision is not None and not run.series:  # a choice: its curves are those of the run it chose
+        curves = index.find(run.decision.run, ws.plan_rel) or run
     out: list[tuple[Path, str]] = []
     for metric in metrics:
-        if run.series and find(load(ws.state, run.run_id), metric) is not None:
-            chart = plan_chart(metric, [run], ws.state)
+        if curves.series and find(load(ws.state, curves.run_id), metric) is not None:
+            chart = plan_chart(metric, [curves], ws.state)
         else:
             upto = index.load([r for r in index.rows(ws.plan_rel, run.phase)
                                if (r.started, r.run_id) <= (run.started, run.run_id)])
@@ -169,7 +172,7 @@ def draw_plots(ws: Workspace, run: RunRecord | None, metrics: list[str]) -> list
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", metric)
         png = folder / f"{run.run_id}-{slug}.png"
         draw(chart, png)
-        what = f"{metric} by step, run {run.run_id}" if chart.kind == "series" else chart.title
+        what = f"{metric} by step, run {curves.run_id}" if chart.kind == "series" else chart.title
         out.append((png, f"![{what}](plots/{png.name})"))
     return out
 

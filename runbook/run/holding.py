@@ -1,5 +1,5 @@
 """The run lock as the verbs that change a plan hold it (`next`, `sweep`, `choose`): its refusals as
-RunbookErrors, one wording everywhere.
+RunbookErrors, one wording everywhere; and the refusal of a plan whose blocks were edited by hand.
 
 A lock held by a live run is `locked` with the holder's view (run id, phase, pid, how long); a write
 lock that stays busy is `locked`; a damaged or unreadable lock file is `io`.
@@ -59,3 +59,15 @@ def holding_run_lock(ws: Workspace, warn: Callable[[str], None], plan: Plan | No
         raise RunbookError(str(exc), "io", file=ws.rel(exc.path)) from None
     except LockError as exc:
         raise RunbookError(str(exc), "io") from None
+
+
+def refuse_hand_edits(ws: Workspace, plan: Plan) -> None:
+    """Refuse (`hand_edited`, nothing run, written or committed) while any block of the plan, in
+    any phase, was edited by hand: a run's commit holds the whole plan, and such an edit must
+    not go into git as runbook's record."""
+    from runbook.plan.writeback import HandEdited, check_plan
+
+    try:
+        check_plan(plan, ws.plan_rel)
+    except HandEdited as exc:
+        raise RunbookError(f"refusing to run: {exc}", "hand_edited", file=ws.plan_rel) from None

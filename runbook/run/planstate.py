@@ -297,7 +297,22 @@ def _selected_action(plan: Plan, sel: Selection, lead: str, detour: str, argv: l
             and last.run_id not in unrecorded):
         why += (f" To drop run {last.run_id} instead of resuming it: "
                 f"{shlex.join(_forget_argv(plan_arg, last.run_id))}.")
+    if phase.sweep:
+        why += _sweep_text(plan, phase)
     return _action_for(plan, phase, _KIND[sel.mode], lead + why + detour, argv, sel.start, **extra)
+
+
+def _sweep_text(plan: Plan, phase: Phase) -> str:
+    """` It runs as a sweep of N points ...`: what `runbook next` does with a phase's `Sweep:`."""
+    from runbook.errors import RunbookError
+    from runbook.plan.grid import phase_points
+
+    try:
+        count = f" of {len(phase_points(plan, phase, plan.path))} points"
+    except RunbookError:  # validate names the problem
+        count = ""
+    return (f" It runs as a sweep{count} (`Sweep: {'; '.join(phase.sweep)}`), each point a trial; "
+            f"`Pick: {phase.pick}` then decides it.")
 
 
 def _repeated_action(plan: Plan, phase: Phase, sel: Selection, lead: str, detour: str,

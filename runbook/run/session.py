@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from runbook.run.select import Selection
     from runbook.store.live import LiveRun
     from runbook.store.lock import RunLock
+    from runbook.store.sweeps import SweepSpec
     from runbook.store.workspace import Workspace
 
 __all__ = ["MAX_RUNS_PER_PHASE", "Finished", "NextRequest", "Session", "Talk"]
@@ -105,7 +106,12 @@ class Session:
         if self.sets and self.overrides is None:  # the supervisor of a detached run starts here
             self.overrides = parse_sets(self.sets, plan, ws.plan_rel)
         sel, overrides, note = runner.with_overrides(sel, self.overrides)
-        if note:
+        if sel.phase is not None and sel.phase.sweep:
+            from runbook.run.sweep import refuse_swept_sets
+
+            refuse_swept_sets(plan, sel.phase, self.overrides, ws.plan_rel)
+            overrides = dict(self.overrides or {})  # each trial runs from the top with its point: no resumed values
+        if note and not (sel.phase is not None and sel.phase.sweep):
             self.say(note)
         if sel.phase is not None:
             for warning in check(plan, sel.phase, overrides):
@@ -176,6 +182,8 @@ class Session:
                 sel, running, _ = self.choose(ws, plan, sel)
                 self.selected = runner.selected_view(running, sel)
                 self.say(runner.render_preview(ws, running, sel))
+                if sel.phase is not None and sel.phase.sweep:
+                    self.say(self.sweep_preview(ws, sel.phase, self.sweep_spec(ws, plan, sel, quiet=True)))
                 if dry_run:
                     self.say("dry run: nothing ran")
                     return self.result(ws, 0, dry_run=True, state=state)
@@ -245,6 +253,10 @@ class Session:
                     else "records it as interrupted")
             self.say(f"run {live.run_id} ({live.phase}) was not recorded: its runbook died; the supervisor {what} first")
         self.refuse_hand_edits(ws, plan)
+        if sel.phase is not None and sel.phase.sweep and not pending:
+            raise RunbookError(f"{sel.phase.display_name} runs as a sweep (its `Sweep:` line), which does not run "
+                               "detached", "usage", hint="run it in the foreground: runbook next --yes (a sweep "
+                               "stopped at any point goes on with the points it had not run)")
         if sel.phase is not None and not pending:
             sel, running, _ = self.choose(ws, plan, sel)
             self.say(runner.render_preview(ws, running, sel))
@@ -272,15 +284,10 @@ class Session:
 
     @staticmethod
     def refuse_hand_edits(ws: Workspace, plan: Plan) -> None:
-        """Refuse (`hand_edited`, nothing run, written or committed) while any block of the plan, in
-        any phase, was edited by hand: a run's commit holds the whole plan, and such an edit must
-        not go into git as runbook's record."""
-        from runbook.plan.writeback import HandEdited, check_plan
+        """runbook/run/holding.py's `refuse_hand_edits`."""
+        from runbook.run.holding import refuse_hand_edits
 
-        try:
-            check_plan(plan, ws.plan_rel)
-        except HandEdited as exc:
-            raise RunbookError(f"refusing to run: {exc}", "hand_edited", file=ws.plan_rel) from None
+        refuse_hand_edits(ws, plan)
 
     def loop(self, ws: Workspace, lock: RunLock, commit: bool) -> Finished:
         from runbook.run import runner
@@ -334,8 +341,15 @@ class Session:
                     self.say(f"stopping: {phase.display_name} already ran {counts[phase.id]} times "
                              "in this invocation (the transitions loop); run `runbook next` again to go on")
                     return self.result(ws, code)
+                if phase.sweep and self.supervisor:
+                    self.say(f"stopping: {phase.display_name} runs as a sweep (its `Sweep:` line), which does not "
+                             "run detached; run `runbook next --yes` in the foreground to go on")
+                    return self.result(ws, code)
                 sel, running, overrides = self.choose(ws, plan, sel)
                 self.say(runner.render_preview(ws, running, sel))
+                spec = self.sweep_spec(ws, plan, sel) if phase.sweep else None
+                if spec is not None:
+                    self.say(self.sweep_preview(ws, phase, spec))
                 if first and not self.yes:
                     if not self.talk.confirm(
                             f"\nRun {phase.display_name}{' and what follows' if self.until_stop else ''}?"):
@@ -344,6 +358,18 @@ class Session:
                     self.selected = runner.selected_view(running, sel)
                 if interrupts is None:
                     interrupts = Interrupts().__enter__()
+                if spec is not None:
+                    swept = self.run_sweep(ws, phase, spec, lock, commit, interrupts)
+                    if swept is None:
+                        return self.result(ws, 4)
+                    record = swept
+                    self.runs.append(record)
+                    counts[record.phase] = counts.get(record.phase, 0) + 1
+                    code = EXIT_CODES[record.verdict]
+                    self.summary(ws, plan, phase, record)
+                    if not self.until_stop or interrupts.signum is not None:
+                        return self.result(ws, code)
+                    continue
                 result = runner.run_selected(ws, plan, sel, lock, self.options(commit, interrupts, overrides))
                 record = result.record
                 self.runs.append(record)
@@ -357,6 +383,40 @@ class Session:
         finally:
             if interrupts is not None:
                 interrupts.__exit__(None, None, None)
+
+    def sweep_spec(self, ws: Workspace, plan: Plan, sel: Selection, quiet: bool = False) -> SweepSpec:
+        """The sweep the selected phase's `Sweep:` runs now (new, or the same one continued)."""
+        from runbook.run.sweep import spec_for_phase
+
+        assert sel.phase is not None
+        spec, _ = spec_for_phase(ws, plan, sel.phase, self.overrides or {}, (lambda _m: None) if quiet else self.say,
+                                 restart=sel.mode == "restart")
+        return spec
+
+    @staticmethod
+    def sweep_preview(ws: Workspace, phase: Phase, spec: SweepSpec) -> str:
+        """What a phase with `Sweep:` runs: its points, which are done, and its `Pick:`."""
+        from runbook.run.sweep import points_text, trials_of
+
+        return (f"\n{phase.display_name} runs as a sweep (`Sweep: {'; '.join(phase.sweep)}`): each point is a "
+                f"trial from its first step; `Pick: {phase.pick}` decides the phase\n"
+                + points_text(spec, trials_of(ws, spec), phase.pick))
+
+    def run_sweep(self, ws: Workspace, phase: Phase, spec: SweepSpec, lock: RunLock, commit: bool,
+                  interrupts: Interrupts) -> RunRecord | None:
+        """Run the selected phase's `Sweep:` as `runbook sweep PHASE --set ... --pick ... --yes` does
+        (continuing the same sweep when it was stopped): the record of the pick, or None when the
+        sweep stopped before every point ran (its trials are in self.runs)."""
+        from runbook.run.sweep import run_locked
+
+        done = run_locked(ws, spec, lock, talk=self.talk, interrupts=interrupts, commit=commit, pick=phase.pick,
+                          plan_opt=self.plan_opt)
+        self.runs += done.ran
+        if done.chosen is None:
+            self.say(f"\nsweep {spec.sweep_id} of {phase.display_name} stopped with {len(done.pending)} point(s) "
+                     "still to run: `runbook next` goes on with them")
+            return None
+        return done.chosen
 
     def summary(self, ws: Workspace, plan: Plan, phase: Phase, record: RunRecord) -> None:
         from runbook.formatting import format_took

@@ -23,7 +23,6 @@ ledger, so a sweep killed with -9 continues with the points that have no finishe
 
 from __future__ import annotations
 
-import itertools
 import math
 import shlex
 from collections.abc import Callable
@@ -31,125 +30,25 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from runbook.errors import RunbookError
-from runbook.model import JUDGED, Decision, Expr, Phase, Plan, RunRecord, Trial
-from runbook.run.holding import holding_run_lock, may_commit
+from runbook.model import JUDGED, Decision, Phase, Plan, RunRecord, Trial
+from runbook.plan.grid import direction_of, parse_pick, parse_points, resolve_pick
+from runbook.run.holding import holding_run_lock, may_commit, refuse_hand_edits
 
 if TYPE_CHECKING:
     from runbook.run.executor import Interrupts
     from runbook.run.runner import RunOptions, RunResult
     from runbook.run.session import Talk
+    from runbook.store.lock import RunLock
     from runbook.store.sweeps import SweepSpec
     from runbook.store.workspace import Workspace
 
 __all__ = ["SweepRequest", "SweepRun", "choose_run", "direction_of", "parse_pick", "parse_points", "pick_trial",
-           "run_sweep", "trials_of"]
+           "points_text", "refuse_swept_sets", "run_locked", "run_sweep", "spec_for_phase", "trials_of"]
 
-PICK_HOWS = ("best", "max", "min")
 CHOOSABLE = frozenset({"pass", "fail", "inconclusive"})  # a run that was judged: it can decide its phase
 
 
-# ---- the points ------------------------------------------------------------------------------
-
-
-def _one(item: str, plan: Plan, file: str) -> dict[str, str]:
-    from runbook.plan.overrides import parse_sets
-
-    return parse_sets([item], plan, file)
-
-
-def parse_points(sets: tuple[str, ...] | list[str], points: tuple[str, ...] | list[str], plan: Plan,
-                 file: str) -> list[dict[str, str]]:
-    """The sweep's points, in order: the grid of `sets` (`NAME=V1,V2,...` each; the product, the
-    last NAME varying fastest), then each `points` item (`NAME=V,NAME2=V2`). Names must be plan
-    vars (RunbookError usage, with a did-you-mean); a point given twice runs once. Values cannot
-    hold a comma."""
-    axes: list[tuple[str, list[str]]] = []
-    for item in sets:
-        name, eq, values = item.partition("=")
-        parts = values.split(",")
-        if not eq or not name.strip() or any(not v for v in parts):
-            raise RunbookError(f"--set {item!r}: write NAME=V1,V2,... (e.g. --set lr=0.003,0.01,0.03)", "usage")
-        name = name.strip()
-        _one(f"{name}={parts[0]}", plan, file)  # a var the plan declares
-        if any(name == n for n, _ in axes):
-            raise RunbookError(f"--set {name} is given twice; give its values once, comma-separated", "usage")
-        axes.append((name, list(dict.fromkeys(parts))))
-    out: list[dict[str, str]] = []
-    if axes:
-        for combo in itertools.product(*(values for _, values in axes)):
-            out.append({name: value for (name, _), value in zip(axes, combo, strict=True)})
-    for item in points:
-        point: dict[str, str] = {}
-        for part in item.split(","):
-            if not part.strip():
-                continue
-            if "=" not in part:
-                raise RunbookError(f"--point {item!r}: write NAME=V,NAME2=V2 (e.g. --point 'lr=0.01,hidden=8')",
-                                   "usage")
-            for name, value in _one(part.strip(), plan, file).items():
-                if name in point and point[name] != value:
-                    raise RunbookError(f"--point {item!r} gives {name} twice", "usage")
-                point[name] = value
-        if not point:
-            raise RunbookError(f"--point {item!r}: no NAME=VALUE in it", "usage")
-        out.append(point)
-    unique = []
-    for point in out:
-        if point not in unique:
-            unique.append(point)
-    if not unique:
-        raise RunbookError("a sweep needs points: --set NAME=V1,V2 (a grid) or --point 'NAME=V,...'", "usage",
-                           hint="runbook sweep PHASE --set lr=0.003,0.01,0.03 --set hidden=8,64 --yes")
-    return unique
-
-
 # ---- picking -----------------------------------------------------------------------------------
-
-
-def parse_pick(pick: str) -> tuple[str, str]:
-    """`best:acc` / `max:acc` / `min:loss` -> (how, metric); RunbookError(usage) otherwise."""
-    how, colon, metric = pick.partition(":")
-    if not colon or how not in PICK_HOWS or not metric.strip():
-        raise RunbookError(f"--pick {pick!r}: write best:METRIC, max:METRIC or min:METRIC (e.g. --pick best:val_acc)",
-                           "usage")
-    return how, metric.strip()
-
-
-def direction_of(expr: Expr | None, metric: str) -> str | None:
-    """"max" or "min": which way `metric` is better by the phase's `Pass:` (`acc >= 0.9`: max;
-    `loss < 0.2`: min), or None when the criterion does not compare it with a bound one way."""
-    from runbook.model import BoolOp, Compare, MetricRef, Not
-
-    found: set[str] = set()
-
-    def walk(node: object, flipped: bool) -> None:
-        if isinstance(node, BoolOp):
-            for item in node.items:
-                walk(item, flipped)
-        elif isinstance(node, Not):
-            walk(node.item, not flipped)
-        elif isinstance(node, Compare) and node.op in ("<", "<=", ">", ">="):
-            up = node.op in (">", ">=")
-            if isinstance(node.left, MetricRef) and node.left.name == metric:
-                found.add("max" if up != flipped else "min")
-            elif isinstance(node.right, MetricRef) and node.right.name == metric:
-                found.add("min" if up != flipped else "max")
-
-    walk(expr, False)
-    return found.pop() if len(found) == 1 else None
-
-
-def resolve_pick(pick: str, phase: Phase) -> tuple[str, str]:
-    """(direction, metric) of a `--pick`; `best` reads the direction from the phase's `Pass:`."""
-    how, metric = parse_pick(pick)
-    if how != "best":
-        return how, metric
-    direction = direction_of(phase.criterion.expr if phase.criterion else None, metric)
-    if direction is None:
-        raise RunbookError(
-            f"--pick {pick}: the Pass: of {phase.display_name} does not say whether a higher or a lower {metric} "
-            "is better", "usage", hint=f"say it: --pick max:{metric} or --pick min:{metric}")
-    return direction, metric
 
 
 def pick_trial(trials: list[RunRecord], pick: str, phase: Phase) -> tuple[RunRecord, str]:
@@ -249,6 +148,7 @@ class SweepRequest:
     jobs: int = 1
     resume: bool = False
     sweep_id: str | None = None  # with resume: that sweep (default: the latest unfinished one)
+    base: dict[str, str] = field(default_factory=dict)  # `runbook next --set` values of vars the grid does not sweep
     yes: bool = False
     no_commit: bool = False
     as_json: bool = False
@@ -277,9 +177,12 @@ def trials_of(ws: Workspace, spec: SweepSpec) -> dict[int, RunRecord]:
     return done
 
 
-def _spec_for(ws: Workspace, plan: Plan, req: SweepRequest, say: Callable[[str], None]) -> tuple[SweepSpec, bool]:
+def _spec_for(ws: Workspace, plan: Plan, req: SweepRequest, say: Callable[[str], None],
+              from_plan: bool = False) -> tuple[SweepSpec, bool]:
     """The sweep to run: (spec, resumed). A new one, or the same sweep started before and not
-    finished (the same command again), or with --resume the one named (default: the latest unfinished)."""
+    finished (the same command again), or with --resume the one named (default: the latest unfinished).
+    `from_plan` (a `Sweep:` phase under `runbook next`): a finished same sweep that no choice came
+    from is the one too (stopped between its last trial and the pick: only the pick is left)."""
     from runbook.formatting import iso, utc_now
     from runbook.store import ledger, sweeps
 
@@ -312,7 +215,7 @@ def _spec_for(ws: Workspace, plan: Plan, req: SweepRequest, say: Callable[[str],
         from runbook.errors import unknown_phase
 
         raise unknown_phase(plan, req.phase_ref, ws.plan_display)
-    points = parse_points(req.sets, req.points, plan, ws.plan_rel)
+    points = [{**req.base, **p} for p in parse_points(req.sets, req.points, plan, ws.plan_rel)]
     from runbook.plan.overrides import check
 
     for point in points:
@@ -325,7 +228,61 @@ def _spec_for(ws: Workspace, plan: Plan, req: SweepRequest, say: Callable[[str],
         if len(trials_of(ws, same)) < len(same.points):
             say(f"continuing sweep {same.sweep_id} (the same sweep, started {same.created}, not finished)")
             return same, True
+        if from_plan and same.sweep_id not in _picked_from(ws, spec):
+            say(f"sweep {same.sweep_id} (the same sweep, started {same.created}) ran every point; "
+                "no trial of it decides the phase yet")
+            return same, True
     return spec, False
+
+
+def _picked_from(ws: Workspace, spec: SweepSpec) -> set[str]:
+    """The sweeps a choice of `spec`'s phase was made from."""
+    runs, _ = ws.ledger().runs(spec.plan, spec.phase)
+    return {run.decision.sweep for run in runs if run.decision is not None and run.decision.sweep}
+
+
+def spec_for_phase(ws: Workspace, plan: Plan, phase: Phase, base: dict[str, str], say: Callable[[str], None],
+                   *, restart: bool = False) -> tuple[SweepSpec, bool]:
+    """The sweep `runbook next` runs for a phase with `Sweep:`: its grid (with `base`, the `--set`
+    values of other vars, in every point) and `Pick:`. The same sweep started before is continued
+    when it did not finish, or picked from when it finished and was never picked from, as
+    `runbook sweep` continues one; with `restart` it is a new sweep. Reads only; nothing is written."""
+    if restart:
+        from runbook.formatting import iso, utc_now
+        from runbook.store import ledger, sweeps
+
+        points = [{**base, **p} for p in parse_points(phase.sweep, [], plan, ws.plan_rel)]
+        return sweeps.SweepSpec(sweep_id=ledger.new_run_id(), plan=ws.plan_rel, phase=phase.id, points=points,
+                                pick=phase.pick, created=iso(utc_now())), False
+    req = SweepRequest(phase_ref=phase.id, sets=tuple(phase.sweep), pick=phase.pick, base=dict(base))
+    return _spec_for(ws, plan, req, say, from_plan=True)
+
+
+def refuse_swept_sets(plan: Plan, phase: Phase, overrides: dict[str, str] | None, file: str) -> None:
+    """`runbook next --set NAME=...` where NAME is a var the phase's `Sweep:` sweeps: refused (usage)."""
+    from runbook.plan.grid import phase_points
+
+    if not overrides or not phase.sweep:
+        return
+    swept = [name for name in phase_points(plan, phase, file)[0] if name in overrides]
+    if swept:
+        name = swept[0]
+        raise RunbookError(
+            f"--set {name}: {phase.display_name} sweeps {name} (`Sweep:` at {file}:{phase.field_lines.get('sweep', '?')}), "
+            f"so `runbook next` runs the plan's points of it", "usage", file=file,
+            hint=f"for other points: runbook sweep {phase.id} --set {name}=V1,V2 --pick {phase.pick} --yes; "
+                 "or edit the `Sweep:` line")
+
+
+def points_text(spec: SweepSpec, done: dict[int, RunRecord], pick: str | None) -> str:
+    """The sweep's points, one a line, each `done` (with its run and verdict) or `to run`."""
+    todo = len(spec.points) - len([i for i in done if i <= len(spec.points)])
+    lines = [f"sweep {spec.sweep_id}: {spec.phase}, {len(spec.points)} point(s), {todo} to run"
+             + (f", then pick {pick}" if pick else "")]
+    lines += [f"  {'done' if i in done else 'to run':6}  {i}/{len(spec.points)}  {_point_text(p)}"
+              + (f"  (run {done[i].run_id}, {done[i].verdict})" if i in done else "")
+              for i, p in enumerate(spec.points, 1)]
+    return "\n".join(lines)
 
 
 def _point_text(point: dict[str, str]) -> str:
@@ -334,11 +291,7 @@ def _point_text(point: dict[str, str]) -> str:
 
 def run_sweep(req: SweepRequest, talk: Talk) -> SweepRun:
     """Run the sweep `req` asks for (new, or continued) under the run lock; pick when asked."""
-    from runbook.run import runner
     from runbook.run.executor import Interrupts
-    from runbook.run.session import Session
-    from runbook.store import gitops, sweeps
-    from runbook.store.lock import write_lock
     from runbook.store.workspace import Workspace
 
     ws = Workspace.open(req.plan_opt)
@@ -352,12 +305,7 @@ def run_sweep(req: SweepRequest, talk: Talk) -> SweepRun:
                            "unknown_phase")
     done = trials_of(ws, spec)
     todo = [(i, p) for i, p in enumerate(spec.points, 1) if i not in done]
-    lines = [f"sweep {spec.sweep_id}: {phase.display_name} ({phase.title}), {len(spec.points)} point(s), "
-             f"{len(todo)} to run" + (f", then pick {req.pick or spec.pick}" if req.pick or spec.pick else "")]
-    lines += [f"  {'done' if i in done else 'to run':6}  {i}/{len(spec.points)}  {_point_text(p)}"
-              + (f"  (run {done[i].run_id}, {done[i].verdict})" if i in done else "")
-              for i, p in enumerate(spec.points, 1)]
-    talk.say("\n".join(lines))
+    talk.say(points_text(spec, done, req.pick or spec.pick))
     if not req.yes:
         asked = not req.as_json and talk.interactive()
         if not asked:
@@ -367,81 +315,100 @@ def run_sweep(req: SweepRequest, talk: Talk) -> SweepRun:
         if not talk.confirm(f"\nRun {len(todo)} trial(s) of {phase.display_name}?"):
             raise RunbookError("not confirmed: nothing ran", "not_confirmed")
     commit = may_commit(ws, req.no_commit, talk.warn)
-    out = SweepRun(spec=spec, resumed=resumed)
     interrupts = Interrupts().__enter__()
     try:
         with holding_run_lock(ws, talk.warn) as lock:
-
-            def options(point: dict[str, str] | None = None, trial: Trial | None = None) -> RunOptions:
-                return runner.RunOptions(commit=commit, echo=talk.echo(), say=talk.say, warn=talk.warn,
-                                         interrupts=interrupts, overrides=dict(point or {}), trial=trial)
-
-            Session.refuse_hand_edits(ws, ws.load_plan())
-            runner.settle_orphans(ws, lock, options())  # a trial killed with -9 is recorded as interrupted
-            # refused before the sweep's file is written: Needs: unmet, Inputs: not the deciding runs'
-            current = ws.load_plan()
-            first = runner.select(ws, current, phase_ref=spec.phase, restart=True, overrides=spec.points[0])
-            if first.phase is None:
-                raise RunbookError(first.message, "blocked", hint="run the phases it needs first")
-            if first.phase.inputs:
-                from runbook.plan.overrides import effective
-                from runbook.run.inputs import refuse_stale_inputs
-
-                refuse_stale_inputs(ws, effective(current, spec.points[0]), first.phase)
-            path = sweeps.sweep_path(ws.state, spec.sweep_id)
-            if not path.exists():
-                with write_lock(ws.state):
-                    sweeps.save(ws.state, spec)
-                    if commit:
-                        gitops.commit_paths(ws.root, [ws.rel(path)], f"runbook: sweep {spec.sweep_id} of {spec.phase} "
-                                            f"({len(spec.points)} points)")
-            done = trials_of(ws, spec)
-            todo = [(i, p) for i, p in enumerate(spec.points, 1) if i not in done]
-            jobs = max(1, req.jobs)
-
-            def run_point(i: int, point: dict[str, str], here: Workspace, echo: bool) -> RunRecord:
-                current = here.load_plan()
-                Session.refuse_hand_edits(here, current)
-                sel = runner.select(here, current, phase_ref=spec.phase, restart=True, overrides=point)
-                if sel.phase is None:
-                    raise RunbookError(sel.message, "blocked", hint="run the phases it needs first")
-                talk.say(f"\n── trial {i}/{len(spec.points)} of sweep {spec.sweep_id}: {_point_text(point)} ──")
-                trial = Trial(sweep=spec.sweep_id, point=point, index=i, of=len(spec.points))
-                opts = options(point, trial)
-                if not echo:
-                    opts.echo = None  # several at once: their output goes to their logs only
-                    opts.together = True
-                record = runner.run_selected(here, current, sel, lock, opts).record
-                talk.say(f"trial {i}/{len(spec.points)}: {record.verdict} · {record.reason} · run {record.run_id}")
-                return record
-
-            if jobs == 1 or len(todo) <= 1:
-                for i, point in todo:
-                    if interrupts.signum is not None:
-                        out.interrupted = True
-                        break
-                    record = run_point(i, point, ws, True)
-                    out.ran.append(record)
-                    if record.verdict == "interrupted" or interrupts.signum is not None:
-                        out.interrupted = True
-                        break
-            else:
-                out.ran += _run_together(todo, jobs, lambda i, p: run_point(i, p, Workspace.open(req.plan_opt), False),
-                                         interrupts)
-                out.interrupted = interrupts.signum is not None or any(r.verdict == "interrupted" for r in out.ran)
-            ws.ledger_changed()
-            done = trials_of(ws, spec)
-            out.trials = [done[i] for i in sorted(done)]
-            out.pending = [p for i, p in enumerate(spec.points, 1) if i not in done]
-            pick = req.pick or spec.pick
-            if pick and not out.pending and not out.interrupted:
-                best, why = pick_trial(out.trials, pick, phase)
-                chosen = choose_run(ws, best, options(), by="pick", why=why, sweep=spec.sweep_id)
-                out.chosen = chosen.record
-                talk.say(f"\npicked run {best.run_id} ({_point_text(best.trial.point if best.trial else {})}): "
-                         f"{why}; {phase.display_name} is now {best.verdict}")
+            out = run_locked(ws, spec, lock, talk=talk, interrupts=interrupts, commit=commit,
+                             pick=req.pick or spec.pick, jobs=req.jobs, plan_opt=req.plan_opt)
     finally:
         interrupts.__exit__(None, None, None)
+    out.resumed = resumed
+    return out
+
+
+def run_locked(ws: Workspace, spec: SweepSpec, lock: RunLock, *, talk: Talk, interrupts: Interrupts, commit: bool,
+               pick: str | None, jobs: int = 1, plan_opt: str | None = None) -> SweepRun:
+    """Run the sweep `spec`'s points that have no finished trial, under the run lock the caller
+    holds (`runbook sweep`, or `runbook next` on a phase with `Sweep:`), then pick when asked and
+    every point ran: the choice is recorded as the phase's run (`SweepRun.chosen`)."""
+    from runbook.run import runner
+    from runbook.store import gitops, sweeps
+    from runbook.store.lock import write_lock
+    from runbook.store.workspace import Workspace
+
+    phase = ws.load_plan().find_phase(spec.phase)
+    if phase is None:
+        raise RunbookError(f"sweep {spec.sweep_id} runs {spec.phase}, which is no longer in {ws.plan_rel}",
+                           "unknown_phase")
+    out = SweepRun(spec=spec)
+
+    def options(point: dict[str, str] | None = None, trial: Trial | None = None) -> RunOptions:
+        return runner.RunOptions(commit=commit, echo=talk.echo(), say=talk.say, warn=talk.warn,
+                                 interrupts=interrupts, overrides=dict(point or {}), trial=trial)
+
+    refuse_hand_edits(ws, ws.load_plan())
+    runner.settle_orphans(ws, lock, options())  # a trial killed with -9 is recorded as interrupted
+    # refused before the sweep's file is written: Needs: unmet, Inputs: not the deciding runs'
+    current = ws.load_plan()
+    first = runner.select(ws, current, phase_ref=spec.phase, restart=True, overrides=spec.points[0])
+    if first.phase is None:
+        raise RunbookError(first.message, "blocked", hint="run the phases it needs first")
+    if first.phase.inputs:
+        from runbook.plan.overrides import effective
+        from runbook.run.inputs import refuse_stale_inputs
+
+        refuse_stale_inputs(ws, effective(current, spec.points[0]), first.phase)
+    path = sweeps.sweep_path(ws.state, spec.sweep_id)
+    if not path.exists():
+        with write_lock(ws.state):
+            sweeps.save(ws.state, spec)
+            if commit:
+                gitops.commit_paths(ws.root, [ws.rel(path)], f"runbook: sweep {spec.sweep_id} of {spec.phase} "
+                                    f"({len(spec.points)} points)")
+    done = trials_of(ws, spec)
+    todo = [(i, p) for i, p in enumerate(spec.points, 1) if i not in done]
+    jobs = max(1, jobs)
+
+    def run_point(i: int, point: dict[str, str], here: Workspace, echo: bool) -> RunRecord:
+        current = here.load_plan()
+        refuse_hand_edits(here, current)
+        sel = runner.select(here, current, phase_ref=spec.phase, restart=True, overrides=point)
+        if sel.phase is None:
+            raise RunbookError(sel.message, "blocked", hint="run the phases it needs first")
+        talk.say(f"\n── trial {i}/{len(spec.points)} of sweep {spec.sweep_id}: {_point_text(point)} ──")
+        trial = Trial(sweep=spec.sweep_id, point=point, index=i, of=len(spec.points))
+        opts = options(point, trial)
+        if not echo:
+            opts.echo = None  # several at once: their output goes to their logs only
+            opts.together = True
+        record = runner.run_selected(here, current, sel, lock, opts).record
+        talk.say(f"trial {i}/{len(spec.points)}: {record.verdict} · {record.reason} · run {record.run_id}")
+        return record
+
+    if jobs == 1 or len(todo) <= 1:
+        for i, point in todo:
+            if interrupts.signum is not None:
+                out.interrupted = True
+                break
+            record = run_point(i, point, ws, True)
+            out.ran.append(record)
+            if record.verdict == "interrupted" or interrupts.signum is not None:
+                out.interrupted = True
+                break
+    else:
+        out.ran += _run_together(todo, jobs, lambda i, p: run_point(i, p, Workspace.open(plan_opt), False),
+                                 interrupts)
+        out.interrupted = interrupts.signum is not None or any(r.verdict == "interrupted" for r in out.ran)
+    ws.ledger_changed()
+    done = trials_of(ws, spec)
+    out.trials = [done[i] for i in sorted(done)]
+    out.pending = [p for i, p in enumerate(spec.points, 1) if i not in done]
+    if pick and not out.pending and not out.interrupted:
+        best, why = pick_trial(out.trials, pick, phase)
+        chosen = choose_run(ws, best, options(), by="pick", why=why, sweep=spec.sweep_id)
+        out.chosen = chosen.record
+        talk.say(f"\npicked run {best.run_id} ({_point_text(best.trial.point if best.trial else {})}): "
+                 f"{why}; {phase.display_name} is now {best.verdict}")
     return out
 
 

@@ -39,14 +39,18 @@ def test_example_template_is_the_plan() -> None:
 def test_plan_routes_on_acceptance_and_shows_the_rest() -> None:
     """Phase 0 judges the old drafter's acceptance only: cosine similarity does not discriminate (issue 50)
     and a low vocabulary coverage calls for a new vocabulary (Phase 0b), so both are columns. Phase 2
-    shows the k the Leviathan bound favours (eagle bench's best_k) beside the acceptance."""
+    scales the data in a sweep picked on held-out acceptance, and its chosen drafter is Phase 3's input;
+    Phase 3 shows the k the Leviathan bound favours (eagle bench's best_k) beside the acceptance."""
     plan = load_plan(REPO / PLAN)
-    phase0, phase2 = plan.find_phase("phase-0"), plan.find_phase("phase-2")
-    assert phase0 is not None and phase0.criterion is not None and phase2 is not None
+    phase0, phase2, phase3 = plan.find_phase("phase-0"), plan.find_phase("phase-2"), plan.find_phase("phase-3")
+    assert phase0 is not None and phase0.criterion is not None and phase2 is not None and phase3 is not None
     assert phase0.criterion.text.strip("`") == "accept_len >= 1.15"
     assert phase0.columns == ["cos_sim_l4", "vocab_coverage"]
-    assert {"best_k", "best_k_bound"} <= set(phase2.columns)
-    assert "`-k <best_k>`" in phase2.goal
+    assert (phase2.sweep, phase2.pick, phase2.outputs) == (["n_prompts=100,200"], "best:accept_len", ["{draft_big}"])
+    assert any("--limit {n_prompts}" in step.command for step in phase2.steps)
+    assert phase2.on_pass == "Phase 3" and phase3.inputs == ["{draft_big}"]
+    assert {"best_k", "best_k_bound"} <= set(phase3.columns)
+    assert "`-k <best_k>`" in phase3.goal
 
 
 def run_demo(workspace: Path, home: Path) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -63,8 +67,9 @@ def run_demo(workspace: Path, home: Path) -> tuple[subprocess.CompletedProcess[s
 
 
 def load_runs(workspace: Path) -> list[RunRecord]:
-    files = sorted((workspace / "state" / "runs").glob("*.json"))
-    return [RunRecord.model_validate_json(f.read_text()) for f in files]
+    files = (workspace / "state" / "runs").glob("*.json")
+    # in the order they started (two run ids of one second sort by their random suffix)
+    return sorted((RunRecord.model_validate_json(f.read_text()) for f in files), key=lambda r: (r.started, r.run_id))
 
 
 def next_phase(plan: Plan, run: RunRecord) -> str | None:
@@ -110,12 +115,14 @@ def test_demo_runs_the_plan_records_and_commits(tmp_path: Path) -> None:
     print(f"demo took {took:.0f} s")
 
     plan = load_plan(workspace / PLAN)
-    runs = load_runs(workspace)
+    records = load_runs(workspace)
+    runs = [run for run in records if run.trial is None]  # the phases' runs; a sweep's trials decide nothing
+    trials = [run for run in records if run.trial is not None]
     assert runs, "no run records in state/runs/"
 
     # Every phase on the taken path reached a verdict, and the path is the one the plan's
     # transitions give: Phase S, the probe, then the vocabulary question and one of the two
-    # fine-tunes (or the fallback from scratch), then Phase 2.
+    # fine-tunes (or the fallback from scratch), then Phase 2 (a sweep: its pick decides) and Phase 3.
     expected: str | None = plan.phases[0].id
     for run in runs:
         assert run.phase == expected, [r.phase for r in runs]
@@ -123,26 +130,42 @@ def test_demo_runs_the_plan_records_and_commits(tmp_path: Path) -> None:
         expected = next_phase(plan, run)
     assert expected is None, f"the plan did not run to its end: {expected} is next"
     path = [run.phase for run in runs]
-    assert path[:2] == ["setup", "phase-0"] and path[-1] == "phase-2", path
+    assert path[:2] == ["setup", "phase-0"] and path[-2:] == ["phase-2", "phase-3"], path
     assert path[2] in ("phase-0b", "fallback"), path
     if path[2] == "phase-0b":
-        assert path[3] in ("phase-1", "phase-1b") and len(path) == 5, path
+        assert path[3] in ("phase-1", "phase-1b") and len(path) == 6, path
     print(f"route: {' -> '.join(path)}")
 
-    for run in runs:
+    # Phase 2 ran as its sweep: one trial per data size, the one with the best held-out acceptance
+    # picked (its record, a copy naming the trial, is Phase 2's run), and Phase 3 benchmarked its drafter
+    chose = runs[-2]
+    assert chose.decision is not None and chose.decision.by == "pick"
+    assert [t.trial.point for t in trials if t.trial] == [{"n_prompts": "100"}, {"n_prompts": "200"}]
+    assert [t.metrics["prepare_samples"] for t in trials] == [100, 200]
+    best = max(trials, key=lambda t: t.metrics["accept_len"])
+    assert chose.decision.run == best.run_id and chose.metrics == best.metrics
+    assert chose.decision.why.startswith("best:accept_len: max accept_len")
+    print("data sweep: " + ", ".join(f"{t.metrics['accept_len']:.3f} at {t.trial.point['n_prompts']}"
+                                     for t in trials if t.trial) + f"; picked {best.trial.point if best.trial else ''}")
+
+    for run in runs + trials:
         phase = plan.find_phase(run.phase)
         assert phase is not None and phase.status is not None
-        assert phase.status.verdict == run.verdict and phase.status.run_id == run.run_id
+        if run.trial is None:
+            assert phase.status.verdict == run.verdict and phase.status.run_id == run.run_id
         assert all(step.done for step in phase.steps), f"{run.phase}: unticked steps"
         # The results table holds the measured numbers: every metric column of the run's row is
         # the run record's value (as written, 6 significant digits).
         header, rows = results_rows(plan, run.phase)
         assert run.run_id in rows, f"{run.phase}: run {run.run_id} not in its results table"
         row = dict(zip(header, rows[run.run_id], strict=True))
-        assert row["verdict"] == run.verdict
+        assert row["verdict"].split(" (")[0] == run.verdict
         metric_columns = header[3:-2]
         assert metric_columns, header
         for name in metric_columns:
+            if name in run.overrides:  # a var the run set (a sweep's point: n_prompts), as it ran
+                assert row[name] == run.vars[name], (name, row[name], run.vars)
+                continue
             assert name in run.metrics, f"{run.phase}: column {name} is not a metric of the run"
             assert math.isclose(float(row[name]), run.metrics[name], rel_tol=1e-5), (name, row[name], run.metrics[name])
 
@@ -151,35 +174,42 @@ def test_demo_runs_the_plan_records_and_commits(tmp_path: Path) -> None:
     by_phase = {run.phase: run.metrics for run in runs}
     assert any(name.startswith("cos_sim_l") for name in by_phase["phase-0"])
     assert {"cos_sim_l4", "vocab_coverage"} <= set(results_rows(plan, "phase-0")[0])  # shown, not judged
-    assert {"best_k", "best_k_bound"} <= set(results_rows(plan, "phase-2")[0])
+    assert {"best_k", "best_k_bound"} <= set(results_rows(plan, "phase-3")[0])
     assert 0.0 < by_phase["phase-0"]["vocab_coverage"] <= 1.0  # the old vocabulary over the new target's outputs
     if "phase-0b" in by_phase:
         assert 0.0 < by_phase["phase-0b"]["vocab_coverage"] <= 1.0
     assert 1.0 <= by_phase["setup"]["accept_len"] <= 4.0 and by_phase["setup"]["greedy_match"] == 1
-    assert 1.0 <= by_phase["phase-2"]["vllm_accept_len"] <= 4.0
-    assert by_phase["phase-2"]["plain_tok_s"] > 0 and by_phase["phase-2"]["spec_tok_s"] > 0
+    assert 1.0 <= by_phase["phase-3"]["vllm_accept_len"] <= 4.0
+    assert by_phase["phase-3"]["plain_tok_s"] > 0 and by_phase["phase-3"]["spec_tok_s"] > 0
+    # the chosen drafter measured the same acceptance in Phase 3's bench as in its trial's evaluate
+    assert math.isclose(by_phase["phase-3"]["accept_len"], best.metrics["accept_len"], rel_tol=1e-9)
 
-    # The notes hold the milestone, attached to the last run.
+    # The notes hold the milestone, attached to the run that chose the drafter (Phase 2's pick).
     notes = (workspace / NOTES).read_text()
     milestones = notes.split("## Milestones", 1)[1].split("\n## ", 1)[0]
     assert re.search(rf"^### \d{{4}}-\d\d-\d\d \d\d:\d\d UTC · {re.escape(MILESTONE)}$", milestones, re.M), milestones
-    assert f"Run `{runs[-1].run_id}`" in milestones
-    assert "Path taken: Phase S pass -> Phase 0 " in milestones
-    # the decision with its reason: route, k, data size and the acceptance on all held-out prompts
-    assert re.search(r"Chosen: route S -> 0 -> .*, k = 3 .*, 200 training prompts .*"
-                     r"Reason: accept_len \d\.\d{3} on all held-out prompts", milestones, re.S), milestones
+    assert f"Run `{chose.run_id}`" in milestones
+    assert "Path taken: Phase S pass -> Phase 0 " in milestones and "-> Phase 2 pass -> Phase 3 pass." in milestones
+    # the decision with its reason: route, k, data size (each size's acceptance, the pick) and the
+    # acceptance on all held-out prompts
+    chosen = re.search(r"Chosen: route S -> 0 -> .* -> 2 -> 3, k = 3 .*, (\d+) training prompts .*Phase 2's sweep "
+                       r"measured accept_len (\d\.\d{3}) at 100, (\d\.\d{3}) at 200 prompts on all held-out prompts "
+                       r"and picked best:accept_len: max accept_len .*"
+                       r"Reason: accept_len \d\.\d{3} on all held-out prompts", milestones, re.S)
+    assert chosen, milestones
+    assert int(chosen[1]) == best.metrics["prepare_samples"]
+    assert [float(chosen[2]), float(chosen[3])] == [round(t.metrics["accept_len"], 3) for t in trials]
     # ... k measured at 3, and the k the Leviathan bound favours at the measured a and c (eagle bench)
     chosen_k = re.search(r"k = 3 measured; the Leviathan bound's best k = (\d+) \(bound (\d+\.\d\d)x at cost ratio "
                          r"c = \d+\.\d{3}, against (\d+\.\d\d)x at k = 3\)", milestones)
     assert chosen_k, milestones
-    assert int(chosen_k[1]) == by_phase["phase-2"]["best_k"] and 1 <= int(chosen_k[1]) <= 8
+    assert int(chosen_k[1]) == by_phase["phase-3"]["best_k"] and 1 <= int(chosen_k[1]) <= 8
     assert float(chosen_k[2]) >= float(chosen_k[3])  # the best k's bound is never below k = 3's
     assert "Probe before you train" in notes.split("## Lessons learned", 1)[1]
-    # ... with the drafter's training curve of that run as a chart (record --plot train_loss)
-    last = runs[-1]
-    curve = f"plots/{last.run_id}-train_loss.png"
-    assert f"![train_loss by step, run {last.run_id}]({curve})" in milestones
-    assert "train_loss" in {s.name for s in last.series}
+    # ... with the chosen drafter's training curve as a chart (record --plot train_loss: the picked trial's)
+    curve = f"plots/{chose.run_id}-train_loss.png"
+    assert f"![train_loss by step, run {best.run_id}]({curve})" in milestones
+    assert "train_loss" in {s.name for s in best.series}
     from PIL import Image
 
     with Image.open(workspace / "plans" / curve) as image:
@@ -188,8 +218,8 @@ def test_demo_runs_the_plan_records_and_commits(tmp_path: Path) -> None:
     assert sum(n for n, rgb in colours if rgb != (255, 255, 255)) > 0.01 * 800 * 450  # not blank
 
     # Each run is one git commit, holding exactly its run record, its metric series (when its steps
-    # wrote any: the runs that trained) and the plan.
-    for run in runs:
+    # wrote any: the runs that trained) and the plan; the sweep's spec one more.
+    for run in records:
         record = f"state/runs/{run.run_id}.json"
         commits = git(workspace, "log", "--format=%H", "--", record).split()
         assert len(commits) == 1, f"{record}: {len(commits)} commits"
@@ -199,8 +229,10 @@ def test_demo_runs_the_plan_records_and_commits(tmp_path: Path) -> None:
         subject = git(workspace, "log", "-1", "--format=%s", commits[0]).strip()
         assert subject.startswith(f"runbook: {run.phase} {run.verdict}"), subject
     subjects = git(workspace, "log", "--format=%s").splitlines()
-    run_subjects = [s for s in subjects if s.startswith("runbook: ") and not s.startswith(("runbook: record ", "runbook: plan edits"))]
-    assert len(run_subjects) == len(runs), subjects
+    run_subjects = [s for s in subjects if s.startswith("runbook: ")
+                    and not s.startswith(("runbook: record ", "runbook: plan edits", "runbook: sweep "))]
+    assert len(run_subjects) == len(records), subjects
+    assert sum(s.startswith("runbook: sweep ") and s.endswith("of phase-2 (2 points)") for s in subjects) == 1
     assert subjects[0].startswith(f"runbook: record {MILESTONE}")
     assert git(workspace, "status", "--porcelain", "--untracked-files=no").strip() == ""
 
@@ -209,7 +241,7 @@ def test_demo_runs_the_plan_records_and_commits(tmp_path: Path) -> None:
     out = again.stdout + again.stderr
     assert again.returncode == 0, out[-4000:]
     assert f"{workspace} exists: resuming its plan (rm -rf {workspace} to start over)" in out
-    assert len(load_runs(workspace)) == len(runs)
+    assert len(load_runs(workspace)) == len(records)
     assert "==> runbook brief" in out and "runbook next exited 0 after 0 run(s)" in out
 
 

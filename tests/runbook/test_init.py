@@ -33,6 +33,7 @@ def test_init_scaffolds_a_valid_workspace(tmp_path: Path) -> None:
     from runbook.store.project import discover_plans, load_config, state_dir
 
     assert load_config(ws).plans == ["plans/*.md"] and state_dir(ws) == ws / "state"
+    assert load_config(ws).keep_outputs is None  # the starter plan has no sweep: nothing kept
     assert discover_plans(ws) == [ws / "plans/game-plan.md"]  # the notes are not a plan
     validate = runbook(ws, "validate")
     assert validate.returncode == 0, validate.stdout + validate.stderr
@@ -71,6 +72,10 @@ def test_init_example_eagle3_copies_plan_notes_and_prompts(tmp_path: Path) -> No
     assert prompts.read_bytes() == (REPO / "plans/data/prompts.jsonl").read_bytes()
     assert (tmp_path / "plans/data/prompts-heldout.jsonl").stat().st_size > 0
     assert runbook(tmp_path, "validate").returncode == 0
+    # its Phase 2 is a sweep: the pick puts the chosen trial's drafter back from the kept copies
+    from runbook.store.project import load_config
+
+    assert load_config(tmp_path).keep_outputs == "work/kept"
     brief = runbook(tmp_path, "brief").stdout
     assert "--prompts plans/data/prompts-heldout.jsonl -k 3" in brief
     assert "Use at least 8 decoder layers" in brief
