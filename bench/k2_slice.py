@@ -43,22 +43,10 @@ from typing import Any
 import torch
 
 from bench.harness import Table, bench_device, copy_bandwidth, matmul_rate, sync
-from bench.shapes import drafter_training, random_hf
+from bench.shapes import K2, K2_DRAFT_VOCAB, K2_LAYERS, TINY, drafter_training, random_hf
 
-# Kimi-K2's config.json numbers (moonshotai/Kimi-K2-Instruct; Kimi-K2.5's text model is the same), cut to 3 layers
-K2 = {"hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048, "n_routed_experts": 384,
-      "n_shared_experts": 1, "num_experts_per_tok": 8, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.827,
-      "norm_topk_prob": True, "num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 1536,
-      "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 163840,
-      "num_hidden_layers": 3, "first_k_dense_replace": 1}
-K2_LAYERS = 61  # the whole target: 1 dense + 60 MoE layers
 SEED_EXTRACT_TOK_S = 2912.0  # the seed's extraction of the whole target on 8 GPUs
-# the same code path at tiny widths (--smoke)
-TINY = {**K2, "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 8,
-        "num_experts_per_tok": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
-        "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "vocab_size": 512}
 LAYER_IDS = [0, 1, 2]
-DRAFT_VOCAB = {"gpu": 32000, "smoke": 64}
 TABLE = Table("k2_slice")
 
 
@@ -317,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             del model  # training() captures its samples, then drops the last reference to the slice
             steps, warmup = (3, 1) if a.smoke else (a.steps, a.warmup)
             drafter_training(TABLE, held.pop(), rows, shape, dev, ceil, a.smoke, scratch, LAYER_IDS, steps, warmup,
-                        draft_vocab=DRAFT_VOCAB["smoke" if a.smoke else "gpu"])
+                        draft_vocab=K2_DRAFT_VOCAB["smoke" if a.smoke else "gpu"])
             if dev.type == "cuda":
                 TABLE.row("peak memory (capture for training + drafter training)",
                        torch.cuda.max_memory_allocated(dev) / 2**30, "GiB")

@@ -5,7 +5,7 @@
     python -m bench.k2_train_cli --batch-tokens 16384,65536 ...   # the ladder of --batch-tokens to try
 
 What it writes (in --workdir, default a temp dir), then trains on:
-  target/  Kimi-K2's config (all 61 layers; bench.k2_slice.K2) and the three tensors a drafter reads from its
+  target/  Kimi-K2's config (all 61 layers; bench.shapes.K2) and the three tensors a drafter reads from its
            target (embed_tokens and lm_head 163,840 x 7168, the final norm; random bf16): all that `eagle train`
            opens of a real K2 checkpoint, under the tensor names of its shards.
   data/    --rows rows of --seq tokens (random ids) as `eagle prepare` writes them, and their hidden states as
@@ -36,8 +36,15 @@ from typing import Any
 import torch
 
 from bench.harness import Table, bench_device, matmul_rate
-from bench.k2_slice import DRAFT_VOCAB, K2, K2_LAYERS, TINY
-from bench.shapes import drafter_flops_per_token, make_rows, save_verifier_files
+from bench.shapes import (
+    K2,
+    K2_DRAFT_VOCAB,
+    K2_LAYERS,
+    TINY,
+    drafter_flops_per_token,
+    make_rows,
+    save_verifier_files,
+)
 
 K2_AUX = [2, 30, 58]  # eagle's default aux layers for a 61-layer target
 TABLE = Table("k2_train_cli")
@@ -153,7 +160,7 @@ def report(res: dict[str, Any], shape: dict[str, Any], seq: int, rate: float | N
     step_ms = sum(e["step_ms"] * e["steps"] for e in steady) / max(sum(e["steps"] for e in steady), 1)
     h = shape["hidden_size"]
     flops = drafter_flops_per_token(h, shape["intermediate_size"], shape["num_attention_heads"],
-                                    shape["num_key_value_heads"], DRAFT_VOCAB["gpu" if h == K2["hidden_size"] else "smoke"],
+                                    shape["num_key_value_heads"], K2_DRAFT_VOCAB["gpu" if h == K2["hidden_size"] else "smoke"],
                                     3, seq)
     warmed = res["to_warmed_s"] if res["to_warmed_s"] is not None else res["to_training_s"]
     TABLE.row(f"B={b}: process start to 'training ...' (imports, target rows, data)", res["to_training_s"] or 0.0, "s")
@@ -191,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(a.workdir or tempfile.mkdtemp(prefix="k2_train_cli-"))
     TABLE.out = Path(a.out) if a.out else None
     TABLE.rows.clear()
-    TABLE.stamp(dev, hidden=shape["hidden_size"], vocab=shape["vocab_size"], draft_vocab=DRAFT_VOCAB["smoke" if a.smoke
+    TABLE.stamp(dev, hidden=shape["hidden_size"], vocab=shape["vocab_size"], draft_vocab=K2_DRAFT_VOCAB["smoke" if a.smoke
                 else "gpu"], rows=rows, seq=seq, ladder=ladder)
     print(f"# k2_train_cli {TABLE.meta}", flush=True)
     rate = None if a.smoke else matmul_rate(dev, 8192)
@@ -199,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         target = make_target(shape, work / "target", dev, torch.float32 if a.smoke else torch.bfloat16)
         data = make_data(shape, target, work / "data", rows, seq)
-        vocab = eagle("vocab", "--data", str(data), "--draft-vocab", str(DRAFT_VOCAB["smoke" if a.smoke else "gpu"]))
+        vocab = eagle("vocab", "--data", str(data), "--draft-vocab", str(K2_DRAFT_VOCAB["smoke" if a.smoke else "gpu"]))
         _, err = vocab.communicate()
         if vocab.returncode != 0:
             raise RuntimeError(f"eagle vocab failed: {err[-500:]}")

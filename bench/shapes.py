@@ -33,6 +33,20 @@ LLAMA_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 1
 SMOKE_8B = {"hidden_size": 128, "num_hidden_layers": 4, "intermediate_size": 256, "vocab_size": 1000,
             "num_attention_heads": 4, "num_key_value_heads": 2}
 
+# Kimi-K2's config.json numbers (moonshotai/Kimi-K2-Instruct; Kimi-K2.5's text model is the same), cut to 3 layers
+K2 = {"hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048, "n_routed_experts": 384,
+      "n_shared_experts": 1, "num_experts_per_tok": 8, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.827,
+      "norm_topk_prob": True, "num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 1536,
+      "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 163840,
+      "num_hidden_layers": 3, "first_k_dense_replace": 1}
+K2_LAYERS = 61  # the whole target: 1 dense + 60 MoE layers
+# its stand-in for k2_slice's and k2_train_cli's --smoke: the same code path at tiny widths
+TINY = {**K2, "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 8,
+        "num_experts_per_tok": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
+        "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "vocab_size": 512}
+# the K2 drafter's draft vocabulary (AQ-MedAI's K2 drafter), and the smoke runs'
+K2_DRAFT_VOCAB = {"gpu": 32000, "smoke": 64}
+
 # `eagle train`'s arguments in the real-loop and multi-GPU benches, on the GPU and in --smoke
 TTT = 3
 VAL_FRACTION = 0.05
