@@ -41,6 +41,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -303,6 +304,17 @@ def _remove_dead_temps(path: Path) -> None:
                 tmp.unlink()
 
 
+def _remove_interrupted_writes(path: Path) -> None:
+    """Remove what a holder killed while rewriting its lock file left beside it (RunLock._write's
+    atomic write: `.lock.XXXXXXXX.tmp`, kill -9 in that instant; a killed `runbook sweep` left one
+    untracked in the repository). Call only with the directory's flock taken: then no other process
+    writes the file. `.lock.PID.N.tmp` files are _create's, and _remove_dead_temps decides on them."""
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        if not re.fullmatch(r"\d+\.\d+", tmp.name[len(path.name) + 2:-len(".tmp")]):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
 def _clear_stale(path: Path, stale: LockInfo, git_dir: Path | None, warn: Warn) -> None:
     """Take over a lock file nobody holds: stop what provably is the dead run's (only when the lock
     names this workspace and its pid is dead), remove git's locks left in this repository (never
@@ -469,6 +481,8 @@ def _acquire(path: Path, anchor: int, me: LockInfo, gdir: Path | None, say: Warn
     flocked = _take_flock(anchor)
     if flocked is False:
         raise _held_by_another(path)
+    if flocked:
+        _remove_interrupted_writes(path)
     if not _create(path, me):
         # Decide about the existing file under the write lock too, so that without flock two
         # newcomers cannot both take over the same stale lock (one would delete the other's).

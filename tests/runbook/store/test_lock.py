@@ -164,3 +164,17 @@ def test_temporary_lock_of_a_dead_process_is_removed_and_a_live_ones_kept(tmp_pa
         assert read_lock(tmp_path / "lock").run_id == "r1"
     assert not gone.exists() and live.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [live.name]
+
+
+def test_a_holder_killed_while_rewriting_the_lock_file_leaves_nothing_behind(tmp_path):
+    """RunLock's updates of `state/lock` (run id, step) are atomic writes through a temp file beside it,
+    `.lock.XXXXXXXX.tmp`; a holder killed in that instant left it untracked in the repository (a killed
+    `runbook sweep`, 2026-12-04). The next holder, with the directory's flock, removes it, and a
+    `.lock.PID.N.tmp` of a live process stays (test above)."""
+    interrupted, live = tmp_path / ".lock.9v0hb8o4.tmp", tmp_path / f".lock.{os.getpid()}.3.tmp"
+    interrupted.write_text('{"pid": 1')
+    live.write_text("{}")
+    with run_lock(tmp_path, run_id="r2") as lock:
+        assert not interrupted.exists() and live.exists()
+        lock.set_run("r3")  # its own rewrite leaves no temp either
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name]
