@@ -75,7 +75,7 @@ def _metrics_for(name: str, rng: random.Random, good: bool) -> dict[str, float]:
         return out
     if " train " in name:
         out = {"train_loss": round(rng.uniform(1.0, 4.0), 4), "val_loss": round(rng.uniform(1.0, 4.0), 4),
-               "est_accept_len": round(accept, 4), "train_tok_s": round(rng.uniform(800, 3000), 1)}
+               "val_accept_len": round(accept, 4), "train_tok_s": round(rng.uniform(800, 3000), 1)}
         out.update({f"val_acc_{k}": round(rng.uniform(0.2, 0.9), 4) for k in range(3)})
         return out
     if " extract " in name:

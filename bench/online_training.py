@@ -15,7 +15,7 @@ Runs the real CLIs in subprocesses (bench/multi_gpu_scaling.py's helpers), in th
    train; online: vocab + train), so what each path costs for that many epochs.
 2. Accuracy, on the trained toy target and its regenerated prompts (--toy-target, --toy-data: a
    prepared data dir): offline and online training with the same settings; the best epoch's per-step
-   validation accuracies and est_accept_len of each (the "same accuracy on the same data" check).
+   validation accuracies and val_accept_len of each (the "same accuracy on the same data" check).
 Prints one table; writes OUT/online_training.json after every row (OUT: --out, else $OUT).
 """
 
@@ -104,7 +104,7 @@ def train_run(target: Path, data: Path, out: Path, gpu: bool, extra: list[str]) 
             "wait": last.get("data_wait_s", 0.0) / last["seconds"], "recompiles": text.count("Recompiling function"),
             "target": (last["target_s"] / last["seconds"]) if last.get("target_s") is not None else None,
             "val_acc": [m[k] for k in sorted(m) if k.startswith("val_acc_")], "val_loss": m.get("val_loss"),
-            "est": m.get("est_accept_len"), "seconds": sum(e["seconds"] for e in log["epochs"])}
+            "est": m.get("val_accept_len"), "seconds": sum(e["seconds"] for e in log["epochs"])}
 
 
 def cli(args: list[str], gpu: bool, work: Path, name: str) -> tuple[float, dict[str, Any]]:
@@ -162,8 +162,8 @@ def accuracy(a: argparse.Namespace, gpu: bool, work: Path, out: Path | None) -> 
     on = train_run(a.toy_target, data, work / "toy-online", gpu, [*common, "--online"])
     for name, r in (("offline", off), ("online", on)):
         row(out, f"toy target, {name}: val_acc", " ".join(f"{x:.3f}" for x in r["val_acc"]), "",
-            f"est_accept_len {r['est']:.3f}, val_loss {r['val_loss']:.4f}, {r['tok_s']:,.0f} tok/s")
-    row(out, "toy target: est_accept_len online - offline", float(on["est"] - off["est"]), "",
+            f"val_accept_len {r['est']:.3f}, val_loss {r['val_loss']:.4f}, {r['tok_s']:,.0f} tok/s")
+    row(out, "toy target: val_accept_len online - offline", float(on["est"] - off["est"]), "",
         f"{a.toy_epochs} epochs, batch {a.toy_batch_tokens}, same seed and rows")
 
 

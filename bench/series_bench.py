@@ -23,7 +23,7 @@ from pathlib import Path
 from runbook.store import series
 
 TRAIN = ["train_loss", "train_loss_0", "train_loss_1", "train_loss_2", "train_acc_0", "train_acc_1", "train_acc_2", "lr"]
-VAL = ["val_loss", "est_accept_len", "val_acc_0", "val_acc_1", "val_acc_2", "train_tok_s"]
+VAL = ["val_loss", "val_accept_len", "val_acc_0", "val_acc_1", "val_acc_2", "train_tok_s"]
 
 
 def main() -> None:

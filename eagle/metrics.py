@@ -48,9 +48,9 @@ def write_metrics(metrics: dict[str, float], path: str | os.PathLike[str] | None
 # ---- metric series ($RUNBOOK_SERIES) ----------------------------------------------------------------
 
 # TensorBoard tags (eagle/train/step_log.py) -> series names, so that a series and the summary metric of
-# the same quantity share a name (`val_loss`, `val_acc_0`, `est_accept_len`, `train_tok_s`).
+# the same quantity share a name (`val_loss`, `val_acc_0`, `val_accept_len`, `train_tok_s`).
 _SERIES_NAMES = {"train/loss": "train_loss", "train/lr": "lr", "val/loss": "val_loss",
-                 "val/est_accept_len": "est_accept_len", "speed/train_tok_s": "train_tok_s"}
+                 "val/accept_len": "val_accept_len", "speed/train_tok_s": "train_tok_s"}
 
 
 def series_name(tag: str) -> str:

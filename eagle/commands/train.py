@@ -160,7 +160,7 @@ def command(model: Path, data: Path, out: Path, epochs: int, lr: float | None, t
     \b
     Writes OUT/config.json + OUT/model.safetensors (vLLM loads OUT as the drafter; bf16 without the
     frozen embedding, verifier.name_or_path absolute), and the metrics train_loss, val_loss,
-    val_acc_0..k-1, est_accept_len, train_tok_s to $RUNBOOK_METRICS.
+    val_acc_0..k-1, val_accept_len, train_tok_s to $RUNBOOK_METRICS.
     The drafter is one Llama decoder layer for every target (Llama, Qwen3, DeepSeek-V3 / Kimi, ...);
     its shape is the target's unless --draft-config / --draft-* set it.
     Exit codes: 0 trained, 1 bad data or environment (out of device memory too: the message names

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import AliasChoices, BaseModel, Field
 
 from eagle.common import EagleError
 from eagle.target import DraftShape
@@ -70,7 +70,9 @@ class EpochRecord(BaseModel):
     train_loss: float
     val_loss: float | None
     val_acc: list[float]
-    est_accept_len: float | None
+    # 1 + sum_k prod_{j<=k} val_acc_j: the accept length the validation split's step accuracies give
+    # (teacher-forced), not held-out acceptance; called est_accept_len before issue 50 (old logs read)
+    val_accept_len: float | None = Field(validation_alias=AliasChoices("val_accept_len", "est_accept_len"))
     train_tok_s: float
     step_ms: float
     steps: int
@@ -216,7 +218,7 @@ def summary_metrics(log: TrainLog) -> dict[str, float]:
     if best.val_loss is not None:
         metrics["val_loss"] = best.val_loss
         metrics.update({f"val_acc_{i}": a for i, a in enumerate(best.val_acc)})
-        metrics["est_accept_len"] = best.est_accept_len or 1.0
+        metrics["val_accept_len"] = best.val_accept_len or 1.0
     return metrics
 
 

@@ -9,12 +9,12 @@ loss, per-draft-step losses, accuracy counts); they are stacked on the device an
     train/loss_step{i}         draft step i's own loss (before its weight loss_decay**i)
     train/acc_step{i}          draft step i's accuracy given steps < i were right (as val_acc)
     train/lr                   the learning rate of that step
-    val/loss, val/acc_step{i}, val/est_accept_len     at each validation
+    val/loss, val/acc_step{i}, val/accept_len     at each validation
     speed/train_tok_s          per epoch
 
 Under runbook (`$RUNBOOK_SERIES` set) the same values also go to the run's metric series, one JSON
 line per logged step, named as the summary metrics are (`train_loss`, `train_acc_0`, `val_loss`,
-`val_acc_0`, `est_accept_len`, `lr`, ...: eagle.metrics.series_name), with or without TensorBoard.
+`val_acc_0`, `val_accept_len`, `lr`, ...: eagle.metrics.series_name), with or without TensorBoard.
 """
 
 from __future__ import annotations

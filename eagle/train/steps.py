@@ -115,7 +115,7 @@ def step_accuracies(correct: list[float], total: list[float]) -> list[float]:
     return out
 
 
-def est_accept_len(step_acc: list[float]) -> float:
+def val_accept_len(step_acc: list[float]) -> float:
     """1 + sum over k of prod_{j<=k} acc_j: expected tokens per target step when a draft is
     accepted up to its first miss (acc_j = accuracy at step j given steps < j were right)."""
     total, run = 1.0, 1.0

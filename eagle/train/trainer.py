@@ -55,7 +55,6 @@ from eagle.train.hooks import StepHooks, current
 from eagle.train.steps import (
     backward_step,
     compile_settings,
-    est_accept_len,
     forward,
     graphed_train_step,
     lr_lambda,
@@ -63,6 +62,7 @@ from eagle.train.steps import (
     step_autocast,
     step_scalars,
     use_doc_attention,
+    val_accept_len,
 )
 
 __all__ = ["LOG_FILE", "STATE_FILE", "Trainer", "epoch_batches", "train", "val_batches"]
@@ -685,7 +685,7 @@ class Trainer:
         self.data.take_target_seconds()  # validation's forwards are not training time
         return EpochRecord(
             epoch=epoch, train_loss=loss_total / max(n_batches, 1), val_loss=val_loss, val_acc=val_acc,
-            est_accept_len=est_accept_len(val_acc) if val_acc else None,
+            val_accept_len=val_accept_len(val_acc) if val_acc else None,
             train_tok_s=tok_total / max(seconds, 1e-9), step_ms=1000 * seconds / max(len(batches), 1),
             steps=int(n_batches), seconds=seconds, data_wait_s=tally.wait,
             target_s=tally.target_s if self.data.runs_target else None)
@@ -696,7 +696,7 @@ class Trainer:
         logged at the current optimizer step; (None, []) without validation samples."""
         val_loss, val_acc = self._evaluate()
         if val_loss is not None:
-            self.tb.scalars({"val/loss": val_loss, "val/est_accept_len": est_accept_len(val_acc),
+            self.tb.scalars({"val/loss": val_loss, "val/accept_len": val_accept_len(val_acc),
                              **{f"val/acc_step{i}": a for i, a in enumerate(val_acc)}}, self.opt_step)
         return val_loss, val_acc
 
@@ -753,7 +753,7 @@ def _epoch_line(record: EpochRecord, best: bool) -> str:
     acc = " ".join(f"{a:.3f}" for a in record.val_acc)
     return (f"epoch {record.epoch}: train_loss {record.train_loss:.4f}  val_loss "
             f"{record.val_loss if record.val_loss is not None else float('nan'):.4f}  val_acc [{acc}]  "
-            f"est_accept_len {record.est_accept_len or float('nan'):.2f}  {record.train_tok_s:,.0f} tok/s  "
+            f"val_accept_len {record.val_accept_len or float('nan'):.2f}  {record.train_tok_s:,.0f} tok/s  "
             f"{record.step_ms:.0f} ms/batch  (data wait {record.data_wait_s / seconds:.0%}"
             + (f", target {record.target_s / seconds:.0%}" if record.target_s is not None else "")
             + f"){'  *best' if best else ''}")

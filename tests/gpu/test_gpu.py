@@ -319,7 +319,7 @@ def test_train_online_on_gpu(toy_target: Path, toy_data: Path, tmp_path: Path) -
     res = _eagle("train", "--model", str(toy_target), "--data", str(data), "--out", str(tmp_path / "d"), "--online",
                  "--epochs", "2", "--device", "cuda", "--json")
     m = json.loads(res.stdout)
-    assert m["est_accept_len"] > 1.0 and m["train_tok_s"] > 0
+    assert m["val_accept_len"] > 1.0 and m["train_tok_s"] > 0
     log = json.loads((tmp_path / "d" / "train_log.json").read_text())
     assert log["args"]["online"] and log["epochs"][-1]["target_s"] > 0
 

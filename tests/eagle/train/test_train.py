@@ -12,12 +12,12 @@ import torch
 from click.testing import CliRunner
 
 
-def test_est_accept_len_and_step_accuracies() -> None:
-    from eagle.train.steps import est_accept_len, step_accuracies
+def test_val_accept_len_and_step_accuracies() -> None:
+    from eagle.train.steps import step_accuracies, val_accept_len
 
-    assert est_accept_len([]) == 1.0
-    assert est_accept_len([1.0, 1.0, 1.0]) == 4.0
-    assert est_accept_len([0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25)
+    assert val_accept_len([]) == 1.0
+    assert val_accept_len([1.0, 1.0, 1.0]) == 4.0
+    assert val_accept_len([0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25)
     # cumulative "all steps so far right" counts -> per-step conditional accuracies
     assert step_accuracies([8, 4, 1], [10, 10, 10]) == pytest.approx([0.8, 0.5, 0.25])
 
@@ -78,8 +78,8 @@ def test_cli_metrics_and_init_from(small: tuple[Path, Path], tmp_path: Path) -> 
     res = runner.invoke(command, [*base, "--out", str(tmp_path / "a"), "--epochs", "1"], env={"RUNBOOK_METRICS": str(metrics)})
     assert res.exit_code == 0, res.output
     got = json.loads(metrics.read_text())
-    assert {"train_loss", "val_loss", "val_acc_0", "val_acc_1", "val_acc_2", "est_accept_len", "train_tok_s"} <= set(got)
-    assert got["est_accept_len"] == pytest.approx(1 + got["val_acc_0"] * (1 + got["val_acc_1"] * (1 + got["val_acc_2"])))
+    assert {"train_loss", "val_loss", "val_acc_0", "val_acc_1", "val_acc_2", "val_accept_len", "train_tok_s"} <= set(got)
+    assert got["val_accept_len"] == pytest.approx(1 + got["val_acc_0"] * (1 + got["val_acc_1"] * (1 + got["val_acc_2"])))
 
     # matching drafter: fine-tunes from it (its first epoch starts far below a fresh drafter's)
     res = runner.invoke(command, [*base, "--out", str(tmp_path / "b"), "--epochs", "1", "--init-from", str(tmp_path / "a")])
@@ -125,7 +125,7 @@ def test_toy_target_training_gives_a_useful_drafter(toy_target: Path, toy_data: 
     m = summary_metrics(log)
     print({"seconds": round(time.perf_counter() - t0, 1), **{k: round(v, 3) for k, v in m.items()},
            "losses": [round(r.train_loss, 3) for r in log.epochs]})
-    assert m["est_accept_len"] > 1.8
+    assert m["val_accept_len"] > 1.8
     assert log.epochs[-1].train_loss < log.epochs[0].train_loss
 
 
@@ -194,3 +194,16 @@ def test_a_run_killed_mid_epoch_resumes_with_the_same_losses(small: tuple[Path, 
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     print(f"\n[resume] killed at optimizer step {position['opt_step']} (epoch {position['epoch']}, "
           f"{position['done']}/{len(position['batches'])} packs); {len(got)} step losses equal")
+
+
+def test_a_train_log_of_the_old_metric_name_still_reads() -> None:
+    """val_accept_len was est_accept_len before issue 50: a train_log.json written then (a run to resume,
+    a log to read) loads, the value under the new name; what is written now uses the new name."""
+    from eagle.train.config import EpochRecord
+
+    old = {"epoch": 1, "train_loss": 1.0, "val_loss": 0.9, "val_acc": [0.8], "est_accept_len": 1.8,
+           "train_tok_s": 10.0, "step_ms": 1.0, "steps": 1, "seconds": 0.1}
+    record = EpochRecord.model_validate(old)
+    assert record.val_accept_len == 1.8
+    assert "val_accept_len" in record.model_dump() and "est_accept_len" not in record.model_dump()
+    assert EpochRecord(**{**old, "est_accept_len": None, "val_accept_len": 2.5}).val_accept_len == 2.5

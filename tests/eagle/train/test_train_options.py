@@ -103,7 +103,7 @@ def test_accumulation_stepwise_validation_checkpoints_and_tensorboard(small: tup
     acc = EventAccumulator(str(out / "tensorboard"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    assert {"train/loss", "train/lr", "val/loss", "val/est_accept_len", "speed/train_tok_s"} <= tags
+    assert {"train/loss", "train/lr", "val/loss", "val/accept_len", "speed/train_tok_s"} <= tags
     assert {f"train/acc_step{i}" for i in range(5)} | {f"train/loss_step{i}" for i in range(5)} <= tags
     steps = [e.step for e in acc.Scalars("train/loss")]
     assert steps == list(range(1, opt_steps + 1))

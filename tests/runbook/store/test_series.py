@@ -200,7 +200,7 @@ Pass: train_loss < 100
     steps = sum(e["steps"] for e in log["epochs"])
     # one point per optimizer step, per-step accuracies, the learning rate, validation per epoch
     assert by_name["train_loss"]["points"] == steps and by_name["lr"]["points"] == steps
-    assert {"train_acc_0", "train_loss_0", "val_loss", "val_acc_0", "est_accept_len"} <= set(by_name)
+    assert {"train_acc_0", "train_loss_0", "val_loss", "val_acc_0", "val_accept_len"} <= set(by_name)
     assert by_name["val_loss"]["points"] == 2 and by_name["val_loss"]["last"] == pytest.approx(
         log["epochs"][-1]["val_loss"], rel=1e-4)
     kept = series.load(repo / "state", run_id)
