@@ -450,6 +450,23 @@ def popen_runbook(repo: Path, *args: str, env: dict[str, str] | None = None, **k
     )
 
 
+def kill_9_once(repo: Path, args: tuple[str, ...], env: dict[str, str] | None, until: Callable[[], object],
+                message: str, timeout: float = 60) -> None:
+    """Start `runbook ARGS` in `repo`, wait until `until()` is true, then SIGKILL it: the process this
+    call started, nothing else (its pipes are drained and it is reaped)."""
+    import signal
+
+    proc = popen_runbook(repo, *args, env=env)
+    try:
+        wait_for(until, timeout=timeout, message=message)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
 def assert_no_traceback(result: subprocess.CompletedProcess | tuple[str, str], what: str = "") -> None:
     out, err = (result.stdout, result.stderr) if not isinstance(result, tuple) else result
     for stream in (out or "", err or ""):

@@ -8,8 +8,6 @@ in process, a real subprocess for the kill."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import helpers as H
@@ -110,15 +108,7 @@ def test_next_runs_a_sweep_phase_as_its_sweep_and_follows_the_picked_trial(tmp_p
 def test_a_sweep_phase_killed_with_minus_9_goes_on_with_its_other_points_under_next(tmp_path: Path) -> None:
     repo = repo_at(tmp_path / "repo")
     (repo / "nap").write_text("")  # while it is there, the trial with x=3 sleeps a minute
-    proc = H.popen_runbook(repo, "next", "--until-stop", "--yes", env=ENV)
-    try:
-        H.wait_for(lambda: len(trials(repo)) >= 2, timeout=60, message="two trials recorded")
-        os.kill(proc.pid, signal.SIGKILL)  # the runbook this test started, nothing else
-        proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+    H.kill_9_once(repo, ("next", "--until-stop", "--yes"), ENV, lambda: len(trials(repo)) >= 2, "two trials recorded")
     (repo / "nap").unlink()
     done = H.runbook_inproc(repo, "next", "--until-stop", "--yes", "--json", env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]

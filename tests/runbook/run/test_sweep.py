@@ -6,8 +6,6 @@ subprocess for the kill."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import helpers as H
@@ -150,15 +148,7 @@ def test_a_sweep_killed_with_minus_9_after_two_trials_goes_on_with_the_other_fou
     args = ("sweep", "1", *GRID, "--yes")
     env = {"RUNBOOK_ENV_PROBE": "0"}
     (repo / "nap").write_text("")  # while it is there, a trial with hidden=40 (the third) sleeps a minute
-    proc = H.popen_runbook(repo, *args, env=env)
-    try:
-        H.wait_for(lambda: len(trials(repo)) >= 2, timeout=60, message="two trials recorded")
-        os.kill(proc.pid, signal.SIGKILL)  # the runbook this test started, nothing else
-        proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+    H.kill_9_once(repo, args, env, lambda: len(trials(repo)) >= 2, "two trials recorded")
     (repo / "nap").unlink()
     assert sorted(r["trial"]["index"] for r in trials(repo)) == [1, 2]
     again = ok(H.runbook_inproc(repo, *args, "--json", env=env))["result"]  # the same command again
