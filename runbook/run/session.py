@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from runbook.errors import RunbookError, warning
 from runbook.model import EXIT_CODES, JUDGED, Phase, Plan, RunRecord
+from runbook.run.holding import refuse_hand_edits
 
 if TYPE_CHECKING:
     from runbook.contract import DetachedView, NextResult, Selected
@@ -252,7 +253,7 @@ class Session:
             what = ("re-attaches to its Slurm job" if live.executor == "slurm" and live.step
                     else "records it as interrupted")
             self.say(f"run {live.run_id} ({live.phase}) was not recorded: its runbook died; the supervisor {what} first")
-        self.refuse_hand_edits(ws, plan)
+        refuse_hand_edits(ws, plan)
         if sel.phase is not None and sel.phase.sweep and not pending:
             raise RunbookError(f"{sel.phase.display_name} runs as a sweep (its `Sweep:` line), which does not run "
                                "detached", "usage", hint="run it in the foreground: runbook next --yes (a sweep "
@@ -282,13 +283,6 @@ class Session:
     def _interactive(self) -> bool:
         return not self.as_json and self.talk.interactive()
 
-    @staticmethod
-    def refuse_hand_edits(ws: Workspace, plan: Plan) -> None:
-        """runbook/run/holding.py's `refuse_hand_edits`."""
-        from runbook.run.holding import refuse_hand_edits
-
-        refuse_hand_edits(ws, plan)
-
     def loop(self, ws: Workspace, lock: RunLock, commit: bool) -> Finished:
         from runbook.run import runner
         from runbook.run.executor import Interrupts
@@ -299,7 +293,7 @@ class Session:
         code = 0
         try:
             if self._has_orphans(ws):
-                self.refuse_hand_edits(ws, ws.load_plan())  # before the dead run is recorded and committed
+                refuse_hand_edits(ws, ws.load_plan())  # before the dead run is recorded and committed
                 interrupts = Interrupts().__enter__()
                 continued, recorded = runner.settle_orphans(ws, lock, self.options(commit, interrupts))
                 self.settled += [r.record for r in recorded]
@@ -318,7 +312,7 @@ class Session:
                 plan = ws.load_plan()
                 for w in ws.warnings:
                     self.talk.note(str(w))
-                self.refuse_hand_edits(ws, plan)  # before a run, and before runs left uncommitted are committed
+                refuse_hand_edits(ws, plan)  # before a run, and before runs left uncommitted are committed
                 first = not self.runs
                 if self.sets and self.overrides is None:  # the supervisor of a detached run starts here
                     from runbook.plan.overrides import parse_sets

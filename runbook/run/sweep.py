@@ -178,11 +178,12 @@ def trials_of(ws: Workspace, spec: SweepSpec) -> dict[int, RunRecord]:
 
 
 def _spec_for(ws: Workspace, plan: Plan, req: SweepRequest, say: Callable[[str], None],
-              from_plan: bool = False) -> tuple[SweepSpec, bool]:
+              from_plan: bool = False, fresh: bool = False) -> tuple[SweepSpec, bool]:
     """The sweep to run: (spec, resumed). A new one, or the same sweep started before and not
     finished (the same command again), or with --resume the one named (default: the latest unfinished).
     `from_plan` (a `Sweep:` phase under `runbook next`): a finished same sweep that no choice came
-    from is the one too (stopped between its last trial and the pick: only the pick is left)."""
+    from is the one too (stopped between its last trial and the pick: only the pick is left).
+    `fresh`: always a new one (`runbook next --restart`)."""
     from runbook.formatting import iso, utc_now
     from runbook.store import ledger, sweeps
 
@@ -224,7 +225,7 @@ def _spec_for(ws: Workspace, plan: Plan, req: SweepRequest, say: Callable[[str],
         resolve_pick(req.pick, phase)  # refused now, not after the trials
     spec = sweeps.SweepSpec(sweep_id=ledger.new_run_id(), plan=ws.plan_rel, phase=phase.id, points=points,
                             pick=req.pick, jobs=max(1, req.jobs), created=iso(utc_now()))
-    for same in reversed(sweeps.find_same(ws.state, spec)):
+    for same in [] if fresh else reversed(sweeps.find_same(ws.state, spec)):
         if len(trials_of(ws, same)) < len(same.points):
             say(f"continuing sweep {same.sweep_id} (the same sweep, started {same.created}, not finished)")
             return same, True
@@ -247,15 +248,8 @@ def spec_for_phase(ws: Workspace, plan: Plan, phase: Phase, base: dict[str, str]
     values of other vars, in every point) and `Pick:`. The same sweep started before is continued
     when it did not finish, or picked from when it finished and was never picked from, as
     `runbook sweep` continues one; with `restart` it is a new sweep. Reads only; nothing is written."""
-    if restart:
-        from runbook.formatting import iso, utc_now
-        from runbook.store import ledger, sweeps
-
-        points = [{**base, **p} for p in parse_points(phase.sweep, [], plan, ws.plan_rel)]
-        return sweeps.SweepSpec(sweep_id=ledger.new_run_id(), plan=ws.plan_rel, phase=phase.id, points=points,
-                                pick=phase.pick, created=iso(utc_now())), False
     req = SweepRequest(phase_ref=phase.id, sets=tuple(phase.sweep), pick=phase.pick, base=dict(base))
-    return _spec_for(ws, plan, req, say, from_plan=True)
+    return _spec_for(ws, plan, req, say, from_plan=True, fresh=restart)
 
 
 def refuse_swept_sets(plan: Plan, phase: Phase, overrides: dict[str, str] | None, file: str) -> None:

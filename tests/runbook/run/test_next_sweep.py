@@ -120,3 +120,21 @@ def test_a_sweep_phase_killed_with_minus_9_goes_on_with_its_other_points_under_n
     assert [r["trial"]["index"] for r in runs if r.get("trial")] == [3]  # only the point not yet run
     assert [(r["phase"], r["verdict"]) for r in runs if not r.get("trial")] == [("phase-1", "pass"), ("phase-2", "pass")]
     assert (repo / "work" / "used.txt").read_text() == "model x=2\n"
+
+
+def test_restart_of_a_sweep_phase_runs_a_new_sweep_of_its_points(tmp_path: Path) -> None:
+    """`runbook next --phase 1 --restart` on a phase whose sweep finished and was picked from runs the
+    whole grid again as a new sweep (not the finished one continued), and its pick decides the phase."""
+    repo = repo_at(tmp_path / "repo")
+    first = H.runbook_inproc(repo, "next", "--yes", env=ENV)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {r["trial"]["sweep"] for r in trials(repo)}
+    again = H.runbook_inproc(repo, "next", "--phase", "1", "--restart", "--yes", env=ENV)
+    assert again.returncode == 0, again.stderr[-3000:]
+    sweeps = {r["trial"]["sweep"] for r in trials(repo)}
+    assert len(before) == 1 and len(sweeps) == 2
+    new = sweeps - before
+    assert sorted(r["trial"]["index"] for r in trials(repo) if r["trial"]["sweep"] in new) == [1, 2, 3]
+    assert "continuing sweep" not in again.stdout + again.stderr
+    status = json.loads(H.runbook_inproc(repo, "status", "--json").stdout)["result"]
+    assert status["phases"][0]["state"] == "passed"
