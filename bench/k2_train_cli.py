@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from bench.harness import Table, bench_device, matmul_rate
+from bench.harness import Table, bench_device, eagle_cli, matmul_rate
 from bench.shapes import (
     K2,
     K2_DRAFT_VOCAB,
@@ -79,11 +79,6 @@ def make_data(shape: dict[str, Any], target: Path, where: Path, rows: int, seq: 
     return where
 
 
-def eagle(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "eagle.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
 def gpu_memory_mib(pid: int) -> float | None:
     """The GPU memory nvidia-smi reports for `pid` (its allocator's reservations and the CUDA context), or None."""
     try:
@@ -102,7 +97,7 @@ def train_once(target: Path, data: Path, out: Path, batch_tokens: int, epochs: i
                timeout: float) -> dict[str, Any]:
     """One `eagle train` process, timed from the outside (see the module's docstring)."""
     t0 = time.perf_counter()
-    proc = eagle("train", "--model", str(target), "--data", str(data), "--out", str(out), "--epochs", str(epochs),
+    proc = eagle_cli("train", "--model", str(target), "--data", str(data), "--out", str(out), "--epochs", str(epochs),
                  "--batch-tokens", str(batch_tokens), "--no-tensorboard", "--device", "cuda" if cuda else "cpu",
                  "--json")
     marks: dict[str, float] = {}
@@ -126,19 +121,24 @@ def train_once(target: Path, data: Path, out: Path, batch_tokens: int, epochs: i
             if mib is not None:
                 peak[0] = max(peak[0], mib)
 
-    threads = [threading.Thread(target=read_stderr, daemon=True), threading.Thread(target=poll_memory, daemon=True)]
+    printed: list[str] = []
+
+    def read_stdout() -> None:  # on a thread, so that the wait below can time out
+        assert proc.stdout is not None
+        printed.append(proc.stdout.read())
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (read_stderr, read_stdout, poll_memory)]
     for t in threads:
         t.start()
     try:
-        stdout = proc.stdout.read() if proc.stdout else ""
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        stdout = ""
     done.set()
     for t in threads:
         t.join(timeout=5)
+    stdout = "".join(printed)
     wall = time.perf_counter() - t0
     res: dict[str, Any] = {"batch_tokens": batch_tokens, "rc": proc.returncode, "wall_s": wall,
                            "to_training_s": marks.get("training "), "to_warmed_s": marks.get("warm-up: "),
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         target = make_target(shape, work / "target", dev, torch.float32 if a.smoke else torch.bfloat16)
         data = make_data(shape, target, work / "data", rows, seq)
-        vocab = eagle("vocab", "--data", str(data), "--draft-vocab", str(K2_DRAFT_VOCAB["smoke" if a.smoke else "gpu"]))
+        vocab = eagle_cli("vocab", "--data", str(data), "--draft-vocab", str(K2_DRAFT_VOCAB["smoke" if a.smoke else "gpu"]))
         _, err = vocab.communicate()
         if vocab.returncode != 0:
             raise RuntimeError(f"eagle vocab failed: {err[-500:]}")
