@@ -276,7 +276,6 @@ def _create(path: Path, info: LockInfo) -> bool:
     The content is written and fsynced in a temporary file beside it, which is then hard-linked to
     `path` (the link fails when `path` exists, as O_EXCL would): a crash or a full disk leaves no
     lock or a complete one, never an empty or partial one that blocks the workspace."""
-    _remove_dead_temps(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -294,25 +293,18 @@ def _create(path: Path, info: LockInfo) -> bool:
             os.unlink(tmp)
 
 
-def _remove_dead_temps(path: Path) -> None:
-    """Remove the temporary lock files of processes that died between writing and linking them
-    (`.lock.PID.N.tmp`, kill -9 in that instant), so they never linger untracked in the repository."""
+def _remove_dead_temps(path: Path, flocked: bool) -> None:
+    """Remove the temporary files dead writers of the lock file left beside it, so that they never
+    linger untracked in the repository: `.lock.PID.N.tmp` of a process that died between writing its
+    new lock and linking it (_create; kept while that pid lives), and `.lock.XXXXXXXX.tmp` of a holder
+    killed while rewriting its file (RunLock._write's atomic write; a killed `runbook sweep` left one),
+    removed only when `flocked`: with the directory's flock taken, no other process writes the file."""
     for tmp in path.parent.glob(f".{path.name}.*.tmp"):
-        pid = tmp.name[len(path.name) + 2:].split(".", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-
-
-def _remove_interrupted_writes(path: Path) -> None:
-    """Remove what a holder killed while rewriting its lock file left beside it (RunLock._write's
-    atomic write: `.lock.XXXXXXXX.tmp`, kill -9 in that instant; a killed `runbook sweep` left one
-    untracked in the repository). Call only with the directory's flock taken: then no other process
-    writes the file. `.lock.PID.N.tmp` files are _create's, and _remove_dead_temps decides on them."""
-    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
-        if not re.fullmatch(r"\d+\.\d+", tmp.name[len(path.name) + 2:-len(".tmp")]):
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+        created = re.fullmatch(r"(\d+)\.\d+", tmp.name[len(path.name) + 2:-len(".tmp")])
+        if (created and pid_alive(int(created[1]))) or (not created and not flocked):
+            continue
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def _clear_stale(path: Path, stale: LockInfo, git_dir: Path | None, warn: Warn) -> None:
@@ -481,8 +473,7 @@ def _acquire(path: Path, anchor: int, me: LockInfo, gdir: Path | None, say: Warn
     flocked = _take_flock(anchor)
     if flocked is False:
         raise _held_by_another(path)
-    if flocked:
-        _remove_interrupted_writes(path)
+    _remove_dead_temps(path, flocked=bool(flocked))
     if not _create(path, me):
         # Decide about the existing file under the write lock too, so that without flock two
         # newcomers cannot both take over the same stale lock (one would delete the other's).
