@@ -76,12 +76,15 @@ say "runbook next exited $rc after $((runs_after - runs_before)) run(s) ($(elaps
 
 if [ "$runs_after" -gt "$runs_before" ] && { [ "$rc" -eq 0 ] || [ "$rc" -eq 1 ]; }; then
     say "recording the milestone: runbook record ... --run <Phase 2's pick>"
-    path=$(python - <<'PY'
+    # line 1: the run the milestone is attached to (Phase 2's pick, else the last run); then the body
+    out=$(python - <<'PY'
 import json, pathlib
 # in the order they started (two run ids of one second sort by their random suffix)
 records = sorted((json.loads(p.read_text()) for p in pathlib.Path("state/runs").glob("*.json")),
                  key=lambda r: (r["started"], r["run_id"]))
 runs = [r for r in records if not r.get("trial")]  # a sweep's trials decide nothing; the pick does
+picked = next((r for r in reversed(runs) if r.get("decision") and r["decision"].get("sweep")), None)
+print(picked["run_id"] if picked is not None else "last")
 print("Path taken: " + " -> ".join(f"Phase {r['phase_label']} {r['verdict']}" for r in runs) + ".")
 last = runs[-1]["metrics"]
 if "accept_len" in last:
@@ -92,7 +95,6 @@ if "accept_len" in last:
     k = (f"k = 3 measured; the Leviathan bound's best k = {int(last['best_k'])} (bound {last['best_k_bound']:.2f}x "
          f"at cost ratio c = {last['cost_ratio']:.3f}, against {last['leviathan_bound']:.2f}x at k = 3)"
          if "best_k" in last else "k = 3 measured (no bench ran: no best k)")
-    picked = next((r for r in reversed(runs) if r.get("decision") and r["decision"].get("sweep")), None)
     data = ""
     if picked is not None:
         sweep = picked["decision"]["sweep"]
@@ -111,10 +113,8 @@ PY
     # attached to the run that chose the drafter (Phase 2's pick; else the last run), and --plot
     # train_loss: the chosen drafter's training curve (what `eagle train` appended to $RUNBOOK_SERIES
     # in the trial the pick chose) as a chart in the milestone, committed with the notes
-    chosen=$(python -c 'import json, pathlib
-runs = sorted((json.loads(p.read_text()) for p in pathlib.Path("state/runs").glob("*.json")),
-              key=lambda r: (r["started"], r["run_id"]))
-print(next((r["run_id"] for r in reversed(runs) if (r.get("decision") or {}).get("sweep")), "last"))')
+    chosen=${out%%$'\n'*}
+    path=${out#*$'\n'}
     echo "$path" | runbook record "Demo: the plan ran to its end" --plan "$PLAN" --run "$chosen" --body - --plot train_loss \
         --lesson "Probe before you train: \`eagle probe\` tells in minutes whether the old drafter carries over to the new target (fine-tune) or not (train from scratch), and its \`vocab_coverage\` whether its draft vocabulary does (keep it, or fine-tune with a new one)." \
         --next "Point the plan's vars at a real model (README: With a real model on a GPU server) and run \`runbook next --phase 0 --yes\`." \
