@@ -51,6 +51,15 @@ def test_plan_routes_on_acceptance_and_shows_the_rest() -> None:
     assert phase2.on_pass == "Phase 3" and phase3.inputs == ["{draft_big}"]
     assert {"best_k", "best_k_bound"} <= set(phase3.columns)
     assert "`-k <best_k>`" in phase3.goal
+    # Phase P, first of a real project (Phase S deleted): a drafter already published for the successor,
+    # measured as our own are; it ends the plan when it passes, else Phase 0. Nothing leads to it at toy scale.
+    published, setup = plan.find_phase("published"), plan.find_phase("setup")
+    assert published is not None and setup is not None and published.criterion is not None
+    assert plan.phases.index(published) == plan.phases.index(setup) + 1 and setup.on_pass == "Phase 0"
+    assert published.criterion.text.strip("`") == "accept_len >= 1.75 and greedy_match == 1"
+    assert (published.on_pass, published.on_fail) == ("stop", "Phase 0")
+    assert any(step.command.startswith("eagle evaluate --model {target} --draft {published_draft} --prompts {heldout}")
+               for step in published.steps)
 
 
 def run_demo(workspace: Path, home: Path) -> tuple[subprocess.CompletedProcess[str], float]:
