@@ -100,6 +100,18 @@ def parse_utc(value: str | None) -> _dt.datetime | None:
         return None
 
 
+def parse_utc_precise(value: str | None) -> _dt.datetime | None:
+    """The moment an ISO 8601 text names, to the text's own precision (the ledger's and the notes'
+    microseconds kept, where `parse_utc` rounds to the second); None when it names none."""
+    if not value:
+        return None
+    try:
+        moment = parse_iso(value.strip())
+    except ValueError:
+        return parse_utc(value)
+    return moment if moment.tzinfo else moment.replace(tzinfo=_dt.timezone.utc)
+
+
 def minute_text(value: str | _dt.datetime | None) -> str:
     """A time as people read it, to the minute, in UTC: "2026-11-29 14:30" (the callers say " UTC"
     where the reader needs it); `-` for none, the text's first 16 characters when it is not a time."""

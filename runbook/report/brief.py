@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from runbook.contract import Brief, MilestoneText, NoteStep, top_metrics
-from runbook.formatting import format_took, format_value, iso_utc, parse_utc
+from runbook.formatting import format_took, format_value, iso_utc, parse_utc_precise
 from runbook.model import Expr, Metrics, Plan, RunRecord
 from runbook.plan.mdtext import to_lf
 from runbook.report.notes import read_framing, read_lessons, read_milestones, read_next_steps, read_status
@@ -34,6 +34,9 @@ __all__ = ["DEFAULT_MAX_CHARS", "build_brief", "fit_brief", "headline", "ran_sin
 DEFAULT_MAX_CHARS = 6000
 
 _WHEN = re.compile(r"(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(?::\d{2})?(?:\s*UTC|Z)?)")
+# the moment `runbook record` wrote the status block, to the microsecond (a comment in the block, hidden
+# where Markdown renders): runs that ended before it, even in the same minute, are not "since"
+_WRITTEN = re.compile(r"<!-- written (\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?Z) -->")
 
 
 def judge_leaves(expr: Expr, metrics: Metrics) -> list[tuple[str, str]]:
@@ -72,9 +75,11 @@ def headline(plan: Plan, plan_rel: str, ledger: LedgerIndex, state: PlanState) -
     return [f"Goal of {phase.display_name} (`{goal}`): " + " · ".join(t for _v, t in leaves)]
 
 
-def status_block(plan: Plan, plan_rel: str, ledger: LedgerIndex, updated: str, state: PlanState) -> str:
+def status_block(plan: Plan, plan_rel: str, ledger: LedgerIndex, updated: str, state: PlanState,
+                 written: str | None = None) -> str:
     """The inner Markdown of the notes' status block (templates/notes-status.md.j2); `ledger` as
-    for `headline`."""
+    for `headline`; `written`: the moment it is written (ISO with microseconds), kept in a comment for
+    `notes_updated`."""
     nxt = state.view.next
     if nxt.phase and nxt.kind != "nothing":
         current = f"{nxt.label} (`{nxt.phase}`), {nxt.title} — {nxt.kind}"
@@ -85,6 +90,7 @@ def status_block(plan: Plan, plan_rel: str, ledger: LedgerIndex, updated: str, s
     return render(
         "notes-status.md.j2",
         updated=updated,
+        written=written,
         current=current,
         verdicts=verdicts,
         headline=headline(plan, plan_rel, ledger, state),
@@ -109,17 +115,22 @@ def plan_preamble(plan: Plan) -> tuple[str | None, str]:
 
 
 def notes_updated(notes_text: str) -> str | None:
-    """When `runbook record` last wrote the notes: its status block's time, else the newest
-    milestone's (ISO 8601 UTC); None when neither names a time."""
+    """When `runbook record` last wrote the notes: its status block's time (to the microsecond where
+    the block keeps it, else as shown), or the newest milestone's when later (ISO 8601 UTC); None
+    when neither names a time."""
     times = []
-    match = _WHEN.search(read_status(notes_text))
+    status = read_status(notes_text)
+    written = _WRITTEN.search(status)
+    if written:
+        times.append(written.group(1))
+    match = _WHEN.search(status)
     if match:
         times.append(iso_utc(match.group(1)))
     for entry in read_milestones(notes_text):
         found = _WHEN.match(entry.heading)
         if found:
             times.append(iso_utc(found.group(1)))
-    parsed = [(parse_utc(t), t) for t in times if t]
+    parsed = [(parse_utc_precise(t), t) for t in times if t]
     parsed = [(moment, t) for moment, t in parsed if moment is not None]
     return max(parsed)[1] if parsed else None
 
@@ -154,14 +165,14 @@ def mark_next_steps(steps: list[str], plan: Plan, later: Callable[[str], RunReco
 def ran_since(ws: Workspace, updated: str | None) -> Callable[[str], RunRecord | None]:
     """For `mark_next_steps`: a phase's latest run of the workspace's plan that ended (or, unended,
     started) after `updated`, from the ledger's index."""
-    since = parse_utc(updated)
+    since = parse_utc_precise(updated)
     found: dict[str, RunRecord | None] = {}
 
     def later(phase_id: str) -> RunRecord | None:
         if since is None:
             return None
         if phase_id not in found:
-            found[phase_id] = ws.ledger().last_since(ws.plan_rel, phase_id, int(since.timestamp()))
+            found[phase_id] = ws.ledger().last_since(ws.plan_rel, phase_id, since.timestamp())
         return found[phase_id]
 
     return later

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from runbook.contract import MilestoneView, RecordResult, phase_label
 from runbook.errors import RunbookError
-from runbook.formatting import format_value, iso_utc, minute_text, utc_now
+from runbook.formatting import format_value, iso, iso_utc, minute_text, utc_now
 from runbook.model import RunRecord
 from runbook.report.notes import Milestone, RecordOutcome
 from runbook.store.workspace import Workspace
@@ -108,7 +108,9 @@ def write_record(
                                    file=notes_rel, line=found[0][0], col=1, problems=listed)
             unreadable: list[str] = []
             state = for_workspace(ws, problems=unreadable)
-            status = status_block(ws.plan, ws.plan_rel, ws.ledger(), milestone.when, state)
+            # the moment taken under the write lock, which run records are written under too: brief
+            # tells the runs that ended before these notes from those that ended after, to the microsecond
+            status = status_block(ws.plan, ws.plan_rel, ws.ledger(), milestone.when, state, iso(utc_now()))
             new_text, outcome = apply_record(text, milestone, lessons, next_steps, status, replace_next=replace_next)
             try:
                 notes_path.parent.mkdir(parents=True, exist_ok=True)

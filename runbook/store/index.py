@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
 from runbook.files import NotReadable, open_regular, read_bounded
+from runbook.formatting import parse_utc_precise
 from runbook.model import RunRecord
 from runbook.store.ledger import parse_run, read_record_bytes, runs_dir, unreadable_text
 
@@ -205,6 +206,12 @@ def _summary(name: str, digest: bytes, record: RunRecord) -> RawRow:
 
 def _epoch(moment: datetime | None) -> int | None:
     return int(moment.timestamp()) if moment is not None else None
+
+
+def _ended_after(record: RunRecord, moment: float) -> bool:
+    """Whether `record` ended (or, unended, started) after `moment`, at its record's own precision."""
+    when = parse_utc_precise(record.finished or record.started)
+    return when is not None and when.timestamp() > moment
 
 
 def _top_metrics(record: RunRecord) -> FileMetrics:
@@ -511,13 +518,18 @@ class LedgerIndex:
         """The latest readable run (of `plan`)."""
         return self.find("last", plan)
 
-    def last_since(self, plan: str, phase: str, moment: int) -> RunRecord | None:
-        """The latest record of `plan`'s `phase` (in ledger order) that ended after `moment`
-        (or started after it, when it has no end)."""
+    def last_since(self, plan: str, phase: str, moment: float) -> RunRecord | None:
+        """The latest record of `plan`'s `phase` (in ledger order) that ended after `moment` (UTC epoch
+        seconds; or started after it, when it has no end). The index keeps whole seconds, so a run of
+        `moment`'s own second is read and judged by its record's own time, to the microsecond."""
         for row in reversed(self.rows(plan, phase)):
-            if row.moment is not None and row.moment > moment:
-                found = self.load([row])
-                return found[0] if found else None
+            if row.moment is None or row.moment < int(moment):
+                continue
+            found = self.load([row])
+            if not found:
+                continue
+            if row.moment > moment or _ended_after(found[0], moment):
+                return found[0]
         return None
 
 

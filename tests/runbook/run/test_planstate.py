@@ -152,9 +152,32 @@ def test_next_steps_written_before_a_later_run_of_their_phase_are_marked(tmp_pat
     stale, fresh = brief["next_steps"]
     assert stale["text"] == "Run Phase 1 with more data" and fresh["stale"] is None
     assert stale["stale"].startswith("Phase 1 ran since these notes were written: fail in run ")
-    assert brief["notes_updated"] and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:00Z", brief["notes_updated"])
+    # the moment the status block was written, to the microsecond (its comment), after the run before it
+    assert brief["notes_updated"] and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", brief["notes_updated"])
+    assert f"<!-- written {brief['notes_updated']} -->" in (repo / "plans" / "notes.md").read_text()
     text = rb(repo, "brief").stdout
     assert "- Run Phase 1 with more data _(may be out of date: Phase 1 ran since" in text
+
+
+def test_a_run_that_ended_just_before_the_notes_were_written_is_not_since(tmp_path: Path) -> None:
+    """The notes' time was the minute, so a run that ended in the same minute before `runbook record`
+    (an agent records right after `runbook next`) was reported as run since; and one that ended in the
+    same second after was missed (the index keeps whole seconds). Both are judged to the microsecond."""
+    from runbook.formatting import parse_iso
+
+    repo = S.fresh_repo(tmp_path / "repo")
+    assert rb(repo, "next", "--yes").returncode == 0  # Phase 0 passes
+    assert rb(repo, "record", "Probed", "--next", "Run Phase 0 again on more data").returncode == 0
+    brief = js(repo, "brief")["result"]
+    (ran,) = [json.loads(f.read_text()) for f in (repo / "state" / "runs").glob("*.json")]
+    ended, written = parse_iso(ran["finished"]), parse_iso(brief["notes_updated"])
+    assert ended < written and (written - ended).total_seconds() < 60  # the same minute, at most one apart
+    steps = {step["text"]: step["stale"] for step in brief["next_steps"]}
+    assert steps["Run Phase 0 again on more data"] is None  # it ended before the notes were written
+    assert rb(repo, "next", "--phase", "0", "--yes").returncode == 0  # and again, after them
+    steps = {step["text"]: step["stale"] for step in js(repo, "brief")["result"]["next_steps"]}
+    again = steps["Run Phase 0 again on more data"]
+    assert again is not None and again.startswith("Phase 0 ran since these notes were written: pass in run ")
 
 
 @pytest.mark.parametrize("max_chars", [400, 700, 1200, 2000, 3000])
