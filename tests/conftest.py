@@ -32,13 +32,16 @@ SITE = Path(training_guard.__file__).resolve().parent / "site"  # sitecustomize.
 TRAINS = {"toy_target", "toy_successor", "toy_data", "toy_drafter", "toy_drafter_normed", "arch_targets"}
 # The longest modules, started first so that no worker is left with one of them at the end
 # (`make test` passes --no-loadscope-reorder so pytest-xdist keeps this order instead of putting the
-# modules with the most tests first). Longest first, by `--durations=0` on the 2-core machine
-# (2026-11-30): the demo (scripts/demo.sh, the example plan end to end), vLLM, eagle's bad-input
-# matrix, Slurm's time limit, the architectures end to end, the GPU lock's resolution, the kill -9 rounds.
-FIRST = ["test_demo.py", "test_serve.py", "test_engines.py", "test_eagle_bad_inputs.py", "test_slurm.py", "test_arch_e2e.py",
-         "test_setup.py", "test_prepare_vllm.py", "test_train_from_server.py",
-         "test_crash_safety.py", "test_drafter_serving.py", "test_k2_drafters.py", "test_mla_drafters.py",
-         "test_drafter_layouts.py", "test_training_guard.py", "test_extract_shard.py"]
+# modules with the most tests first). Longest first, by each module's wall time under `make test` on the
+# 2-core machine (2026-12-04, fifth session: the demo 281 s, vLLM's engines 181 s and serving 180 s,
+# Slurm 99 s, the architectures end to end 91 s, ... down to about 15 s); the rest keep pytest's order.
+FIRST = ["test_demo.py", "test_engines.py", "test_serve.py", "test_slurm.py", "test_arch_e2e.py",
+         "test_train_from_server.py", "test_mcp_server.py", "test_crash_safety.py", "test_triton_attention.py",
+         "test_prepare_vllm.py", "test_k2_drafters.py", "test_fuzz_special_files.py", "test_mla_drafters.py",
+         "test_training_guard.py", "test_drafter_serving.py", "test_published_phase.py", "test_ddp.py",
+         "test_hostile_inputs.py", "test_extract_shard.py", "test_fuzz_inputs.py", "test_lock_takeover.py",
+         "test_json_contract.py", "test_step_graph.py", "test_eagle_bad_inputs.py", "test_setup.py",
+         "test_drafter_layouts.py"]
 
 
 # Training steps of arch_targets' toys where the default (300) is more than tests/e2e/test_arch_e2e.py's
