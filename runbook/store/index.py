@@ -526,9 +526,7 @@ class LedgerIndex:
             if row.moment is None or row.moment < int(moment):
                 continue
             found = self.load([row])
-            if not found:
-                continue
-            if row.moment > moment or _ended_after(found[0], moment):
+            if found and _ended_after(found[0], moment):
                 return found[0]
         return None
 
