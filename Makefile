@@ -12,19 +12,27 @@ PY := $(VENV)/bin/python
 WORKERS ?= 3
 XDIST := -n $(WORKERS) --dist loadscope --no-loadscope-reorder
 
-.PHONY: setup test test-fast test-gpu lint typecheck demo bench clean
+.PHONY: setup bytecode test test-fast test-gpu lint typecheck demo bench clean
 
 setup:
 	@bash scripts/setup.sh
 
+# The repository's own bytecode, written before the tests: the suite starts runbook and eagle as
+# subprocesses hundreds of times, and where the environment sets PYTHONDONTWRITEBYTECODE (it is set
+# on the machines we test on) each of them compiled the modules it imports from source again (tests/runbook
+# with three workers: 298 -> 273 s of CPU; docs/benchmarks.md, 2026-12-04 sixth session). Under a second
+# when nothing changed; Python still checks each cached file against its source.
+bytecode: setup
+	@$(PY) -m compileall -q runbook eagle bench tests
+
 # The whole suite, slow end-to-end tests included (CI runs exactly this).
-test: setup
+test: setup bytecode
 	$(PY) -m ruff check runbook eagle tests bench
 	$(PY) -m mypy
 	$(PY) -m pytest -q $(XDIST) --durations=30
 
 # Unit tests only, for a quick loop while editing.
-test-fast: setup
+test-fast: setup bytecode
 	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 # The GPU suite (tests/gpu/test_gpu.py) on a CUDA host; `make test-gpu PY=python3` uses another interpreter,

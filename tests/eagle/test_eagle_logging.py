@@ -40,3 +40,33 @@ def test_the_command_line_drops_loguru_handlers_before_a_verb_runs() -> None:
     """)
     assert done.returncode == 0, done.stderr
     assert "before the command" in done.stdout and "after the command" not in done.stdout
+
+
+def test_quiet_hf_silences_datasets_without_importing_it() -> None:
+    """The verbs that never read a dataset do not pay for importing datasets to silence it: its progress
+    bars are off through the variable it reads on import; transformers' are off at once."""
+    done = _python("""
+        import sys
+        from eagle.common import quiet_hf
+        quiet_hf()
+        print("datasets" in sys.modules)
+        import datasets, transformers
+        print(datasets.utils.are_progress_bars_disabled(), transformers.utils.logging.is_progress_bar_enabled())
+    """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "False"]
+
+
+def test_quiet_hf_silences_an_imported_datasets_at_once() -> None:
+    import datasets
+
+    from eagle.common import quiet_hf
+
+    was_off = datasets.utils.are_progress_bars_disabled()
+    datasets.enable_progress_bars()
+    try:
+        quiet_hf()
+        assert datasets.utils.are_progress_bars_disabled()
+    finally:
+        if not was_off:
+            datasets.enable_progress_bars()

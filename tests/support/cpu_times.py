@@ -3,7 +3,8 @@ written as JSON lines to $RUNBOOK_CPU_TIMES, for docs/benchmarks.md's per-lane f
 
     RUNBOOK_CPU_TIMES=/tmp/cpu.jsonl .venv/bin/python -m pytest -p cpu_times ...
 
-Each line: {"nodeid", "worker", "wall_s", "cpu_s"} (setup, call and teardown together; a child's CPU
+Each line: {"nodeid", "worker", "wall_s", "cpu_s", "end"} (setup, call and teardown together; `end` the
+Unix time it finished, for each worker's idle gaps; a child's CPU
 counts once it was reaped, so a server a module fixture starts is charged to the test that stops it).
 """
 
@@ -32,6 +33,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     wall, cpu = time.monotonic(), _cpu()
     yield
     line = {"nodeid": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
-            "wall_s": round(time.monotonic() - wall, 3), "cpu_s": round(_cpu() - cpu, 3)}
+            "wall_s": round(time.monotonic() - wall, 3), "cpu_s": round(_cpu() - cpu, 3), "end": round(time.time(), 3)}
     with open(path, "a") as out:
         out.write(json.dumps(line) + "\n")
