@@ -11,6 +11,8 @@ PY := $(VENV)/bin/python
 # most-tests-first, which started the one-test demo last.
 WORKERS ?= 3
 XDIST := -n $(WORKERS) --dist loadscope --no-loadscope-reorder
+# pytest's environment: see `bytecode` below.
+TESTENV := PYTHONDONTWRITEBYTECODE=
 
 .PHONY: setup bytecode test test-fast test-gpu lint typecheck demo bench clean
 
@@ -26,7 +28,6 @@ setup:
 # whole suite again from source (9.4 -> 4.2 s of CPU a worker).
 bytecode: setup
 	@$(PY) -m compileall -q runbook eagle bench tests
-TESTENV := PYTHONDONTWRITEBYTECODE=
 
 # The whole suite, slow end-to-end tests included (CI runs exactly this).
 test: setup bytecode

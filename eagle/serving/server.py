@@ -25,6 +25,7 @@ from typing import Any
 
 from eagle.common import EagleError, note, warn
 from eagle.serving.flags import ServerSpec, host_has_cuda, server_command
+from eagle.serving.vllm_api_server import METHOD_VAR
 from eagle.serving.vllm_log import keep_log, root_cause
 
 # Caches a user may keep between server starts by setting them: vLLM's (its model-inspection results, which
@@ -49,7 +50,7 @@ def server_env(scratch: Path, base: dict[str, str] | None = None, cuda: bool | N
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if not (host_has_cuda() if cuda is None else cuda):
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+        env.setdefault(METHOD_VAR, "fork")  # the variable the launcher keeps
     (scratch / "tmp").mkdir(parents=True, exist_ok=True)
     env["TMPDIR"] = str(scratch / "tmp")
     for name, sub in KEPT_CACHES:
