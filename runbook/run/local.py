@@ -79,8 +79,9 @@ def read_metrics(path: Path, step_id: str) -> Metrics:
     The file holds one JSON object. Numbers are metrics (NaN and infinities too: they fail every
     comparison); `true` / `false` count as 1 / 0; a string is kept as a string (short values such
     as `"adamw"`, usable with `==`); a nested object flattens to dotted names (`{"cfg": {"lr": 1}}`
-    gives `cfg.lr`). Lists, nulls, integers of hundreds of digits, more than 1,000 metrics, and a
-    file that is not a regular file of at most 1 MiB (a FIFO, `/dev/zero`) are refused.
+    gives `cfg.lr`). Lists, nulls, integers of hundreds of digits, more than 1,000 metrics, names or
+    strings holding half of a character (a lone `\\udXXX` escape), and a file that is not a regular
+    file of at most 1 MiB (a FIFO, `/dev/zero`) are refused.
     """
     where = f"{step_id} wrote bad metrics to {path}"
     try:
@@ -130,6 +131,7 @@ def _flatten(prefix: str, data: dict[str, Any], out: Metrics, where: str, depth:
             raise MetricsError(f"{where}: more than {METRICS_MAX_COUNT} metrics; keep the summary numbers there")
         if len(name) > 200:
             raise MetricsError(f"{where}: a metric name of {len(name)} characters ({name[:40]!r}...)")
+        _whole_characters(name, name, where)
         if isinstance(value, bool):
             out[name] = 1.0 if value else 0.0
         elif isinstance(value, (int, float)):
@@ -140,6 +142,7 @@ def _flatten(prefix: str, data: dict[str, Any], out: Metrics, where: str, depth:
                     f"{where}: {name!r} is a string of {len(value)} characters; a metric string holds at "
                     f"most {METRIC_STRING_MAX} (put long text in $RUNBOOK_ARTIFACTS)"
                 )
+            _whole_characters(value, name, where)
             out[name] = value
         elif isinstance(value, list):
             raise MetricsError(
@@ -148,6 +151,18 @@ def _flatten(prefix: str, data: dict[str, Any], out: Metrics, where: str, depth:
             )
         else:
             raise MetricsError(f"{where}: {name!r} is null; leave it out, or write a number or a string")
+
+
+def _whole_characters(text: str, name: str, where: str) -> None:
+    """Refuse a lone surrogate: JSON's `\\ud83d` escape without its pair decodes to a str that no
+    UTF-8 file can hold, so the run record that keeps the metric could not be written."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise MetricsError(
+            f"{where}: {name!r} holds {text[exc.start]!r}, half of a character (a \\u escape without its "
+            "pair); write whole characters, e.g. json.dumps's own output"
+        ) from None
 
 
 def step_env(

@@ -114,6 +114,11 @@ def test_interrupt_flag_stops_step(tmp_path):
         ("[" * 100_000 + "]" * 100_000, "nested"),
         ('{"a":' * 100_000 + "1" + "}" * 100_000, "nested"),
         ("{" + ", ".join(f'"m{i}": {i}' for i in range(1001)) + "}", "more than 1000 metrics"),
+        # a lone surrogate (half of a \u escape pair; the fuzz test found `{"": "\ud81111..."}`): no run
+        # record could hold it, so writing the ledger failed with a traceback
+        ('{"a": "\\ud811 and \\udc00"}', "'a' holds '\\ud811', half of a character"),
+        ('{"\\udc00x": 1}', "holds '\\udc00', half of a character"),
+        ('{"cfg": {"\\ud83d": 1}}', "'cfg.\\ud83d' holds '\\ud83d'"),
     ],
 )
 def test_bad_metrics_files(tmp_path, content, message):
