@@ -75,6 +75,16 @@ def read_bounded(path: str | os.PathLike[str], max_bytes: int) -> bytes:
     finally:
         os.close(fd)
 
+def half_character(text: str) -> str | None:
+    """The first lone surrogate in `text` (what JSON's `\\ud83d` escape without its pair decodes to;
+    no UTF-8 file can hold it), or None when `text` is whole characters."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return text[exc.start]
+    return None
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> None:
     """Replace `path` with `text` atomically. Newlines are written exactly as given."""
     atomic_write_bytes(path, text.encode(encoding))

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from runbook.files import NotReadable, read_bounded
+from runbook.files import NotReadable, half_character, read_bounded
 from runbook.formatting import iso, utc_now
 from runbook.model import Expr, Metrics, StepResult
 from runbook.redact import redact_credentials
@@ -154,15 +154,13 @@ def _flatten(prefix: str, data: dict[str, Any], out: Metrics, where: str, depth:
 
 
 def _whole_characters(text: str, name: str, where: str) -> None:
-    """Refuse a lone surrogate: JSON's `\\ud83d` escape without its pair decodes to a str that no
-    UTF-8 file can hold, so the run record that keeps the metric could not be written."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
+    """Refuse a lone surrogate: the run record that keeps the metric could not be written."""
+    half = half_character(text)
+    if half is not None:
         raise MetricsError(
-            f"{where}: {name!r} holds {text[exc.start]!r}, half of a character (a \\u escape without its "
-            "pair); write whole characters, e.g. json.dumps's own output"
-        ) from None
+            f"{where}: {name!r} holds {half!r}, half of a character (a \\u escape without its pair); "
+            "write whole characters, e.g. json.dumps's own output"
+        )
 
 
 def step_env(

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError, model_validator
 
-from runbook.files import NotReadable, atomic_write_text, open_regular, read_bounded
+from runbook.files import NotReadable, atomic_write_text, half_character, open_regular, read_bounded
 from runbook.model import RunRecord, SeriesInfo, StepResult
 from runbook.store.ledger import run_dir, series_path
 
@@ -168,6 +168,11 @@ def read_step(path: str | os.PathLike[str], step_id: str) -> tuple[list[Series],
             if not isinstance(data, dict):
                 skipped += 1
                 first_bad = first_bad or f"line {n}: not a JSON object"
+                continue
+            half = next(filter(None, map(half_character, data)), None)  # JSON's names are str
+            if half is not None:  # no run record could hold that name
+                skipped += 1
+                first_bad = first_bad or f"line {n}: a name holds {half!r}, half of a character"
                 continue
             x = data.get("step")
             if x is not None:

@@ -58,6 +58,17 @@ def test_bad_lines_are_skipped_and_named_gaps_kept_and_other_values_ignored(tmp_
     assert "not a regular file" in series.read_step(tmp_path / "dir.jsonl", "step-1")[1]
 
 
+def test_a_name_holding_half_a_character_skips_its_line_and_the_record_is_still_written(tmp_path: Path) -> None:
+    """`{"lo\\ud800ss": 1}` (a \\u escape without its pair) decodes to a name no UTF-8 file can hold: it made
+    `runbook next` fail with an internal error writing the run record; now the line is skipped and named."""
+    path = _write(tmp_path / "s.jsonl", ['{"step": 1, "loss": 2.0}', '{"step": 2, "lo\\ud800ss": 1.0, "loss": 3.0}',
+                                         '{"step": 3, "loss": 1.0, "\\ud83d\\ude00": 4}'])
+    found, problem = series.read_step(path, "step-1")
+    assert series.find(found, "loss").x == [1, 3] and {s.name for s in found} == {"loss", "\U0001f600"}
+    assert problem is not None and "skipped 1 line(s) (line 2: a name holds '\\ud800', half of a character)" in problem
+    assert all(json.loads(s.model_dump_json())["name"] == s.name for s in found)  # what the record keeps
+
+
 def test_series_are_kept_compactly_next_to_the_record_and_a_resumed_step_keeps_its_own(tmp_path: Path) -> None:
     state = tmp_path / "state"
     first = series.step_file(state, "run-a", "step-1")
