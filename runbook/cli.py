@@ -120,6 +120,20 @@ def with_json_after_the_verb(argv: list[str], environ: Mapping[str, str] = os.en
     return [*head, *argv[verb:end], "--json", *argv[end:]]
 
 
+def _refuse_half_characters(argv: list[str]) -> None:
+    """An argument runbook could not write into its UTF-8 records (the plan, the notes, the ledger) is a
+    usage error: bytes that are not UTF-8 on the command line (Python keeps each as a lone surrogate,
+    `\\udcff` for 0xff) or a lone `\\ud83d` escape in an MCP tool's JSON."""
+    from runbook.files import half_character
+
+    for n, token in enumerate(argv, 1):
+        half = half_character(token)
+        if half is not None:
+            raise click.UsageError(f"argument {n} ({token!r}) holds {half!r}, which is not UTF-8 text (a byte that "
+                                   "is not UTF-8, or half of a \\u escape); runbook keeps its records in UTF-8: "
+                                   "pass the text in UTF-8")
+
+
 def run(group: click.Group, argv: list[str], prog_name: str, complete_var: str | None = None, **extra: Any) -> int:
     """Run the CLI on `argv`; print the outcome; return the exit code."""
     from runbook.errors import take_warnings
@@ -129,6 +143,7 @@ def run(group: click.Group, argv: list[str], prog_name: str, complete_var: str |
     name = command_name(argv)
     take_warnings()  # a fresh list for this command (the MCP server runs many in one process)
     try:
+        _refuse_half_characters(argv)
         outcome = click.Group.main(group, argv, prog_name, complete_var, standalone_mode=False, **extra)
     except click.ClickException as exc:
         if not as_json:

@@ -16,6 +16,8 @@ reads, alias bombs and undecodable config files. Real repositories, the real `ru
 - An unreadable ledger file (truncated JSON, a FIFO) is named by every reader, and `next` refuses
   to choose a phase from a ledger with a hole in it.
 - On a read-only filesystem, writing verbs say so (exit 2), nothing changes, no traceback.
+- Arguments that are not UTF-8 (a title, a lesson, a --var): a usage error naming the argument (exit 2),
+  nothing written.
 """
 
 from __future__ import annotations
@@ -249,6 +251,23 @@ def test_milestone_body_cannot_take_over_the_notes(tmp_path: Path) -> None:
                  "## a heading in code stays"):
         assert kept in first_entry, kept  # the body's own text survives every later record
     assert notes.problems(text) == []
+
+
+def test_arguments_that_are_not_utf8_are_a_usage_error_and_nothing_is_written(tmp_path: Path) -> None:
+    """Bytes that are not UTF-8 on the command line (Python keeps 0xff as the lone surrogate \\udcff) made
+    `runbook record` fail with an internal error while writing the notes; every verb now refuses them
+    before it starts, naming the argument, and changes nothing."""
+    repo = H.make_repo(tmp_path / "repo", NOTES_PLAN, notes="# Notes\n")
+    notes_before, head = (repo / "plans" / "notes.md").read_bytes(), H.git(repo, "rev-parse", "HEAD")
+    for argv, bad in (([b"record", b"bad \xff title"], 2), ([b"record", b"fine", b"--lesson", b"x\xfe"], 4),
+                      ([b"next", b"--var", b"lr=\xff", b"--yes"], 3)):
+        proc = subprocess.run([*map(os.fsencode, H.RUNBOOK), *argv], cwd=repo, env=H.cli_env(), capture_output=True)
+        err = proc.stderr.decode("utf-8", "replace")
+        assert proc.returncode == 2, (argv, err)
+        assert f"argument {bad} (" in err and "which is not UTF-8 text" in err, err
+        assert "Traceback" not in err and "internal error" not in err
+    assert (repo / "plans" / "notes.md").read_bytes() == notes_before and H.git(repo, "rev-parse", "HEAD") == head
+    assert H.git(repo, "status", "--porcelain") == ""
 
 
 def test_symlinked_plan_outside_the_repo_is_refused(tmp_path: Path) -> None:
