@@ -85,6 +85,16 @@ def half_character(text: str) -> str | None:
     return None
 
 
+def whole_text(text: str) -> str:
+    """`text` as whole characters, for a record: each byte that was not UTF-8 (an argument, a variable or a
+    path that Python decoded with surrogateescape: `\\udcff` for 0xff) written `\\xff`, any other lone
+    surrogate `\\ud83d`; text that is whole already comes back unchanged."""
+    if half_character(text) is None:
+        return text
+    return "".join(f"\\x{ord(c) - 0xDC00:02x}" if "\udc80" <= c <= "\udcff" else
+                   f"\\u{ord(c):04x}" if "\ud800" <= c <= "\udfff" else c for c in text)
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> None:
     """Replace `path` with `text` atomically. Newlines are written exactly as given."""
     atomic_write_bytes(path, text.encode(encoding))

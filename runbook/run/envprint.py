@@ -4,7 +4,8 @@ Python and platform come from this process; torch, CUDA and the GPUs are probed 
 of runbook's own interpreter with a short timeout, so runbook never imports torch and a broken or
 slow torch cannot hang a run. A few environment variables that change results (CUDA_VISIBLE_DEVICES,
 thread counts, NCCL/vLLM/HF settings) are kept; names that look like secrets (*TOKEN*, *KEY*,
-*SECRET*, *PASSWORD*, ...) are never recorded, whatever their prefix. Passwords inside URLs
+*SECRET*, *PASSWORD*, ...) are never recorded, whatever their prefix; bytes that are not UTF-8 in a kept
+name or value are recorded written out (`\\xff`). Passwords inside URLs
 (`https://user:secret@host`) are replaced by `***` wherever runbook records text a user or a step
 wrote: env values here; step commands, log tails and vars in the run record (runbook/redact.py).
 
@@ -26,6 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from runbook.files import whole_text
 from runbook.model import EnvFingerprint
 from runbook.redact import redact_credentials
 
@@ -69,8 +71,8 @@ def selected_env(environ: Mapping[str, str]) -> dict[str, str]:
     for name, value in environ.items():
         if is_secret_name(name):
             continue
-        if name in _KEPT_NAMES or name.startswith(_KEPT_PREFIXES):
-            kept[name] = redact_credentials(value)
+        if name in _KEPT_NAMES or name.startswith(_KEPT_PREFIXES):  # bytes that are not UTF-8 written \xff
+            kept[whole_text(name)] = redact_credentials(whole_text(value))
     return dict(sorted(kept.items()))
 
 

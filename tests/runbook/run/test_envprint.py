@@ -23,6 +23,14 @@ def test_fingerprint_without_probe_is_fast_and_clean():
     assert "sekrit" not in fp.model_dump_json()
 
 
+def test_variables_that_are_not_utf8_are_recorded_with_their_bytes_written_out():
+    """`OMP_NUM_THREADS=$'4\\xff'` (Python keeps 0xff as the lone surrogate \\udcff) made `runbook next` fail
+    with an internal error writing the run record; the record now holds the bytes written \\xff."""
+    fp = fingerprint({"OMP_NUM_THREADS": "4\udcff", "NCCL_\udcfe": "1", "HF_HOME": "/h\ud83d"}, probe=False)
+    assert fp.env == {"OMP_NUM_THREADS": "4\\xff", "NCCL_\\xfe": "1", "HF_HOME": "/h\\ud83d"}
+    assert type(fp).model_validate_json(fp.model_dump_json()) == fp  # what the run record writes and reads
+
+
 @pytest.mark.slow
 def test_probe_finds_torch_in_a_subprocess():
     found = probe_torch(timeout_s=120)
