@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runbook.errors import RunbookError
+from runbook.files import half_character, whole_text
 from runbook.model import Plan, Problem, RunRecord
 from runbook.store.project import Config, ConfigError
 
@@ -68,6 +69,9 @@ class Workspace:
         from runbook.store.project import find_repo_root, load_config, state_dir
 
         root = Path(find_repo_root(start)).resolve()
+        if half_character(str(root)) is not None:  # every record holds paths under it, in UTF-8
+            raise RunbookError(f"the repository's path {whole_text(str(root))} is not UTF-8 text; runbook keeps "
+                               "its records in UTF-8: move the repository to a path of UTF-8 characters")
         try:
             config = load_config(root)
             state = Path(state_dir(root))

@@ -16,8 +16,8 @@ reads, alias bombs and undecodable config files. Real repositories, the real `ru
 - An unreadable ledger file (truncated JSON, a FIFO) is named by every reader, and `next` refuses
   to choose a phase from a ledger with a hole in it.
 - On a read-only filesystem, writing verbs say so (exit 2), nothing changes, no traceback.
-- Arguments that are not UTF-8 (a title, a lesson, a --var): a usage error naming the argument (exit 2),
-  nothing written.
+- Arguments that are not UTF-8 (a title, a lesson, a --var), or a repository under such a path: a usage
+  error naming it (exit 2), nothing written.
 """
 
 from __future__ import annotations
@@ -268,6 +268,18 @@ def test_arguments_that_are_not_utf8_are_a_usage_error_and_nothing_is_written(tm
         assert "Traceback" not in err and "internal error" not in err
     assert (repo / "plans" / "notes.md").read_bytes() == notes_before and H.git(repo, "rev-parse", "HEAD") == head
     assert H.git(repo, "status", "--porcelain") == ""
+
+
+def test_a_repository_at_a_path_that_is_not_utf8_is_refused_by_name(tmp_path: Path) -> None:
+    """`next` in a repository under a directory named with a byte that is not UTF-8 failed with an internal
+    error (the run lock records the path); every verb that opens the workspace now says so, exit 2."""
+    repo = H.make_repo(tmp_path / os.fsdecode(b"under-\xff") / "repo", LAZY)
+    head = H.git(repo, "rev-parse", "HEAD")
+    for verb in (["next", "--yes"], ["status"], ["record", "a title"]):
+        proc = H.runbook(repo, *verb)
+        assert proc.returncode == 2, proc.stderr
+        assert "under-\\xff/repo is not UTF-8 text" in proc.stderr and "internal error" not in proc.stderr
+    assert H.git(repo, "rev-parse", "HEAD") == head and H.git(repo, "status", "--porcelain") == ""
 
 
 def test_symlinked_plan_outside_the_repo_is_refused(tmp_path: Path) -> None:
