@@ -11,6 +11,10 @@ through `read_bounded`: it opens without blocking, reads only a regular file, an
 caller's limit. A FIFO cannot hang runbook and `/dev/zero` cannot fill its memory. Files read in
 parts (step logs, the ledger index, series files) are opened with `open_regular`: the same check.
 
+Text bound for a record (the plan, the notes, the ledger: UTF-8 files) must be whole characters:
+`half_character` finds a lone surrogate (a JSON `\\ud83d` escape without its pair, or a byte that was not
+UTF-8 in an argument, a variable or a path), `whole_text` writes such bytes out (`\\xff`).
+
 Ground floor: imports nothing from runbook.
 """
 
@@ -74,6 +78,7 @@ def read_bounded(path: str | os.PathLike[str], max_bytes: int) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
 
 def half_character(text: str) -> str | None:
     """The first lone surrogate in `text` (what JSON's `\\ud83d` escape without its pair decodes to;
