@@ -42,19 +42,34 @@ def test_the_command_line_drops_loguru_handlers_before_a_verb_runs() -> None:
     assert "before the command" in done.stdout and "after the command" not in done.stdout
 
 
-def test_quiet_hf_silences_datasets_without_importing_it() -> None:
-    """The verbs that never read a dataset do not pay for importing datasets to silence it: its progress
-    bars are off through the variable it reads on import; transformers' are off at once."""
+def test_quiet_hf_silences_datasets_and_transformers_without_importing_them() -> None:
+    """The verbs that never read a dataset or load a model do not pay for importing datasets (a third
+    of a second of CPU) or transformers (a second) to silence them: their progress bars and
+    transformers' warnings are off through the variables each reads on import."""
     done = _python("""
         import sys
         from eagle.common import quiet_hf
         quiet_hf()
-        print("datasets" in sys.modules)
+        print("datasets" in sys.modules, "transformers" in sys.modules, "huggingface_hub" in sys.modules)
         import datasets, transformers
         print(datasets.utils.are_progress_bars_disabled(), transformers.utils.logging.is_progress_bar_enabled())
+        print(transformers.utils.logging.get_verbosity() == transformers.utils.logging.ERROR)
     """)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "True", "False"]
+    assert done.stdout.split() == ["False", "False", "False", "True", "False", "True"]
+
+
+def test_quiet_hf_after_huggingface_hub_was_imported_still_silences_transformers() -> None:
+    """huggingface_hub reads its variable when imported; transformers' bars follow the hub's switch."""
+    done = _python("""
+        import huggingface_hub
+        from eagle.common import quiet_hf
+        quiet_hf()
+        import transformers
+        print(transformers.utils.logging.is_progress_bar_enabled())
+    """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"]
 
 
 def test_quiet_hf_silences_an_imported_datasets_at_once() -> None:
