@@ -35,9 +35,14 @@ TRAINS = {"toy_target", "toy_successor", "toy_data", "toy_drafter", "toy_drafter
 # modules with the most tests first). Longest first, by each module's wall time under `make test` on the
 # 2-core machine (2026-12-04, fifth session: the demo 281 s, vLLM's engines 181 s and serving 180 s,
 # Slurm 99 s, the architectures end to end 91 s, ... down to about 15 s); the rest keep pytest's order.
-FIRST = ["test_demo.py", "test_engines.py", "test_serve.py", "test_slurm.py", "test_arch_e2e.py",
-         "test_train_from_server.py", "test_mcp_server.py", "test_crash_safety.py", "test_triton_attention.py",
-         "test_prepare_vllm.py", "test_k2_drafters.py", "test_fuzz_special_files.py", "test_mla_drafters.py",
+# Except the modules that mostly wait (Slurm's time limit: 81 s of its 99; the kill -9 tests' random
+# moments; MCP's 20 s phase): three workers share two cores, so one worker waiting costs nothing while
+# the other two compute, but two waiting at once leave a core idle. Queued side by side, they waited
+# together (45 core-seconds idle around 240-300 s in each of two runs, 2026-12-05); now Slurm runs first,
+# beside the demo and the vLLM engines, and the kill -9 tests come three computing modules after MCP's.
+FIRST = ["test_slurm.py", "test_demo.py", "test_engines.py", "test_serve.py", "test_arch_e2e.py",
+         "test_train_from_server.py", "test_mcp_server.py", "test_triton_attention.py", "test_prepare_vllm.py",
+         "test_k2_drafters.py", "test_crash_safety.py", "test_fuzz_special_files.py", "test_mla_drafters.py",
          "test_training_guard.py", "test_drafter_serving.py", "test_published_phase.py", "test_ddp.py",
          "test_hostile_inputs.py", "test_extract_shard.py", "test_fuzz_inputs.py", "test_lock_takeover.py",
          "test_json_contract.py", "test_step_graph.py", "test_eagle_bad_inputs.py", "test_setup.py",
