@@ -226,7 +226,9 @@ def quiet_hf() -> None:
     never use them (vocab, check-checkpoint, the refusals of every verb). Where this process has not
     imported one yet, the variables it reads on import say the same (TRANSFORMERS_VERBOSITY;
     HF_HUB_DISABLE_PROGRESS_BARS, which transformers' bars follow; HF_DATASETS_DISABLE_PROGRESS_BARS),
-    unless the user set them; an imported one is told at once."""
+    unless the user set them; an imported one is told at once. Set as variables, they reach the processes
+    the command starts too (a vLLM server's log, DDP ranks): no bars and no transformers warnings there
+    either; errors still show. Set one to another value to have it back."""
     if "transformers" in sys.modules:
         logging = sys.modules["transformers"].utils.logging
         logging.disable_progress_bar()
