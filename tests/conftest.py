@@ -46,7 +46,12 @@ FIRST = ["test_slurm.py", "test_demo.py", "test_engines.py", "test_serve.py", "t
          "test_training_guard.py", "test_drafter_serving.py", "test_published_phase.py", "test_ddp.py",
          "test_hostile_inputs.py", "test_extract_shard.py", "test_fuzz_inputs.py", "test_lock_takeover.py",
          "test_json_contract.py", "test_step_graph.py", "test_eagle_bad_inputs.py", "test_setup.py",
-         "test_drafter_layouts.py"]
+         "test_drafter_layouts.py",
+         # then the modules of 11-20 s (2026-12-05), waiting ones between computing ones, so that the last
+         # to run are short and the three workers end together (one ran on alone for 15 s before)
+         "test_shell_safety.py", "test_git_hygiene.py", "test_series.py", "test_detach.py", "test_eagle_logging.py",
+         "test_commits_hold_one_change.py", "test_train.py", "test_fuzz_parse.py", "test_hidden_capture.py",
+         "test_k2_train_cli.py", "test_sweep.py", "test_ledger_index.py"]
 
 
 # Training steps of arch_targets' toys where the default (300) is more than tests/e2e/test_arch_e2e.py's
