@@ -72,9 +72,10 @@ def main() -> None:
     stderr and exit 1 (set EAGLE_TRACEBACK=1 to see the traceback): no traceback reaches a user."""
     import os
 
-    from eagle.common import EagleError, fail
+    from eagle.common import EagleError, collect_less, fail
     from eagle.fsutil import SpecialFileError
 
+    collect_less()  # before any command imports torch or transformers
     try:
         cli()
     except EagleError as exc:

@@ -217,6 +217,28 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+# Python's cyclic collector runs a young-generation pass after every 700 net allocations of container
+# objects by default, (700, 10, 10). Raised, see collect_less.
+GC_THRESHOLDS = (20_000, 10, 10)
+
+
+def collect_less() -> None:
+    """Let Python's cyclic garbage collector run less often in this process (thresholds GC_THRESHOLDS for
+    (700, 10, 10)), unless it was set already to collect at least as rarely.
+
+    Starting an eagle command or vLLM server imports torch, transformers, speculators or vLLM: millions of
+    objects that live as long as the process, which the default thresholds have the collector walk again
+    and again while they are made, 10-15% of a start's CPU (about 0.8 s of the 7 s that importing
+    transformers' Llama and speculators' EAGLE-3 takes on the 2-core machine; docs/benchmarks.md,
+    2026-12-05 ninth session). Reference counting frees what it always frees; reference cycles are still
+    collected, young ones after 20,000 allocations instead of 700, the oldest after 2 million instead of
+    70,000 (and as before only when a quarter of the old objects are new since the last full pass)."""
+    import gc
+
+    if gc.get_threshold()[0] < GC_THRESHOLDS[0]:
+        gc.set_threshold(*GC_THRESHOLDS)
+
+
 def quiet_hf() -> None:
     """Silence transformers' and datasets' own progress bars ("Loading weights", "Saving the dataset")
     and transformers' warnings below errors.

@@ -44,6 +44,9 @@ def keep_chosen_start_method() -> bool:
 
 
 def main() -> None:
+    from eagle.common import collect_less
+
+    collect_less()  # before vLLM is imported; the engine core forked from this process keeps it
     keep_chosen_start_method()
     runpy.run_module(SERVER_MODULE, run_name="__main__", alter_sys=True)
 
