@@ -3,8 +3,6 @@ tests/e2e/test_train_from_server.py trains against a real one)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,6 +11,7 @@ from pathlib import Path
 import _train_data as td
 import pytest
 from click.testing import CliRunner
+from helpers import eagle_inproc
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -60,8 +59,7 @@ def test_a_server_url_with_nothing_there_is_one_line_and_exit_1(small: tuple[Pat
 
     target, data = small
     url = f"http://127.0.0.1:{free_port()}"
-    proc = subprocess.run([sys.executable, "-m", "eagle.cli", *_args(target, data, tmp_path / "out", "--server", url)],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    proc = eagle_inproc(*_args(target, data, tmp_path / "out", "--server", url), cwd=REPO, timeout=300)  # main's stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert len(lines) == 1 and f"--server {url}: nothing answers there" in lines[0], proc.stderr
