@@ -112,10 +112,9 @@ def init_repo(path: Path, identity: bool = True) -> Path:
     """An empty git repository at `path` (branch main), with a committer identity unless told not."""
     path.mkdir(parents=True, exist_ok=True)
     git(path, "init", "-q", "-b", "main")
-    if identity:
-        git(path, "config", "user.name", "Tester")
-        git(path, "config", "user.email", "t@example.com")
-        git(path, "config", "commit.gpgsign", "false")
+    if identity:  # what three `git config` calls write, in one append (the suite makes ~1,000 repositories)
+        with open(path / ".git" / "config", "a") as config:
+            config.write("[user]\n\tname = Tester\n\temail = t@example.com\n[commit]\n\tgpgsign = false\n")
     return path
 
 
