@@ -10,7 +10,8 @@ imports vLLM a second time: about 6 s of CPU a start on the 2-core machine, a th
 the environment named a method before vLLM started, it is put back after the platform's config step,
 so the engine core is forked from the server that already imported vLLM (serving.server.server_env sets
 `fork` on hosts without CUDA, unless the environment chose). A CUDA host never reaches the CPU
-platform's code: there this module only sets the collector's thresholds and runs vLLM's server. Measured in docs/eagle.md ("vLLM").
+platform's code: there this module only sets the collector's thresholds and runs vLLM's server. Measured
+in docs/eagle.md ("vLLM").
 """
 
 from __future__ import annotations

@@ -5,39 +5,33 @@ collected; a process that chose to collect even less keeps its choice."""
 from __future__ import annotations
 
 import gc
-import subprocess
-import sys
-import textwrap
 import weakref
+
+from helpers import python_snippet
 
 from eagle.common import GC_THRESHOLDS, collect_less
 
 
-def _python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin"})
-
-
 def test_the_command_line_sets_the_thresholds_before_a_verb_imports_anything_heavy() -> None:
-    done = _python("""
+    done = python_snippet("""
         import atexit, gc, sys
         atexit.register(lambda: print(gc.get_threshold(), "torch" in sys.modules, "transformers" in sys.modules))
         sys.argv = ["eagle", "serve-config", "--help"]
         from eagle.cli import main
         main()
-    """)
+    """, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == f"{GC_THRESHOLDS} False False"
 
 
 def test_the_vllm_server_sets_them_before_vllm_is_imported() -> None:
     """eagle/serving/vllm_api_server.py: here runpy's run of vLLM's server only reports what it found."""
-    done = _python("""
+    done = python_snippet("""
         import gc, runpy, sys
         runpy.run_module = lambda *a, **k: print(gc.get_threshold(), "vllm.entrypoints.openai.api_server" in sys.modules)
         from eagle.serving import vllm_api_server
         vllm_api_server.main()
-    """)
+    """, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == f"{GC_THRESHOLDS} False"
 

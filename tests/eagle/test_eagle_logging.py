@@ -6,18 +6,11 @@ into another program must not clear that program's handlers."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
-
-def _python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+from helpers import python_snippet
 
 
 def test_importing_the_drafter_keeps_the_hosts_loguru_handlers() -> None:
-    done = _python("""
+    done = python_snippet("""
         import sys
         from loguru import logger
         logger.add(sys.stdout, format="{message}")
@@ -29,7 +22,7 @@ def test_importing_the_drafter_keeps_the_hosts_loguru_handlers() -> None:
 
 
 def test_the_command_line_drops_loguru_handlers_before_a_verb_runs() -> None:
-    done = _python("""
+    done = python_snippet("""
         import sys
         from loguru import logger
         logger.add(sys.stdout, format="{message}")
@@ -46,7 +39,7 @@ def test_quiet_hf_silences_datasets_and_transformers_without_importing_them() ->
     """The verbs that never read a dataset or load a model do not pay for importing datasets (a third
     of a second of CPU) or transformers (a second) to silence them: their progress bars and
     transformers' warnings are off through the variables each reads on import."""
-    done = _python("""
+    done = python_snippet("""
         import sys
         from eagle.common import quiet_hf
         quiet_hf()
@@ -61,7 +54,7 @@ def test_quiet_hf_silences_datasets_and_transformers_without_importing_them() ->
 
 def test_quiet_hf_after_huggingface_hub_was_imported_still_silences_transformers() -> None:
     """huggingface_hub reads its variable when imported; transformers' bars follow the hub's switch."""
-    done = _python("""
+    done = python_snippet("""
         import huggingface_hub
         from eagle.common import quiet_hf
         quiet_hf()

@@ -12,6 +12,7 @@
 - `wait_for(what)`: poll until a condition holds, or fail saying what never happened.
 - `special_file(path, kind)`: a FIFO nobody writes, a link to /dev/zero or a directory at `path`
   (`SPECIAL_KINDS`), for the tests of readers that must refuse them at once.
+- `python_snippet(code)`: a few lines in a fresh interpreter with a bare environment.
 - `assert_no_traceback`, `tree_snapshot`, `committed_runs`: what the reliability tests check.
 - `Counts` (the `counts` fixture in conftest.py): how many inputs were fuzzed, kills survived,
   concurrent runs made. Every test adds to a JSON file (under the pytest session's base temp dir,
@@ -464,6 +465,15 @@ def kill_9_once(repo: Path, args: tuple[str, ...], env: dict[str, str] | None, u
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+def python_snippet(code: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`code` (dedented) run by a fresh interpreter with a bare environment (PATH, one OpenMP thread): what a
+    process starting clean does on import, output captured as text."""
+    import textwrap
+
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
 
 
 def assert_no_traceback(result: subprocess.CompletedProcess | tuple[str, str], what: str = "") -> None:
