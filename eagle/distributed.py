@@ -45,6 +45,9 @@ class Topology(BaseModel):
         return self.world > 1
 
 
+_joined = False  # True while the process group `init` made is alive (`leave` destroys it)
+
+
 def topology(env: Mapping[str, str] | None = None) -> Topology:
     """The topology torchrun describes in `env` (os.environ by default)."""
     env = os.environ if env is None else env
@@ -86,9 +89,25 @@ def init(device_name: str) -> tuple[Topology, torch.device]:
                  "one GPU each)")
     if topo.distributed and not td.is_initialized():
         td.init_process_group(backend=backend)
+        global _joined
+        _joined = True
     if device.type == "cpu" and topo.distributed:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // topo.world))
     return topo, device
+
+
+def leave() -> None:
+    """Destroy the process group `init` joined (none other): its gloo or NCCL threads stop here, while the
+    process is whole, instead of in the interpreter's teardown, where a rank once aborted ("terminate
+    called without an active exception", exit -6) after its work was done; PyTorch asks for this before
+    exit. A no-op when `init` made no group."""
+    global _joined
+    if _joined:
+        import torch.distributed as td
+
+        _joined = False
+        if td.is_initialized():
+            td.destroy_process_group()
 
 
 def all_sum(values: list[float], topo: Topology, device: Any) -> list[float]:

@@ -266,6 +266,7 @@ class Trainer:
             self.ready()
             for epoch in range(self.start_epoch, self.config.epochs + 1):
                 self.save(self.epoch(epoch))
+            distributed.leave()  # every rank is done (the last epoch ends on a barrier)
         finally:  # whatever was opened: --hidden-states vllm's own server stops here
             if hasattr(self, "tb"):
                 self.tb.close()
