@@ -7,9 +7,9 @@ and on a host without CUDA only, the engine core's start method below.
 Freezing: vLLM's engine start calls `gc.collect()` itself, five times on the CPU (loading weights,
 profiling memory), each a walk over the millions of objects the imports of torch, transformers and vLLM
 made, and once its engine is up it freezes the heap (vllm.utils.gc_utils.freeze_gc_heap). Freezing once
-the imports are done instead leaves those walks only what the start itself makes: about 1 s of CPU of a
-9 s start on the 2-core machine (docs/eagle.md, "vLLM"), most of it in the engine core, which on a host
-without CUDA is forked from this process frozen heap and all (a spawned one, on a CUDA host, imports
+the imports are done instead leaves those walks only what the start itself makes: 1.45 s of CPU of a
+9.05 s start on the 2-core machine (docs/eagle.md, "vLLM"), most of it in the engine core, which on a host
+without CUDA is forked from this process, frozen heap and all (a spawned one, on a CUDA host, imports
 afresh and collects as vLLM has it).
 
 The API server starts vLLM's engine core as a second process, by the method VLLM_WORKER_MULTIPROC_METHOD
